@@ -1,0 +1,76 @@
+"""The one table of compiled kernel specializations.
+
+Every CUDA template instantiation that cupy_gqa can launch is listed here, and
+nowhere else: the runtime compile cache, ``python -m cupy_gqa compile`` and the
+tests all read :data:`SPECS`. Reading this file tells you what is supported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# dtype name (numpy / ml_dtypes spelling) -> C++ storage type in the kernels.
+CTYPES = {
+    "float32": "float",
+    "float16": "__half",
+    "bfloat16": "__nv_bfloat16",
+    "float64": "double",
+}
+DTYPES = tuple(CTYPES)
+
+MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One template instantiation of one kernel family."""
+
+    family: str  # kernel family, also the public ``kernel=`` name
+    source: str  # file under kernels/
+    name: str  # C++ name expression handed to NVRTC
+    dtype: str
+    head_dim: int  # largest head_dim this instantiation serves
+    threads: int  # threads per block
+    team: int = 1  # rowwise: threads that share one query row
+    block_m: int = 0  # tiled: packed query rows per CTA
+    smem: int = 0  # dynamic shared memory per block, bytes
+    options: tuple = ()  # extra NVRTC options
+
+
+# --- rowwise: one query row per thread (team) ----------------------------------
+# head_dim is rounded up to a bucket; unused dims are predicated off. TEAM lanes
+# share a row so that each lane's slice of q, of the accumulator and of the K/V
+# row in flight stays in registers (ptxas reports no spills): at most 32 fp32
+# dims per lane, half that for fp64 or for a strided head_dim axis, whose
+# per-dim offsets take registers too.
+ROWWISE_BUCKETS = (8, 16, 32, 64, 128, 256)
+ROWWISE_THREADS = 128
+
+
+def _rowwise_team(dtype: str, dpad: int, unit_d: bool) -> int:
+    per_lane = 32 // (2 if dtype == "float64" else 1) // (1 if unit_d else 2)
+    return max(1, dpad // per_lane)
+
+
+ROWWISE = {
+    (dtype, dpad, unit_d): Spec(
+        family="rowwise",
+        source="rowwise.cu",
+        name=f"rowwise_attention<{CTYPES[dtype]}, {dpad}, {_rowwise_team(dtype, dpad, unit_d)}, {str(unit_d).lower()}>",
+        dtype=dtype,
+        head_dim=dpad,
+        threads=ROWWISE_THREADS,
+        team=_rowwise_team(dtype, dpad, unit_d),
+    )
+    for dtype in DTYPES
+    for dpad in ROWWISE_BUCKETS
+    for unit_d in (True, False)
+}
+
+
+def rowwise_spec(dtype: str, head_dim: int, unit_d: bool) -> Spec:
+    """``unit_d``: the head_dim axis of q, k, v and out all have stride 1."""
+    dpad = next(b for b in ROWWISE_BUCKETS if b >= head_dim)
+    return ROWWISE[dtype, dpad, unit_d]
+
+
+SPECS: tuple[Spec, ...] = tuple(ROWWISE.values())

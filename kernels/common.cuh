@@ -1,0 +1,44 @@
+// common.cuh: element types and conversions shared by every kernel family.
+//
+// Each storage type T has an accumulator type: float for half, bfloat16 and
+// float, double for double. Kernels load T, compute in acc_t<T>, store T.
+// NVRTC has no <cstdint>, so 64-bit offsets are spelled `long long` (index_t).
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef long long index_t;
+
+template <typename T> struct acc_type { typedef float type; };
+template <> struct acc_type<double> { typedef double type; };
+template <typename T> using acc_t = typename acc_type<T>::type;
+
+__device__ __forceinline__ float to_acc(float x) { return x; }
+__device__ __forceinline__ double to_acc(double x) { return x; }
+__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_acc(acc_t<T> x);
+template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
+template <> __device__ __forceinline__ double from_acc<double>(double x) { return x; }
+template <> __device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// NVRTC defines no INFINITY macro.
+template <typename A> __device__ __forceinline__ A neg_inf();
+template <> __device__ __forceinline__ float neg_inf<float>() { return __int_as_float(0xff800000); }
+template <> __device__ __forceinline__ double neg_inf<double>() { return __longlong_as_double(0xfff0000000000000ULL); }
+
+// exp2 / log2 in the accumulator's precision.
+__device__ __forceinline__ float exp2_acc(float x) { return exp2f(x); }
+__device__ __forceinline__ double exp2_acc(double x) { return exp2(x); }
+__device__ __forceinline__ float log2_acc(float x) { return log2f(x); }
+__device__ __forceinline__ double log2_acc(double x) { return log2(x); }
+
+// Keys visible to query position t (causal, aligned bottom-right):
+// keys j <= t + seqlen_k - seqlen_q, clipped to [0, seqlen_k].
+__device__ __forceinline__ int visible_keys(int t, int seqlen_q, int seqlen_k, bool causal) {
+    if (!causal) return seqlen_k;
+    const long long end = (long long)t + seqlen_k - seqlen_q + 1;
+    return end <= 0 ? 0 : (end >= seqlen_k ? seqlen_k : (int)end);
+}

@@ -1,0 +1,77 @@
+"""Shared test helpers: random inputs, the error measure, and the GPU marker."""
+import functools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+# Relative error ||out - ref|| / ||ref|| against float64 that each dtype must meet.
+TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2, "float64": 1e-12}
+NP_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float64": np.dtype(np.float64),
+}
+
+
+@functools.cache
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def random_qkv(batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, dtype, seed=0, scale=1.0):
+    """Random normal NumPy q, k, v (never zeros), rounded to ``dtype``."""
+    rng = np.random.default_rng(seed)
+    draw = lambda s: (rng.standard_normal(s) * scale).astype(NP_DTYPES[dtype])  # noqa: E731
+    return (
+        draw((batch, seqlen_q, num_q_heads, head_dim)),
+        draw((batch, seqlen_k, num_kv_heads, head_dim)),
+        draw((batch, seqlen_k, num_kv_heads, head_dim)),
+    )
+
+
+def relative_error(out, ref) -> float:
+    out = np.asarray(out).astype(np.float64)
+    denom = np.linalg.norm(ref)
+    return float(np.linalg.norm(out - ref) / (denom if denom > 0 else 1.0))
+
+
+def assert_close(out, ref, tol, what=""):
+    """Relative error within tol and no NaN; on failure say where and how much."""
+    out = np.asarray(out).astype(np.float64)
+    assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
+    bad = np.isnan(out) & ~np.isnan(ref)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {int(bad.sum())} NaN elements (unwritten?), first at {idx}")
+    err = relative_error(out, ref)
+    if not err <= tol:
+        diff = np.abs(out - ref)
+        idx = tuple(int(i) for i in np.unravel_index(np.argmax(diff), diff.shape))
+        raise AssertionError(
+            f"{what}: relative error {err:.3e} > {tol:.1e}; worst element {idx}: got {out[idx]!r}, want {ref[idx]!r}"
+        )
+
+
+def assert_lse_close(lse, ref_lse, tol=1e-5, what="lse"):
+    lse = np.asarray(lse).astype(np.float64)
+    masked = np.isneginf(ref_lse)
+    assert np.array_equal(np.isneginf(lse), masked), f"{what}: -inf pattern differs from the reference"
+    if (~masked).any():
+        err = np.max(np.abs(lse[~masked] - ref_lse[~masked]) / np.maximum(1.0, np.abs(ref_lse[~masked])))
+        assert err <= tol, f"{what}: max error {err:.3e} > {tol:.1e}"

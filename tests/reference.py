@@ -1,0 +1,32 @@
+"""The float64 reference, written from the definition and nothing else.
+
+Each KV head is repeated group_size times, then every query position takes a
+softmax over the keys it may see. Deliberately slow and literal: it shares no
+code with cupy_gqa.
+"""
+import numpy as np
+
+
+def reference_attention(q, k, v, *, causal=True, softmax_scale=None):
+    """(out, lse) in float64 for NumPy inputs q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D)."""
+    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    group_size = num_q_heads // num_kv_heads
+    k = np.repeat(k, group_size, axis=2)  # query head h reads KV head h // group_size
+    v = np.repeat(v, group_size, axis=2)
+    scale = 1.0 / np.sqrt(head_dim) if softmax_scale is None else softmax_scale
+
+    out = np.zeros((batch, seqlen_q, num_q_heads, head_dim))
+    lse = np.full((batch, num_q_heads, seqlen_q), -np.inf)
+    for t in range(seqlen_q):
+        n = min(seqlen_k, t + seqlen_k - seqlen_q + 1) if causal else seqlen_k
+        if n <= 0:
+            continue  # sees no key: zeros, lse = -inf
+        s = np.einsum("bhd,bjhd->bhj", q[:, t], k[:, :n]) * scale
+        mx = s.max(axis=-1, keepdims=True)
+        e = np.exp(s - mx)
+        total = e.sum(axis=-1)
+        out[:, t] = np.einsum("bhj,bjhd->bhd", e / total[..., None], v[:, :n])
+        lse[:, :, t] = np.log(total) + mx[..., 0]
+    return out, lse

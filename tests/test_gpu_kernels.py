@@ -1,0 +1,136 @@
+"""Every CUDA kernel family through the same cases, against the float64 reference.
+
+Outputs are poisoned with NaN before each call, so an unwritten element fails.
+A kernel that does not support a case must refuse it with a ValueError.
+"""
+import numpy as np
+import pytest
+
+import cupy_gqa
+from conftest import NP_DTYPES, TOLERANCE, assert_close, assert_lse_close, gpu_available, random_qkv
+from reference import reference_attention
+
+pytestmark = pytest.mark.gpu
+if gpu_available():
+    import cupy
+
+HEAD_DIMS = [1, 8, 32, 40, 64, 80, 96, 128, 256]
+HEADS = {"MHA": (4, 4), "GQA4": (8, 2), "GQA7": (7, 1), "MQA": (4, 1)}
+LENGTHS = [(1, 1), (113, 203), (1023, 1024), (64, 1), (7, 1000), (257, 57)]
+
+
+def run_case(kernel, q, k, v, *, causal=True, check_lse=True, **kw):
+    """Run one call on the GPU into a NaN-poisoned out and compare with the reference."""
+    dtype = q.dtype.name
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    res, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, return_lse=True, out=out, kernel=kernel, **kw)
+    assert res is out
+    ref, ref_lse = reference_attention(q, k, v, causal=causal, softmax_scale=kw.get("softmax_scale"))
+    assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"{kernel} {dtype} out")
+    if check_lse:
+        assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-6 if dtype != "float16" else 1e-5, f"{kernel} lse")
+    # the inputs are untouched
+    for x, xd in zip((q, k, v), (qd, kd, vd)):
+        assert np.array_equal(cupy.asnumpy(xd).view(np.uint8), x.view(np.uint8))
+
+
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+@pytest.mark.parametrize("dtype", list(NP_DTYPES))
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_dtype_and_head_dim(kernel, dtype, head_dim, causal):
+    q, k, v = random_qkv(2, 113, 203, 8, 2, head_dim, dtype, seed=head_dim)
+    run_case(kernel, q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+@pytest.mark.parametrize("dtype", list(NP_DTYPES))
+@pytest.mark.parametrize("heads", list(HEADS))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", LENGTHS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_heads_and_lengths(kernel, dtype, heads, seqlen_q, seqlen_k, causal):
+    num_q_heads, num_kv_heads = HEADS[heads]
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, 64, dtype, seed=seqlen_q + seqlen_k)
+    run_case(kernel, q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout", ["packed_qkv", "bhsd_transposed", "strided_head_dim"])
+def test_strided_layouts(kernel, dtype, layout):
+    """Views that must work without a copy: slices of a packed QKV tensor, a
+    (batch, heads, seq, dim) tensor seen through a transpose, a strided last axis."""
+    rng = np.random.default_rng(7)
+    num_q_heads, num_kv_heads, head_dim = 8, 2, 64
+    if layout == "packed_qkv":
+        qkv = rng.standard_normal((2, 77, num_q_heads + 2 * num_kv_heads, head_dim)).astype(NP_DTYPES[dtype])
+        packed = cupy.asarray(qkv)
+        views = packed[:, :, :8], packed[:, :, 8:10], packed[:, :, 10:]
+    elif layout == "bhsd_transposed":
+        views = tuple(
+            cupy.asarray(rng.standard_normal((2, h, 77, head_dim)).astype(NP_DTYPES[dtype])).transpose(0, 2, 1, 3)
+            for h in (num_q_heads, num_kv_heads, num_kv_heads)
+        )
+    else:
+        views = tuple(
+            cupy.asarray(rng.standard_normal((2, 77, h, 2 * head_dim)).astype(NP_DTYPES[dtype]))[..., ::2]
+            for h in (num_q_heads, num_kv_heads, num_kv_heads)
+        )
+    host = [cupy.asnumpy(x) for x in views]
+    out = cupy.full(views[0].shape, np.nan, dtype=views[0].dtype)
+    cupy_gqa.attention(*views, out=out, kernel=kernel)
+    assert_close(cupy.asnumpy(out), reference_attention(*host)[0], TOLERANCE[dtype], layout)
+    # a strided out works too: write into every other slot of a wider buffer
+    wide = cupy.full(views[0].shape[:3] + (2 * head_dim,), np.nan, dtype=views[0].dtype)
+    cupy_gqa.attention(*views, out=wide[..., 1::2], kernel=kernel)
+    assert_close(cupy.asnumpy(wide[..., 1::2]), reference_attention(*host)[0], TOLERANCE[dtype], "strided out")
+    assert bool(cupy.isnan(wide[..., ::2]).all())  # and nothing else
+
+
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+def test_large_scores_and_custom_scale(kernel):
+    q, k, v = random_qkv(1, 65, 65, 4, 2, 32, "float32", scale=30.0)
+    run_case(kernel, q, k, v, softmax_scale=1.0)  # scores of several hundred
+
+
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+def test_fully_masked_rows(kernel):
+    q, k, v = random_qkv(2, 40, 9, 4, 1, 64, "float16")
+    out, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), return_lse=True, kernel=kernel)
+    out, lse = cupy.asnumpy(out), cupy.asnumpy(lse)
+    assert np.all(out[:, :31] == 0) and np.all(np.isneginf(lse[:, :, :31]))
+    assert np.all(np.isfinite(out)) and np.all(np.isfinite(lse[:, :, 31:]))
+
+
+def test_auto_matches_the_numpy_backend():
+    q, k, v = random_qkv(2, 80, 80, 8, 2, 32, "float32")
+    gpu = cupy.asnumpy(cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v))))
+    assert_close(gpu, cupy_gqa.attention(q, k, v).astype(np.float64), 1e-6)
+
+
+def test_empty_launches_nothing():
+    q, k, v = (cupy.asarray(x) for x in random_qkv(2, 5, 0, 4, 2, 8, "float32"))
+    out, lse = cupy_gqa.attention(q, k, v, return_lse=True)
+    assert bool((out == 0).all()) and bool(cupy.isneginf(lse).all())
+    q, k, v = (cupy.asarray(x) for x in random_qkv(0, 5, 5, 4, 2, 8, "float32"))
+    assert cupy_gqa.attention(q, k, v).shape == (0, 5, 4, 8)
+
+
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+def test_more_than_2_31_elements(kernel):
+    """q and out of 2**31 + 2048 elements (fp16, 4.3 GB each): 64-bit offsets."""
+    batch, seqlen_q, num_q_heads, head_dim = 2, 2**20 + 1, 8, 128
+    rng = np.random.default_rng(3)
+    q = cupy.random.standard_normal((batch, seqlen_q, num_q_heads, head_dim), dtype=cupy.float32).astype(cupy.float16)
+    k, v = (cupy.asarray(rng.standard_normal((batch, 16, 2, head_dim)).astype(np.float16)) for _ in range(2))
+    assert q.size > 2**31
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    cupy_gqa.attention(q, k, v, causal=False, out=out, kernel=kernel)
+    rows = [0, 1, seqlen_q // 2, seqlen_q - 2, seqlen_q - 1]
+    for b in range(batch):
+        qs = cupy.asnumpy(q[b : b + 1, rows])
+        ref = reference_attention(qs, cupy.asnumpy(k[b : b + 1]), cupy.asnumpy(v[b : b + 1]), causal=False)[0]
+        assert_close(cupy.asnumpy(out[b : b + 1, rows]), ref, TOLERANCE["float16"], f"batch {b} sampled rows")
+    del q, out
+    cupy.get_default_memory_pool().free_all_blocks()
