@@ -1,0 +1,827 @@
+"""Benchmark cupy_gqa.attention against PyTorch's attention backends.
+
+Usage (from the repository root, on a machine with an NVIDIA GPU):
+
+    python benchmarks/bench_attention.py                 # every case, plot, results files
+    python benchmarks/bench_attention.py --quick         # smoke run: fewer reps, 3-point sweep
+    python benchmarks/bench_attention.py --cases S0,H1 --out /tmp/bench --no-plot
+    python benchmarks/bench_attention.py --list          # print the case table (no GPU needed)
+
+What is measured
+    * Time: CUDA events around each call, after a warm-up, on torch's current stream,
+      with a 256 MB buffer zeroed before every repetition so no call finds its inputs
+      in L2 (as triton.testing.do_bench does). The median is reported. A call measured
+      under SLOW_CALL_MS = 50 ms gets FAST_REPS = 20 repetitions (--quick: 5), a slower
+      one SLOW_REPS = 3 (--quick: 1); the count is in every row.
+    * TFLOP/s = 4 * head_dim * visible (query, key) pairs * batch * num_q_heads / time,
+      with causal masking aligned bottom-right (see visible_pairs).
+    * GB/s = bytes of K and V (batch * seqlen_k * num_kv_heads * head_dim * itemsize * 2)
+      / time, for every row; it is the meaningful figure for decode.
+    * rel_err = ||out - ref|| / ||ref|| against a float64 reference of the definition
+      (KV heads repeated, mask written out), on the whole output when the case has at
+      most REF_FULL_MAX_SCORES = 1e10 score elements (batch * num_q_heads * seqlen_q *
+      seqlen_k), else on batch 0 and the query heads of KV head 0 (column ref says which).
+    * vs_<anchor> (cupy_gqa rows) = cupy_gqa time / anchor time from the same run;
+      below 1 means cupy_gqa is faster.
+    * compile_s: the process sets CUPY_CACHE_DIR to a fresh temporary folder before
+      importing CuPy, so the first call of each cupy_gqa kernel compiles cold; compile_s
+      is that first call's wall time minus the kernel's median time. compile_cached_s is
+      the same for a second process that reuses the folder (on-disk NVRTC cache hit).
+      A value near zero for a kernel means an earlier row of the same process already
+      built the same specialization.
+    * M1 measures memory, not time: torch.cuda.max_memory_allocated during one call,
+      minus what was allocated before it, minus the output. CuPy's allocator is routed
+      through torch's caching allocator for the whole run, so cupy_gqa's scratch counts.
+
+Importing this module needs neither CuPy nor torch: they are imported lazily, so the
+case table and the counters can be tested on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
+
+# timing
+FAST_REPS, SLOW_REPS = 20, 3  # the spec: median of >= 20 runs unless a call takes > 50 ms
+QUICK_FAST_REPS, QUICK_SLOW_REPS = 5, 1
+SLOW_CALL_MS = 50.0
+L2_FLUSH_BYTES = 256 * 2**20
+DEVICE = "cuda"  # torch device of the inputs, the flush buffer and CuPy's allocations
+
+# where the anchors and the reference stop
+TORCH_MATH_MAX_BYTES = 8e9  # torch_math materialises batch*num_q_heads*seqlen_q*seqlen_k fp32 scores
+REF_FULL_MAX_SCORES = 1e10  # above this many score elements the reference covers a subset
+REF_BLOCK_SCORES = 2**28  # float64 scores per reference chunk (2 GiB)
+
+# the prefill plot: bf16 causal Hq32 Hkv8 D128 at 16k tokens per batch
+SWEEP_TOKENS = 16384
+SWEEP_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+QUICK_SWEEP_SEQLENS = (1024, 4096, 16384)
+SWEEP_IMPLS = ("cupy_gqa[auto]", "torch_flash", "torch_cudnn")
+
+ANCHORS = ("torch_auto", "torch_flash", "torch_cudnn", "torch_math", "torch_efficient_expanded", "naive_loop")
+ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+# ---------------------------------------------------------------------------
+# Case table
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """One benchmark shape. q is (batch, seqlen_q, num_q_heads, head_dim)."""
+
+    name: str
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str  # "fp32", "bf16" or "fp16"
+    causal: bool = True
+    kind: str = "prefill"  # "prefill", "decode" or "memory" (peak memory, not time)
+
+    @property
+    def group_size(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def score_elements(self) -> int:
+        """batch * num_q_heads * seqlen_q * seqlen_k: the size of a materialised score matrix."""
+        return self.batch * self.num_q_heads * self.seqlen_q * self.seqlen_k
+
+    def describe(self) -> str:
+        s = f"S{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"Sq{self.seqlen_q} Sk{self.seqlen_k}"
+        mask = "causal" if self.causal else "non-causal"
+        return f"B{self.batch} {s} Hq{self.num_q_heads} Hkv{self.num_kv_heads} D{self.head_dim} {self.dtype} {mask} {self.kind}"
+
+
+def _prefill(name, batch, seqlen, head_dim, dtype, *, num_q_heads=32, num_kv_heads=8, causal=True, kind="prefill"):
+    return Case(name, batch, seqlen, seqlen, num_q_heads, num_kv_heads, head_dim, dtype, causal, kind)
+
+
+CASES: tuple[Case, ...] = (
+    _prefill("S0", 2, 80, 32, "fp32", num_q_heads=8, num_kv_heads=2),  # the seed's shape
+    _prefill("S0h", 2, 80, 32, "bf16", num_q_heads=8, num_kv_heads=2),
+    _prefill("F1", 4, 4096, 128, "fp32"),
+    _prefill("F2", 4, 1024, 64, "fp32"),
+    _prefill("H1", 4, 4096, 128, "bf16"),
+    _prefill("H2", 1, 16384, 128, "bf16"),
+    _prefill("H3", 16, 512, 128, "fp16"),
+    _prefill("H4", 4, 2048, 64, "bf16"),
+    _prefill("N1", 4, 4096, 128, "bf16", causal=False),
+    Case("D1", 16, 1, 8192, 32, 8, 128, "bf16", True, "decode"),  # one new token against a cache
+    Case("D2", 64, 1, 2048, 32, 8, 128, "bf16", True, "decode"),
+    _prefill("M1", 1, 32768, 128, "fp32", kind="memory"),
+)
+CASE_BY_NAME = {c.name.lower(): c for c in CASES}
+
+
+def parse_cases(text: str) -> list[Case]:
+    """'S0,H1' -> [Case S0, Case H1] (case-insensitive, order kept, duplicates dropped)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("no case named; expected e.g. --cases S0,H1")
+    unknown = [n for n in names if n.lower() not in CASE_BY_NAME]
+    if unknown:
+        known = ", ".join(c.name for c in CASES)
+        raise argparse.ArgumentTypeError(f"unknown case {', '.join(map(repr, unknown))}; known cases: {known}")
+    picked = [CASE_BY_NAME[n.lower()] for n in names]
+    return list(dict.fromkeys(picked))
+
+
+# ---------------------------------------------------------------------------
+# Counters: the one FLOP formula and the one byte count
+# ---------------------------------------------------------------------------
+def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+    """Number of (query, key) pairs that enter the softmax, for one (batch, head).
+
+    Causal is aligned bottom-right: query i sees keys j <= i + seqlen_k - seqlen_q,
+    i.e. min(seqlen_k, max(0, i + seqlen_k - seqlen_q + 1)) keys. The min never binds
+    (i <= seqlen_q - 1), so the counts form the arithmetic run first..seqlen_k over the
+    queries that see at least one key. seqlen_q 3, seqlen_k 5: 3+4+5 = 12;
+    seqlen_q 5, seqlen_k 3: 0+0+1+2+3 = 6.
+    """
+    if not causal:
+        return seqlen_q * seqlen_k
+    offset = seqlen_k - seqlen_q
+    first_query = max(0, -offset)  # the first query that sees any key
+    n = seqlen_q - first_query
+    if n <= 0:
+        return 0
+    first_count = first_query + offset + 1
+    return n * (first_count + seqlen_k) // 2
+
+
+def attention_flops(case: Case) -> int:
+    """4 * head_dim per visible pair (QK^T and PV, a multiply-add each) * batch * num_q_heads."""
+    return 4 * case.head_dim * visible_pairs(case.seqlen_q, case.seqlen_k, case.causal) * case.batch * case.num_q_heads
+
+
+def kv_bytes(case: Case) -> int:
+    """Bytes of K and V: the traffic that bounds decode, and the GB/s basis of every row."""
+    return case.batch * case.seqlen_k * case.num_kv_heads * case.head_dim * case.itemsize * 2
+
+
+def gpu_tag(gpu_name: str) -> str:
+    """'NVIDIA H200' -> 'h200', 'NVIDIA H100 80GB HBM3' -> 'h100': the results' file stem."""
+    words = gpu_name.lower().replace("nvidia", " ").replace("geforce", " ").replace("-", " ").split()
+    tag = []
+    for w in words:
+        tag.append("".join(ch for ch in w if ch.isalnum()))
+        if any(ch.isdigit() for ch in w):
+            break
+    return "".join(tag) or "gpu"
+
+
+# ---------------------------------------------------------------------------
+# Rows
+# ---------------------------------------------------------------------------
+@dataclass
+class Row:
+    case: str
+    impl: str
+    ms: float | None = None
+    reps: int | None = None
+    tflops: float | None = None
+    gbps: float | None = None
+    rel_err: float | None = None
+    ref_scope: str | None = None
+    compile_s: float | None = None
+    compile_cached_s: float | None = None
+    peak_extra_mib: float | None = None
+    vs: dict = field(default_factory=dict)  # anchor name -> this time / anchor time
+    note: str = ""
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        vs = d.pop("vs")
+        d.update({f"vs_{name}": ratio for name, ratio in vs.items()})
+        return d
+
+
+def finish_row(row: Row, case: Case) -> Row:
+    """Fill TFLOP/s and GB/s from ms."""
+    if row.ms:
+        row.tflops = attention_flops(case) / (row.ms * 1e-3) / 1e12
+        row.gbps = kv_bytes(case) / (row.ms * 1e-3) / 1e9
+    return row
+
+
+def add_ratios(rows: list[Row]) -> None:
+    """vs_<anchor> = cupy_gqa time / anchor time, per case."""
+    anchor_ms = {(r.case, r.impl): r.ms for r in rows if r.impl in ANCHORS and r.ms}
+    for r in rows:
+        if r.impl.startswith("cupy_gqa") and r.ms:
+            r.vs = {a: r.ms / anchor_ms[(r.case, a)] for a in ANCHORS if (r.case, a) in anchor_ms}
+
+
+# ---------------------------------------------------------------------------
+# GPU stack (lazy)
+# ---------------------------------------------------------------------------
+NO_GPU_MESSAGE = "bench_attention: no CUDA device found; this benchmark needs an NVIDIA GPU visible to torch and CuPy"
+
+
+def load_gpu_stack():
+    """Import torch, CuPy and cupy_gqa, or exit non-zero with one clear line."""
+    try:
+        import torch
+    except ImportError as e:
+        sys.exit(f"{NO_GPU_MESSAGE} (torch is not importable: {e})")
+    if not torch.cuda.is_available():
+        sys.exit(f"{NO_GPU_MESSAGE} (torch.cuda.is_available() is False)")
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("getDeviceCount() is 0")
+    except Exception as e:  # ImportError, CUDARuntimeError, ...
+        sys.exit(f"{NO_GPU_MESSAGE} (CuPy: {type(e).__name__}: {e})")
+    sys.path.insert(0, str(REPO_ROOT))  # benchmark the checkout this script belongs to
+    try:
+        import cupy_gqa
+    except ImportError as e:
+        sys.exit(f"bench_attention: cannot import cupy_gqa from {REPO_ROOT}: {e}")
+    return torch, cupy, cupy_gqa
+
+
+def route_cupy_through_torch(torch, cupy) -> None:
+    """Make CuPy allocate from torch's caching allocator: one pool, one peak counter."""
+
+    def alloc(size: int):
+        buf = torch.empty(size, dtype=torch.uint8, device=DEVICE)
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(buf.data_ptr(), size, buf), 0)
+
+    cupy.cuda.set_allocator(alloc)
+
+
+def make_inputs(torch, case: Case, seed: int = 0):
+    """Random normal q, k, v in (batch, seqlen, heads, head_dim) layout."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+
+    def randn(seqlen, heads):
+        return torch.randn((case.batch, seqlen, heads, case.head_dim), dtype=dtype, device=DEVICE, generator=gen)
+
+    return randn(case.seqlen_q, case.num_q_heads), randn(case.seqlen_k, case.num_kv_heads), randn(case.seqlen_k, case.num_kv_heads)
+
+
+# ---------------------------------------------------------------------------
+# The one timer
+# ---------------------------------------------------------------------------
+@dataclass
+class Timing:
+    ms: float
+    reps: int
+
+
+class Timer:
+    """CUDA-event timer: warm-up, L2 flush before each rep, median over reps."""
+
+    def __init__(self, torch, *, fast_reps: int, slow_reps: int, slow_ms: float = SLOW_CALL_MS):
+        self.torch = torch
+        self.fast_reps, self.slow_reps, self.slow_ms = fast_reps, slow_reps, slow_ms
+        self.flush_buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=DEVICE)
+
+    def _timed(self, fn, n: int) -> list[float]:
+        cuda = self.torch.cuda
+        starts = [cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [cuda.Event(enable_timing=True) for _ in range(n)]
+        for start, end in zip(starts, ends):
+            self.flush_buf.zero_()  # evict L2; also gives the CPU a head start on the launch
+            start.record()
+            fn()
+            end.record()
+        cuda.synchronize()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+    def __call__(self, fn) -> Timing:
+        first = self._timed(fn, 1)[0]  # warm-up, and the slow/fast decision
+        if first < self.slow_ms:
+            self._timed(fn, 2)  # more warm-up for fast calls (clocks, allocator)
+            n = self.fast_reps
+        else:
+            n = self.slow_reps
+        return Timing(statistics.median(self._timed(fn, n)), n)
+
+
+# ---------------------------------------------------------------------------
+# Implementations: each is (name, fn) with fn() -> out (batch, seqlen_q, num_q_heads, head_dim)
+# ---------------------------------------------------------------------------
+def cupy_gqa_impls(cupy_gqa, case: Case, q, k, v) -> list:
+    def make(kernel):
+        return lambda: cupy_gqa.attention(q, k, v, causal=case.causal, kernel=kernel)
+
+    return [(f"cupy_gqa[{name}]", make(name)) for name in ("auto", *cupy_gqa.KERNELS)]
+
+
+def _torch_mask_kwargs(torch, case: Case, device) -> dict:
+    """torch's is_causal is aligned top-left; translate our bottom-right causal."""
+    if not case.causal or case.seqlen_q == 1:  # a single query sees the whole cache
+        return {}
+    if case.seqlen_q == case.seqlen_k:  # top-left == bottom-right
+        return {"is_causal": True}
+    i = torch.arange(case.seqlen_q, device=device)[:, None]
+    j = torch.arange(case.seqlen_k, device=device)[None, :]
+    return {"attn_mask": j <= i + case.seqlen_k - case.seqlen_q}
+
+
+def torch_impls(torch, case: Case, q, k, v) -> tuple[list, list]:
+    """The torch anchors for this case, and (name, reason) for those left out up front."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # (batch, heads, seqlen, head_dim) views
+    mask = _torch_mask_kwargs(torch, case, q.device)
+
+    def sdpa(backend=None):
+        def call():
+            if backend is None:
+                o = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True, **mask)
+            else:
+                with sdpa_kernel(backend):
+                    o = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True, **mask)
+            return o.transpose(1, 2)
+
+        return call
+
+    def efficient_expanded():
+        # the efficient backend rejects enable_gqa: repeat each KV head group_size times
+        ke = k.repeat_interleave(case.group_size, dim=2).transpose(1, 2)
+        ve = v.repeat_interleave(case.group_size, dim=2).transpose(1, 2)
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            return F.scaled_dot_product_attention(qt, ke, ve, **mask).transpose(1, 2)
+
+    if case.kind == "memory":
+        return [("torch_efficient_expanded", efficient_expanded)], []
+    impls, left_out = [("torch_auto", sdpa())], []
+    impls += [("torch_flash", sdpa(SDPBackend.FLASH_ATTENTION)), ("torch_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))]
+    if case.score_elements * 4 > TORCH_MATH_MAX_BYTES:
+        left_out.append(("torch_math", f"{case.score_elements * 4 / 1e9:.1f} GB of fp32 scores > {TORCH_MATH_MAX_BYTES / 1e9:.0f} GB"))
+    else:
+        impls.append(("torch_math", sdpa(SDPBackend.MATH)))
+    impls.append(("torch_efficient_expanded", efficient_expanded))
+    if case.name == "S0":
+        impls.append(("naive_loop", lambda: naive_loop(torch, q, k, v, causal=case.causal)))
+    return impls, left_out
+
+
+def naive_loop(torch, q, k, v, *, causal: bool):
+    """The per-position PyTorch loop the seed kernel replaced."""
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    group_size = num_q_heads // num_kv_heads
+    k = k.repeat_interleave(group_size, dim=2)  # query head h reads kv head h // group_size
+    v = v.repeat_interleave(group_size, dim=2)
+    softmax_scale = head_dim**-0.5
+    out = torch.zeros_like(q)
+    for t in range(seqlen_q):
+        n = t + seqlen_k - seqlen_q + 1 if causal else seqlen_k  # keys 0..n-1 are visible
+        if n <= 0:
+            continue
+        s = torch.einsum("bhd,bjhd->bhj", q[:, t], k[:, :n]) * softmax_scale
+        out[:, t] = torch.einsum("bhj,bjhd->bhd", s.softmax(dim=-1), v[:, :n])
+    return out
+
+
+# ---------------------------------------------------------------------------
+# float64 reference
+# ---------------------------------------------------------------------------
+def reference_scope(case: Case) -> tuple[str, tuple[slice, ...]]:
+    """Which part of the output the reference covers, as (label, index into out)."""
+    if case.score_elements <= REF_FULL_MAX_SCORES:
+        return "full", (slice(None),)
+    g = case.group_size
+    return f"b0 h0-{g - 1}", (slice(0, 1), slice(None), slice(0, g))
+
+
+def reference(torch, case: Case, q, k, v, index: tuple[slice, ...]):
+    """float64 attention on the batches and query heads selected by index, in chunks."""
+    batches = range(case.batch)[index[0]]
+    q_heads = range(case.num_q_heads)[index[2]] if len(index) > 2 else range(case.num_q_heads)
+    g = case.group_size
+    kv_heads = sorted({h // g for h in q_heads})  # GQA: kv_head = q_head // group_size
+    softmax_scale = case.head_dim**-0.5
+    offset = case.seqlen_k - case.seqlen_q
+    rows = max(1, REF_BLOCK_SCORES // (g * case.seqlen_k))
+    key = torch.arange(case.seqlen_k, device=q.device)
+    out = torch.empty((len(batches), case.seqlen_q, len(kv_heads) * g, case.head_dim), dtype=torch.float64, device=q.device)
+    for bi, b in enumerate(batches):
+        for hi, h in enumerate(kv_heads):
+            kh, vh = k[b, :, h].double(), v[b, :, h].double()  # (seqlen_k, head_dim)
+            for r0 in range(0, case.seqlen_q, rows):
+                r1 = min(case.seqlen_q, r0 + rows)
+                qb = q[b, r0:r1, h * g : (h + 1) * g].double().transpose(0, 1)  # (g, rows, head_dim)
+                s = (qb @ kh.T) * softmax_scale
+                if case.causal:  # query i sees keys j <= i + seqlen_k - seqlen_q
+                    hidden = key[None, :] > torch.arange(r0, r1, device=q.device)[:, None] + offset
+                    s.masked_fill_(hidden, -math.inf)
+                p = torch.softmax(s, dim=-1).nan_to_num_(0.0)  # a row that sees no key is 0
+                out[bi, r0:r1, hi * g : (hi + 1) * g] = (p @ vh).transpose(0, 1)
+    return out
+
+
+def rel_err(out, ref, index) -> float:
+    o = out[index].double()
+    return float((o - ref).norm() / ref.norm())
+
+
+# ---------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------
+def _short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text[:110]}"
+
+
+def _first_call(torch, fn):
+    """Run fn once, synchronized; return (out, wall seconds)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sdpa_kernel warns at length before it raises
+        out = fn()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def measure(torch, timer: Timer, case: Case, name: str, fn, ref, scope: str, index) -> Row:
+    """One row: the first call (compile, or peak memory for a memory case), rel_err, then the timer."""
+    row = Row(case.name, name, ref_scope=scope)
+    if case.kind == "memory":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()  # inputs, reference and anything else alive
+        torch.cuda.reset_peak_memory_stats()
+    out, first_s = _first_call(torch, fn)
+    if case.kind == "memory":
+        peak = torch.cuda.max_memory_allocated()  # read before rel_err allocates anything
+        row.peak_extra_mib = (peak - base - out.numel() * out.element_size()) / 2**20
+        row.note = "one call; peak beyond inputs and output"
+    row.rel_err = rel_err(out, ref, index)
+    del out
+    if case.kind != "memory":
+        t = timer(fn)
+        row.ms, row.reps = t.ms, t.reps
+        if name.startswith("cupy_gqa"):
+            row.compile_s = max(0.0, first_s - t.ms * 1e-3)
+    return finish_row(row, case)
+
+
+def run_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row], list[dict], bool]:
+    """Benchmark one case. Returns (rows, skipped impls, whether a cupy_gqa call failed unexpectedly)."""
+    q, k, v = make_inputs(torch, case)
+    scope, index = reference_scope(case)
+    ref = reference(torch, case, q, k, v, index)
+    anchors, left_out = torch_impls(torch, case, q, k, v)
+    ours = cupy_gqa_impls(cupy_gqa, case, q, k, v)
+    if case.kind == "memory":
+        ours = ours[:1]  # cupy_gqa[auto] only
+    rows, skipped, failed = [], [], False
+    for name, why in left_out:
+        skipped.append({"case": case.name, "impl": name, "reason": why})
+        log(f"  {case.name:4} {name}: skipped ({why})")
+    for name, fn in ours + anchors:
+        try:
+            row = measure(torch, timer, case, name, fn, ref, scope, index)
+        except Exception as e:
+            # a cupy_gqa kernel raises ValueError/TypeError for a case it does not support;
+            # anything else from it is a bug. An anchor that raises is simply not available.
+            expected = not name.startswith("cupy_gqa") or isinstance(e, (ValueError, TypeError))
+            failed |= not expected
+            skipped.append({"case": case.name, "impl": name, "reason": _short(e) if expected else f"FAILED {_short(e)}"})
+            log(f"  {case.name:4} {name}: {'skipped' if expected else 'FAILED'} ({_short(e)})")
+            torch.cuda.empty_cache()
+            continue
+        rows.append(row)
+        log("  " + _progress(row))
+    del q, k, v, ref
+    torch.cuda.empty_cache()
+    return rows, skipped, failed
+
+
+def _progress(r: Row) -> str:
+    if r.peak_extra_mib is not None:
+        return f"{r.case:4} {r.impl:26} peak extra {r.peak_extra_mib:9.1f} MiB   rel_err {r.rel_err:.1e}"
+    extra = f"  compile {r.compile_s:.2f} s" if r.compile_s is not None else ""
+    return f"{r.case:4} {r.impl:26} {r.ms:9.4f} ms x{r.reps:<3} {r.tflops:7.1f} TF/s {r.gbps:8.1f} GB/s  rel_err {r.rel_err:.1e}{extra}"
+
+
+def run_sweep(torch, cupy_gqa, timer: Timer, seqlens, log) -> list[dict]:
+    """TFLOP/s vs seqlen for the plot: bf16 causal Hq32 Hkv8 D128, batch = SWEEP_TOKENS / seqlen."""
+    results = []
+    for seqlen in seqlens:
+        case = _prefill(f"sweep{seqlen}", SWEEP_TOKENS // seqlen, seqlen, 128, "bf16")
+        q, k, v = make_inputs(torch, case)
+        impls = cupy_gqa_impls(cupy_gqa, case, q, k, v) + torch_impls(torch, case, q, k, v)[0]
+        for name, fn in impls:
+            if name not in SWEEP_IMPLS:
+                continue
+            try:
+                _first_call(torch, fn)
+            except Exception as e:
+                log(f"  sweep S{seqlen:<6} {name}: skipped ({_short(e)})")
+                continue
+            t = timer(fn)
+            tflops = attention_flops(case) / (t.ms * 1e-3) / 1e12
+            results.append({"seqlen": seqlen, "batch": case.batch, "impl": name, "ms": t.ms, "reps": t.reps, "tflops": tflops})
+            log(f"  sweep S{seqlen:<6} B{case.batch:<3} {name:16} {t.ms:9.4f} ms {tflops:7.1f} TF/s")
+        del q, k, v
+        torch.cuda.empty_cache()
+    return results
+
+
+def compile_probe(torch, cupy_gqa, cases: list[Case]) -> dict:
+    """First-call seconds of every cupy_gqa kernel per case, in this (fresh) process."""
+    result = {}
+    for case in cases:
+        q, k, v = make_inputs(torch, case)
+        for name, fn in cupy_gqa_impls(cupy_gqa, case, q, k, v):
+            try:
+                result[f"{case.name}/{name}"] = _first_call(torch, fn)[1]
+            except Exception:  # unsupported here; the main process already reported why
+                pass
+        del q, k, v
+        torch.cuda.empty_cache()
+    return result
+
+
+def run_compile_probe_subprocess(cases: list[Case], cache_dir: str, log) -> dict:
+    """Start a second process on the warm CUPY_CACHE_DIR and collect its first-call times."""
+    timed = [c for c in cases if c.kind != "memory"]  # M1's single call takes ~10 s; it is not timed
+    if not timed:
+        return {}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--compile-probe", "--cases", ",".join(c.name for c in timed)]
+    env = dict(os.environ, CUPY_CACHE_DIR=cache_dir)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        log("  compile probe timed out; compile_cached_s left empty")
+        return {}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        log(f"  compile probe failed ({why[:120]}); compile_cached_s left empty")
+        return {}
+    return json.loads(lines[-1])
+
+
+# ---------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------
+def _fmt(x, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def table(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
+    """The timed rows as (headers, cells); shared by the printed and the markdown table."""
+    anchors = [a for a in ANCHORS if any(a in r.vs for r in rows)]
+    headers = ["case", "impl", "ms", "reps", "TFLOP/s", "GB/s", "rel_err", "ref", "compile_s", "compile_cached_s"]
+    headers += [f"vs_{a}" for a in anchors]
+    cells = []
+    for r in rows:
+        if r.ms is None:
+            continue
+        line = [r.case, r.impl, _fmt(r.ms, ".4f"), str(r.reps), _fmt(r.tflops, ".1f"), _fmt(r.gbps, ".1f"),
+                _fmt(r.rel_err, ".1e"), r.ref_scope or "—", _fmt(r.compile_s, ".2f"), _fmt(r.compile_cached_s, ".2f")]
+        line += [_fmt(r.vs.get(a), ".2f") if r.vs else "" for a in anchors]
+        cells.append(line)
+    return headers, cells
+
+
+def memory_table(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
+    headers = ["case", "impl", "peak_extra_MiB", "rel_err", "ref"]
+    cells = [[r.case, r.impl, _fmt(r.peak_extra_mib, ".1f"), _fmt(r.rel_err, ".1e"), r.ref_scope or "—"]
+             for r in rows if r.peak_extra_mib is not None]
+    return headers, cells
+
+
+def format_text(headers, cells) -> str:
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(cell, widths)) for cell in cells]
+    return "\n".join(lines)
+
+
+def format_markdown(headers, cells) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(c) + " |" for c in cells]
+    return "\n".join(lines)
+
+
+# the "What is measured" part of the module docstring, repeated in the results files
+METHOD = textwrap.dedent((__doc__ or "").partition("What is measured")[2].partition("Importing this module")[0]).strip()
+
+
+def render_markdown(env: dict, rows: list[Row], skipped: list[dict], sweep: list[dict], plot_name: str | None) -> str:
+    parts = [f"# cupy_gqa attention benchmark on {env['gpu']}", ""]
+    parts += [f"- {key}: `{value}`" for key, value in env.items()]
+    parts += ["", "## Method", "", "```", METHOD, "```", "", "## Time", "", format_markdown(*table(rows))]
+    mem_headers, mem_cells = memory_table(rows)
+    if mem_cells:
+        parts += ["", "## Peak device memory beyond inputs and output (M1)", "", format_markdown(mem_headers, mem_cells)]
+    if skipped:
+        parts += ["", "## Not run", ""] + [f"- {s['case']} {s['impl']}: {s['reason']}" for s in skipped]
+    if sweep:
+        seqlens = sorted({s["seqlen"] for s in sweep})
+        impls = [i for i in SWEEP_IMPLS if any(s["impl"] == i for s in sweep)]
+        tf = {(s["seqlen"], s["impl"]): s["tflops"] for s in sweep}
+        headers = ["seqlen", "batch"] + [f"{i} TFLOP/s" for i in impls]
+        cells = [[str(n), str(SWEEP_TOKENS // n)] + [_fmt(tf.get((n, i)), ".1f") for i in impls] for n in seqlens]
+        parts += ["", "## Prefill sweep: bf16 causal, Hq32 Hkv8 D128, 16k tokens per batch", "", format_markdown(headers, cells)]
+        if plot_name:
+            parts += ["", f"![prefill sweep]({plot_name})"]
+    return "\n".join(parts) + "\n"
+
+
+def plot_sweep(sweep: list[dict], path: Path, gpu_name: str) -> None:
+    """Grouped bars with value labels, in the style of FlashAttention's README plots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seqlens = sorted({s["seqlen"] for s in sweep})
+    impls = [i for i in SWEEP_IMPLS if any(s["impl"] == i for s in sweep)]
+    tf = {(s["seqlen"], s["impl"]): s["tflops"] for s in sweep}
+    width = 0.8 / max(1, len(impls))
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for n, impl in enumerate(impls):
+        xs = [x + (n - (len(impls) - 1) / 2) * width for x in range(len(seqlens))]
+        ys = [tf.get((s, impl), 0.0) for s in seqlens]
+        bars = ax.bar(xs, ys, width, label=impl)
+        ax.bar_label(bars, labels=[f"{y:.0f}" if y else "" for y in ys], fontsize=8, padding=2)
+    ax.set_xticks(range(len(seqlens)), [f"{s // 1024}k" if s >= 1024 else str(s) for s in seqlens])
+    ax.set_xlabel(f"Sequence length (batch = {SWEEP_TOKENS // 1024}k tokens / seqlen)")
+    ax.set_ylabel("Speed (TFLOP/s)")
+    ax.set_title(f"Attention forward, causal, bf16, head_dim 128, Hq32 Hkv8 ({gpu_name})")
+    ax.legend(loc="upper left")
+    ax.margins(y=0.12)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def environment(torch, cupy, cupy_gqa) -> dict:
+    def cuda_version(v: int) -> str:
+        return f"{v // 1000}.{v % 1000 // 10}"
+
+    def run(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip() or None
+        except Exception:
+            return None
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
+        "git_commit": run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"]),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "cupy": cupy.__version__,
+        "cuda_runtime": cuda_version(cupy.cuda.runtime.runtimeGetVersion()),
+        "cuda_driver_api": cuda_version(cupy.cuda.runtime.driverGetVersion()),
+        "driver": run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]),
+        "cupy_gqa": f"{cupy_gqa.__version__} ({Path(cupy_gqa.__file__).parent})",
+        "cupy_gqa_kernels": ",".join(cupy_gqa.KERNELS),
+    }
+
+
+def write_results(out_dir: Path, tag: str, env: dict, rows, skipped, sweep, *, plot: bool) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    plot_name = None
+    if plot and sweep:
+        try:
+            plot_sweep(sweep, out_dir / f"{tag}_prefill.png", env["gpu"])
+            plot_name = f"{tag}_prefill.png"
+            written.append(out_dir / plot_name)
+        except ImportError as e:
+            print(f"bench_attention: no plot ({e})")
+    doc = {**env, "method": METHOD, "rows": [r.to_json() for r in rows], "skipped": skipped, "sweep": sweep}
+    (out_dir / f"{tag}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out_dir / f"{tag}.md").write_text(render_markdown(env, rows, skipped, sweep, plot_name))
+    return [out_dir / f"{tag}.json", out_dir / f"{tag}.md", *written]
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bench_attention",
+        description="Benchmark cupy_gqa.attention against torch's SDPA backends on one NVIDIA GPU.",
+        epilog="cases:\n" + "\n".join(f"  {c.name:4} {c.describe()}" for c in CASES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--cases", type=parse_cases, default=list(CASES), metavar="S0,H1,...",
+                   help="comma-separated case names (default: all)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"smoke run: {QUICK_FAST_REPS} reps (fast calls) / {QUICK_SLOW_REPS} (slow), 3-point sweep")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder (default: benchmarks/results)")
+    p.add_argument("--no-plot", action="store_true", help="skip the prefill sweep and its plot")
+    p.add_argument("--no-compile-probe", action="store_true", help="skip the second process that measures compile_cached_s")
+    p.add_argument("--list", action="store_true", help="print the selected cases and exit (no GPU needed)")
+    p.add_argument("--compile-probe", action="store_true", help=argparse.SUPPRESS)  # the second process
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    cases: list[Case] = args.cases
+    if args.list:
+        for c in cases:
+            print(f"{c.name:4} {c.describe()}")
+        return 0
+
+    if args.compile_probe:  # CUPY_CACHE_DIR is set by the parent
+        torch, cupy, cupy_gqa = load_gpu_stack()
+        print(json.dumps(compile_probe(torch, cupy_gqa, cases)))
+        return 0
+
+    # cold compile: a fresh NVRTC disk cache, set before CuPy is imported
+    cache_dir = tempfile.mkdtemp(prefix="bench_attention_cupy_cache_")
+    os.environ["CUPY_CACHE_DIR"] = cache_dir
+    try:
+        return _bench(args, cases, cache_dir)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def _bench(args, cases: list[Case], cache_dir: str) -> int:
+    torch, cupy, cupy_gqa = load_gpu_stack()
+    route_cupy_through_torch(torch, cupy)
+    started = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f}s] {msg}", flush=True)
+
+    env = environment(torch, cupy, cupy_gqa)
+    log(f"{env['gpu']}  torch {env['torch']}  cupy {env['cupy']}  cupy_gqa kernels {env['cupy_gqa_kernels']}")
+    reps = (QUICK_FAST_REPS, QUICK_SLOW_REPS) if args.quick else (FAST_REPS, SLOW_REPS)
+    timer = Timer(torch, fast_reps=reps[0], slow_reps=reps[1])
+
+    rows, skipped, failed = [], [], False
+    for case in cases:
+        log(f"{case.name}: {case.describe()}")
+        case_rows, case_skipped, case_failed = run_case(torch, cupy_gqa, timer, case, log)
+        rows += case_rows
+        skipped += case_skipped
+        failed |= case_failed
+    add_ratios(rows)
+
+    if not args.no_compile_probe:
+        log("compile probe: a second process on the warm CUPY_CACHE_DIR")
+        cached = run_compile_probe_subprocess(cases, cache_dir, log)
+        for r in rows:
+            first_s = cached.get(f"{r.case}/{r.impl}")
+            if first_s is not None and r.ms is not None:
+                r.compile_cached_s = max(0.0, first_s - r.ms * 1e-3)
+
+    sweep = []
+    if not args.no_plot:
+        log("prefill sweep")
+        sweep = run_sweep(torch, cupy_gqa, timer, QUICK_SWEEP_SEQLENS if args.quick else SWEEP_SEQLENS, log)
+
+    print()
+    print(format_text(*table(rows)))
+    mem = memory_table(rows)
+    if mem[1]:
+        print()
+        print(format_text(*mem))
+    tag = gpu_tag(env["gpu"])
+    written = write_results(args.out, tag, env, rows, skipped, sweep, plot=not args.no_plot)
+    log("wrote " + ", ".join(str(p) for p in written))
+    if failed:
+        print("bench_attention: some cupy_gqa calls failed unexpectedly (see 'FAILED' above)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

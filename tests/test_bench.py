@@ -1,0 +1,348 @@
+"""CPU tests of benchmarks/bench_attention.py: counters, case table, command line, no-GPU exit, output files.
+
+benchmarks/ is not a package, so the script is loaded by path. None of these tests needs
+a GPU; the reference test needs torch (CPU is enough) and skips without it.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_attention.py"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("bench_attention", BENCH_PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+
+def _run_script(*args, env_extra=None, prelude="", tmp_path=None):
+    """Run the script in a fresh interpreter; prelude runs before it (e.g. to hide modules)."""
+    code = (
+        "import runpy, sys\n"
+        f"{prelude}\n"
+        f"sys.argv = [{str(BENCH_PATH)!r}, *{list(args)!r}]\n"
+        f"runpy.run_path({str(BENCH_PATH)!r}, run_name='__main__')\n"
+    )
+    env = dict(os.environ, **(env_extra or {}))
+    if tmp_path is not None:
+        env["TMPDIR"] = str(tmp_path)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+# ---------------------------------------------------------------------------
+# counters
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "seqlen_q, seqlen_k, causal, expected",
+    [
+        (3, 5, True, 12),  # rows see 3, 4, 5 keys
+        (5, 3, True, 6),  # rows see 0, 0, 1, 2, 3 keys
+        (5, 3, False, 15),
+        (3, 5, False, 15),
+        (4, 4, True, 10),  # 1 + 2 + 3 + 4
+        (6, 2, True, 3),  # 0, 0, 0, 0, 1, 2
+        (8, 1, True, 1),  # only the last query sees the one key
+        (1, 1, True, 1),
+        (1, 8192, True, 8192),  # decode: the new token sees the whole cache
+        (80, 80, True, 3240),  # S0: 80 * 81 / 2
+        (0, 5, True, 0),
+        (5, 0, True, 0),
+    ],
+)
+def test_visible_pairs_hand_counted(seqlen_q, seqlen_k, causal, expected):
+    assert bench.visible_pairs(seqlen_q, seqlen_k, causal) == expected
+
+
+def test_visible_pairs_matches_row_by_row_count():
+    for seqlen_q in range(0, 14):
+        for seqlen_k in range(0, 14):
+            rows = [min(seqlen_k, max(0, i + seqlen_k - seqlen_q + 1)) for i in range(seqlen_q)]
+            got = bench.visible_pairs(seqlen_q, seqlen_k, True)
+            assert got == sum(rows), f"seqlen_q={seqlen_q} seqlen_k={seqlen_k}: got {got}, rows {rows}"
+
+
+def _case(**kw):
+    fields = dict(name="t", batch=2, seqlen_q=3, seqlen_k=5, num_q_heads=4, num_kv_heads=2, head_dim=8, dtype="bf16")
+    fields.update(kw)
+    return bench.Case(**fields)
+
+
+def test_attention_flops_small_cases():
+    # 4 * head_dim * pairs * batch * num_q_heads
+    assert bench.attention_flops(_case()) == 4 * 8 * 12 * 2 * 4 == 3072
+    assert bench.attention_flops(_case(seqlen_q=5, seqlen_k=3)) == 4 * 8 * 6 * 2 * 4
+    assert bench.attention_flops(_case(causal=False)) == 4 * 8 * 15 * 2 * 4
+
+
+def test_attention_flops_table_cases():
+    c = bench.CASE_BY_NAME
+    s = 4096  # H1: the ANCHORS formula 4 * B * Hq * D * S(S+1)/2
+    assert bench.attention_flops(c["h1"]) == 4 * 4 * 32 * 128 * s * (s + 1) // 2
+    assert bench.attention_flops(c["n1"]) == 4 * 4 * 32 * 128 * s * s
+    assert bench.attention_flops(c["d1"]) == 4 * 16 * 32 * 128 * 8192
+    assert bench.attention_flops(c["s0"]) == 4 * 2 * 8 * 32 * 3240
+
+
+def test_kv_bytes():
+    # batch * seqlen_k * num_kv_heads * head_dim * itemsize * 2 (K and V)
+    assert bench.kv_bytes(_case()) == 2 * 5 * 2 * 8 * 2 * 2 == 640
+    assert bench.kv_bytes(_case(dtype="fp32")) == 1280
+    assert bench.kv_bytes(bench.CASE_BY_NAME["d1"]) == 16 * 8192 * 8 * 128 * 2 * 2 == 536870912
+    assert bench.kv_bytes(bench.CASE_BY_NAME["d2"]) == 64 * 2048 * 8 * 128 * 2 * 2
+
+
+def test_finish_row_derives_rates_from_ms():
+    case = bench.CASE_BY_NAME["d1"]
+    row = bench.finish_row(bench.Row("D1", "torch_cudnn", ms=0.131), case)
+    assert row.tflops == pytest.approx(bench.attention_flops(case) / 0.131e-3 / 1e12)
+    assert row.gbps == pytest.approx(4098.3, rel=1e-3)  # ANCHORS: cuDNN at 0.131 ms is ~4100 GB/s of K/V
+
+
+# ---------------------------------------------------------------------------
+# the case table
+# ---------------------------------------------------------------------------
+# name: (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, dtype, causal, kind), from the spec
+EXPECTED_CASES = {
+    "S0": (2, 80, 80, 8, 2, 32, "fp32", True, "prefill"),
+    "S0h": (2, 80, 80, 8, 2, 32, "bf16", True, "prefill"),
+    "F1": (4, 4096, 4096, 32, 8, 128, "fp32", True, "prefill"),
+    "F2": (4, 1024, 1024, 32, 8, 64, "fp32", True, "prefill"),
+    "H1": (4, 4096, 4096, 32, 8, 128, "bf16", True, "prefill"),
+    "H2": (1, 16384, 16384, 32, 8, 128, "bf16", True, "prefill"),
+    "H3": (16, 512, 512, 32, 8, 128, "fp16", True, "prefill"),
+    "H4": (4, 2048, 2048, 32, 8, 64, "bf16", True, "prefill"),
+    "N1": (4, 4096, 4096, 32, 8, 128, "bf16", False, "prefill"),
+    "D1": (16, 1, 8192, 32, 8, 128, "bf16", True, "decode"),
+    "D2": (64, 1, 2048, 32, 8, 128, "bf16", True, "decode"),
+    "M1": (1, 32768, 32768, 32, 8, 128, "fp32", True, "memory"),
+}
+
+
+def test_case_table_matches_spec():
+    assert [c.name for c in bench.CASES] == list(EXPECTED_CASES)
+    for c in bench.CASES:
+        got = (c.batch, c.seqlen_q, c.seqlen_k, c.num_q_heads, c.num_kv_heads, c.head_dim, c.dtype, c.causal, c.kind)
+        assert got == EXPECTED_CASES[c.name], f"{c.name}: got {got}, expected {EXPECTED_CASES[c.name]}"
+
+
+def test_parse_cases_selects_subset_in_order():
+    assert [c.name for c in bench.parse_cases("S0,H1")] == ["S0", "H1"]
+    assert [c.name for c in bench.parse_cases(" m1 , s0h,M1")] == ["M1", "S0h"]
+
+
+@pytest.mark.parametrize("text", ["S0,X9", "H5", ",", "S0h2"])
+def test_parse_cases_rejects_unknown(text):
+    with pytest.raises(Exception) as info:
+        bench.parse_cases(text)
+    assert "case" in str(info.value)
+
+
+def test_cli_unknown_case_exits_nonzero_with_clear_message(capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--cases", "S0,X9"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown case 'X9'" in err and "S0h" in err  # names the bad case and lists the known ones
+
+
+def test_cli_default_is_all_cases():
+    args = bench.build_parser().parse_args([])
+    assert [c.name for c in args.cases] == list(EXPECTED_CASES)
+    args = bench.build_parser().parse_args(["--cases", "D2,F1", "--quick", "--out", "/tmp/x", "--no-plot"])
+    assert [c.name for c in args.cases] == ["D2", "F1"] and args.quick and args.no_plot and str(args.out) == "/tmp/x"
+
+
+def test_cli_list_prints_only_selected_cases(capsys):
+    assert bench.main(["--list", "--cases", "H1,D2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["H1", "D2"]
+    assert "Sk2048" in lines[1]
+
+
+@pytest.mark.parametrize(
+    "name, tag",
+    [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100-SXM4-80GB", "a100"),
+     ("NVIDIA GeForce RTX 4090", "rtx4090")],
+)
+def test_gpu_tag(name, tag):
+    assert bench.gpu_tag(name) == tag
+
+
+# ---------------------------------------------------------------------------
+# without a GPU
+# ---------------------------------------------------------------------------
+def test_import_needs_neither_torch_nor_cupy():
+    code = (
+        "import sys, importlib.util\n"
+        "sys.modules['torch'] = None; sys.modules['cupy'] = None  # any import of them now raises\n"
+        f"spec = importlib.util.spec_from_file_location('b', {str(BENCH_PATH)!r})\n"
+        "m = importlib.util.module_from_spec(spec); sys.modules['b'] = m; spec.loader.exec_module(m)\n"
+        "print(m.visible_pairs(3, 5, True))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "12"
+
+
+def test_help_works_without_gpu():
+    proc = _run_script("--help", env_extra={"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert "--cases" in proc.stdout and "M1" in proc.stdout
+
+
+def test_no_cuda_device_exits_nonzero_with_message(tmp_path):
+    proc = _run_script("--cases", "S0", "--out", str(tmp_path / "out"),
+                       env_extra={"CUDA_VISIBLE_DEVICES": ""}, tmp_path=tmp_path)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("bench_attention: no CUDA device found"), proc.stderr
+    assert not (tmp_path / "out").exists()  # nothing written
+    assert not list(tmp_path.glob("bench_attention_cupy_cache_*"))  # the cold-compile cache dir is removed
+
+
+def test_missing_torch_and_cupy_exits_nonzero_with_message(tmp_path):
+    proc = _run_script("--cases", "S0", prelude="sys.modules['torch'] = None; sys.modules['cupy'] = None",
+                       tmp_path=tmp_path)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("bench_attention: no CUDA device found") and "torch is not importable" in last
+
+
+# ---------------------------------------------------------------------------
+# rows, tables, results files
+# ---------------------------------------------------------------------------
+def _fake_rows():
+    rows = [
+        bench.Row("H1", "cupy_gqa[auto]", ms=2.0, reps=20, rel_err=1e-3, ref_scope="full", compile_s=1.5),
+        bench.Row("H1", "torch_flash", ms=1.0, reps=20, rel_err=2e-3, ref_scope="full"),
+        bench.Row("H1", "torch_cudnn", ms=4.0, reps=20, rel_err=2e-3, ref_scope="full"),
+        bench.Row("D1", "cupy_gqa[auto]", ms=0.5, reps=20, rel_err=1e-3, ref_scope="full"),
+        bench.Row("D1", "torch_flash", ms=0.25, reps=20, rel_err=1e-3, ref_scope="full"),
+        bench.Row("M1", "cupy_gqa[auto]", rel_err=3e-7, ref_scope="b0 h0-3", peak_extra_mib=16.0),
+    ]
+    for r in rows:
+        bench.finish_row(r, bench.CASE_BY_NAME[r.case.lower()])
+    bench.add_ratios(rows)
+    return rows
+
+
+def test_add_ratios_per_case():
+    rows = _fake_rows()
+    assert rows[0].vs == {"torch_flash": 2.0, "torch_cudnn": 0.5}
+    assert rows[3].vs == {"torch_flash": 2.0}
+    assert rows[1].vs == {}  # anchors get no ratio
+    assert rows[0].to_json()["vs_torch_cudnn"] == 0.5
+
+
+ENV = {"gpu": "NVIDIA H200", "date": "2026-01-01T00:00:00+00:00", "command": "python benchmarks/bench_attention.py --quick"}
+
+
+def test_tables_and_markdown():
+    rows = _fake_rows()
+    headers, cells = bench.table(rows)
+    assert headers[:3] == ["case", "impl", "ms"] and "vs_torch_flash" in headers
+    assert len(cells) == 5  # M1 is a memory row, not a timed one
+    h1 = cells[0]
+    assert h1[:4] == ["H1", "cupy_gqa[auto]", "2.0000", "20"]
+    assert h1[headers.index("vs_torch_flash")] == "2.00"
+    md = bench.render_markdown(ENV, rows, [{"case": "H1", "impl": "torch_math", "reason": "too big"}], [], None)
+    assert "NVIDIA H200" in md and "--quick" in md
+    assert "| H1 | cupy_gqa[auto] | 2.0000 | 20 |" in md
+    assert "| M1 | cupy_gqa[auto] | 16.0 |" in md
+    assert "- H1 torch_math: too big" in md
+    text = bench.format_text(headers, cells)
+    assert len(text.splitlines()) == 6
+
+
+def test_method_text_states_the_constants_in_force():
+    method = bench.METHOD
+    assert method.startswith("* Time: CUDA events")
+    assert f"SLOW_CALL_MS = {bench.SLOW_CALL_MS:g} ms" in method
+    assert f"FAST_REPS = {bench.FAST_REPS} repetitions (--quick: {bench.QUICK_FAST_REPS})" in method
+    assert f"SLOW_REPS = {bench.SLOW_REPS} (--quick: {bench.QUICK_SLOW_REPS})" in method
+    assert f"REF_FULL_MAX_SCORES = {bench.REF_FULL_MAX_SCORES:.0e}".replace("e+", "e") in method
+
+
+def _fake_sweep():
+    return [
+        {"seqlen": n, "batch": 16384 // n, "impl": impl, "ms": 1.0, "reps": 20, "tflops": tf}
+        for n in (512, 4096, 16384)
+        for impl, tf in (("cupy_gqa[auto]", 100.0 + n / 100), ("torch_flash", 300.0), ("torch_cudnn", 500.0))
+    ]
+
+
+def test_write_results_json_and_markdown(tmp_path):
+    written = bench.write_results(tmp_path, "h200", ENV, _fake_rows(), [], _fake_sweep(), plot=False)
+    assert sorted(p.name for p in written) == ["h200.json", "h200.md"]
+    doc = json.loads((tmp_path / "h200.json").read_text())
+    assert doc["gpu"] == "NVIDIA H200" and doc["command"] == ENV["command"]
+    assert doc["rows"][0]["impl"] == "cupy_gqa[auto]" and doc["rows"][0]["vs_torch_flash"] == 2.0
+    assert len(doc["sweep"]) == 9 and "CUDA events" in doc["method"]
+    md = (tmp_path / "h200.md").read_text()
+    assert "| 16384 | 1 | 263.8 | 300.0 | 500.0 |" in md
+
+
+def test_plot_sweep_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    written = bench.write_results(tmp_path, "h200", ENV, _fake_rows(), [], _fake_sweep(), plot=True)
+    png = tmp_path / "h200_prefill.png"
+    assert png in written
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![prefill sweep](h200_prefill.png)" in (tmp_path / "h200.md").read_text()
+
+
+# ---------------------------------------------------------------------------
+# the float64 reference (torch on CPU)
+# ---------------------------------------------------------------------------
+def _literal_attention(q, k, v, causal):
+    """numpy float64, straight from the definition: kv_head = q_head // group_size, bottom-right mask."""
+    import numpy as np
+
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    group_size = num_q_heads // num_kv_heads
+    out = np.zeros(q.shape)
+    for b in range(batch):
+        for h in range(num_q_heads):
+            for i in range(seqlen_q):
+                n = min(seqlen_k, i + seqlen_k - seqlen_q + 1) if causal else seqlen_k
+                if n <= 0:
+                    continue
+                s = k[b, :n, h // group_size] @ q[b, i, h] / np.sqrt(head_dim)
+                p = np.exp(s - s.max())
+                out[b, i, h] = p @ v[b, :n, h // group_size] / p.sum()
+    return out
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(5, 9), (9, 5), (7, 7), (1, 6)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_reference_and_naive_loop_follow_definition(seqlen_q, seqlen_k, causal, monkeypatch):
+    torch = pytest.importorskip("torch")
+    case = bench.Case("t", 2, seqlen_q, seqlen_k, 6, 2, 8, "fp32", causal)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, seqlen_q, 6, 8, generator=gen)
+    k = torch.randn(2, seqlen_k, 2, 8, generator=gen)
+    v = torch.randn(2, seqlen_k, 2, 8, generator=gen)
+    expected = _literal_attention(q.double().numpy(), k.double().numpy(), v.double().numpy(), causal)
+
+    monkeypatch.setattr(bench, "REF_BLOCK_SCORES", 3 * seqlen_k)  # force several row chunks
+    got = bench.reference(torch, case, q, k, v, (slice(None),))
+    assert abs(got.numpy() - expected).max() < 1e-12
+
+    sub = bench.reference(torch, case, q, k, v, (slice(0, 1), slice(None), slice(0, 3)))  # b0, kv head 0
+    assert abs(sub.numpy() - expected[0:1, :, 0:3]).max() < 1e-12
+
+    loop = bench.naive_loop(torch, q, k, v, causal=causal)
+    assert abs(loop.double().numpy() - expected).max() < 1e-5
