@@ -123,6 +123,14 @@ __device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = 0
 // q_head_of(kvh, r % group).
 __device__ __forceinline__ int q_head_of(int kvh, int g, int group) { return kvh * group + g; }
 
+// Lazy rescaling: the running max m is only raised when some row of the warp
+// sees a score more than TILED_RESCALE_THRESHOLD (log2 units) above it; until
+// then P = exp2(S*scale - m) <= 2^threshold (fine in fp16/bf16 and fp32 l, O)
+// and the O *= exp2(m_old - m_new) pass is skipped.  0 disables it.
+#ifndef TILED_RESCALE_THRESHOLD
+#define TILED_RESCALE_THRESHOLD 8
+#endif
+
 // Registers: 8-warp tiles (16 rows per warp) are capped at 128 registers so
 // that two CTAs fit on an SM; 4-warp tiles may use up to 255.
 #ifndef TILED_MIN_BLOCKS_8W
@@ -135,7 +143,7 @@ __device__ __forceinline__ int q_head_of(int kvh, int g, int group) { return kvh
 }  // namespace tiled_detail
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NUM_WARPS * 32, (NUM_WARPS >= 8 ? TILED_MIN_BLOCKS_8W : 1))
+__global__ void __launch_bounds__(NUM_WARPS * 32, ((NUM_WARPS >= 8 && BLOCK_M / NUM_WARPS == 16) ? TILED_MIN_BLOCKS_8W : 1))
 tiled_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out,
@@ -264,17 +272,6 @@ tiled_attention(
     // ---- per-thread row bookkeeping ------------------------------------------
     // Thread holds rows  lane/4 (+8) of each m16 block: hr = 2*mt + half.
     const int warp_row0 = warp * WR;
-    int key_limit[MT][2];                      // last visible key of the row
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int pr = row0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8;
-            int lim = seqlen_k - 1;
-            if (CAUSAL) lim = min(lim, pr / group + diag);
-            key_limit[mt][hf] = lim;
-        }
-
     float o_acc[MT][DT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -347,6 +344,16 @@ tiled_attention(
         // ---- mask (only tiles crossing the diagonal or the end of the keys) ---
         const int n0 = j * BLOCK_N;
         if (n0 + BLOCK_N > n_free) {
+            int key_limit[MT][2];              // last visible key of each of the thread's rows
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int pr = row0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8;
+                    int lim = seqlen_k - 1;
+                    if (CAUSAL) lim = min(lim, pr / group + diag);
+                    key_limit[mt][hf] = lim;
+                }
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -359,6 +366,8 @@ tiled_attention(
         }
 
         // ---- online softmax -----------------------------------------------------
+        float mxs[MT][2];                      // rowmax(S) * scale * log2 e
+        bool grow = false;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -370,29 +379,42 @@ tiled_attention(
                 // row max over the quad that shares the row
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                // m_new = max(m_old, rowmax(S) * scale * log2 e)
-                const float m_new = fmaxf(m_run[mt][hf], mx * scale_log2);
-                // base for exp2: 0 while the row has seen no key (avoids -inf - -inf)
-                const float m_use = (m_new == TILED_NEG_INF) ? 0.f : m_new;
-                // online softmax: acc *= exp2(m_old - m_new), l *= exp2(m_old - m_new)
-                const float alpha = fast_exp2(m_run[mt][hf] - m_use);
-                m_run[mt][hf] = m_new;
+                mxs[mt][hf] = mx * scale_log2;
+                grow |= mxs[mt][hf] > m_run[mt][hf] + (float)TILED_RESCALE_THRESHOLD;
+            }
+        // warp-uniform: rescale only if some row's max grew past the threshold
+        const bool rescale = (TILED_RESCALE_THRESHOLD == 0) || __any_sync(0xffffffffu, grow);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                if (rescale) {
+                    // m_new = max(m_old, rowmax(S) * scale * log2 e)
+                    const float m_new = fmaxf(m_run[mt][hf], mxs[mt][hf]);
+                    // base 0 while the row has seen no key (avoids -inf - -inf)
+                    const float m_use = (m_new == TILED_NEG_INF) ? 0.f : m_new;
+                    // online softmax: acc *= exp2(m_old - m_new), l *= exp2(m_old - m_new)
+                    const float alpha = fast_exp2(m_run[mt][hf] - m_use);
+                    m_run[mt][hf] = m_new;
+                    l_run[mt][hf] *= alpha;
+#pragma unroll
+                    for (int dt = 0; dt < DT; ++dt) {
+                        o_acc[mt][dt][2 * hf] *= alpha;
+                        o_acc[mt][dt][2 * hf + 1] *= alpha;
+                    }
+                }
+                const float m_use = (m_run[mt][hf] == TILED_NEG_INF) ? 0.f : m_run[mt][hf];
                 float rs = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    // P = exp2(S * scale_log2 - m_new)
+                    // P = exp2(S * scale_log2 - m)
                     const float p0 = fast_exp2(fmaf(s[mt][nt][2 * hf], scale_log2, -m_use));
                     const float p1 = fast_exp2(fmaf(s[mt][nt][2 * hf + 1], scale_log2, -m_use));
                     s[mt][nt][2 * hf] = p0;
                     s[mt][nt][2 * hf + 1] = p1;
                     rs += p0 + p1;
                 }
-                l_run[mt][hf] = l_run[mt][hf] * alpha + rs;   // per-thread partial row sum
-#pragma unroll
-                for (int dt = 0; dt < DT; ++dt) {
-                    o_acc[mt][dt][2 * hf] *= alpha;
-                    o_acc[mt][dt][2 * hf + 1] *= alpha;
-                }
+                l_run[mt][hf] += rs;           // per-thread partial row sum
             }
 
         // ---- O += P V  (C fragment of S pairs -> A fragment of P) ---------------
