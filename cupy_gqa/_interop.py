@@ -32,12 +32,17 @@ def _kind(x) -> str:
     return "unknown"
 
 
+_DTYPE_NAMES: dict = {}  # dtype object (numpy, ml_dtypes or torch) -> name; dtype.name is slow
+
+
 def dtype_name(x) -> str:
     """The dtype of any supported array as a NumPy-style name ('bfloat16' for bf16)."""
     dt = x.dtype
-    if _kind(x) == "torch":
-        return str(dt).removeprefix("torch.")
-    return getattr(dt, "name", str(dt))
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = str(dt).removeprefix("torch.") if _kind(x) == "torch" else getattr(dt, "name", str(dt))
+        _DTYPE_NAMES[dt] = name
+    return name
 
 
 @dataclass(frozen=True)

@@ -73,4 +73,39 @@ def rowwise_spec(dtype: str, head_dim: int, unit_d: bool) -> Spec:
     return ROWWISE[dtype, dpad, unit_d]
 
 
-SPECS: tuple[Spec, ...] = tuple(ROWWISE.values())
+# --- tiled: tensor-core prefill, fp16 / bf16 ------------------------------------
+# head_dim -> (BLOCK_M packed query rows per CTA, BLOCK_N keys per K/V tile,
+# NUM_WARPS), chosen by measurement on the H200 (benchmarks/NOTES_tiled.md).
+TILED_TILES = {
+    32: (128, 64, 4),
+    64: (128, 64, 4),
+    96: (128, 64, 8),
+    128: (128, 64, 4),
+    256: (64, 32, 4),
+}
+TILED_DTYPES = ("float16", "bfloat16")
+
+
+def tiled_smem(head_dim: int, block_m: int, block_n: int) -> int:
+    """Dynamic shared memory of kernels/tiled.cu: a Q tile and two K and two V
+    stages, rows padded by 8 elements, 2-byte elements."""
+    return (block_m + 4 * block_n) * (head_dim + 8) * 2
+
+
+TILED = {
+    (dtype, head_dim, causal): Spec(
+        family="tiled",
+        source="tiled.cu",
+        name=f"tiled_attention<{CTYPES[dtype]}, {head_dim}, {bm}, {bn}, {warps}, {str(causal).lower()}>",
+        dtype=dtype,
+        head_dim=head_dim,
+        threads=warps * 32,
+        block_m=bm,
+        smem=tiled_smem(head_dim, bm, bn),
+    )
+    for dtype in TILED_DTYPES
+    for head_dim, (bm, bn, warps) in TILED_TILES.items()
+    for causal in (True, False)
+}
+
+SPECS: tuple[Spec, ...] = (*ROWWISE.values(), *TILED.values())

@@ -48,10 +48,14 @@ def attention(q, k, v, *, causal=True, softmax_scale=None, return_lse=False, out
     out : array like q, optional
         Preallocated result (same framework, device, shape and dtype as q; any
         non-negative strides; must not overlap q, k or v).
-    kernel : {"auto", "rowwise"}
+    kernel : {"auto", "rowwise", "tiled"}
         "rowwise" is one thread (or a small team) per query row with an online
-        softmax; "auto" picks the fastest correct kernel for the call. NumPy
-        and CPU torch inputs run the NumPy backend and take "auto" only.
+        softmax, and runs every call. "tiled" is the tensor-core kernel for
+        float16 / bfloat16 with head_dim 32, 64, 96, 128 or 256, a unit-stride
+        head_dim axis, 16-byte aligned rows and softmax_scale > 0; it raises
+        ValueError for anything else. "auto" picks "tiled" when it applies,
+        else "rowwise". NumPy and CPU torch inputs run the NumPy backend and
+        take "auto" only.
 
     Returns
     -------

@@ -80,12 +80,19 @@ __global__ void __launch_bounds__(128) rowwise_attention(
         const int n_keys = visible_keys(t, seqlen_q, seqlen_k, causal != 0);
         acc m = NEG_INF, l = 0;
         for (int j = 0; j < n_keys; ++j, k_row += k_ss, v_row += v_ss) {
-            acc s = 0;
+            // s = q . k_j, in CHAINS independent partial sums so the FMAs overlap
+            constexpr int CHAINS = PER_LANE < 4 ? PER_LANE : 4;
+            acc part[CHAINS];
+#pragma unroll
+            for (int c = 0; c < CHAINS; ++c) part[c] = 0;
 #pragma unroll
             for (int i = 0; i < PER_LANE; ++i) {
                 const int d = i * TEAM + lane;
-                if (d < head_dim) s += qv[i] * to_acc(k_row[d * k_sd]);
+                if (d < head_dim) part[i % CHAINS] += qv[i] * to_acc(k_row[d * k_sd]);
             }
+            acc s = part[0];
+#pragma unroll
+            for (int c = 1; c < CHAINS; ++c) s += part[c];
 #pragma unroll
             for (int off = TEAM / 2; off > 0; off /= 2) s += __shfl_xor_sync(team_mask, s, off);
 

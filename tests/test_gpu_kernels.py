@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cupy_gqa
-from conftest import NP_DTYPES, TOLERANCE, assert_close, assert_lse_close, gpu_available, random_qkv
+from conftest import NP_DTYPES, TOLERANCE, assert_close, assert_lse_close, gpu_available, random_qkv, relative_error
 from reference import reference_attention
 
 pytestmark = pytest.mark.gpu
@@ -19,11 +19,24 @@ HEADS = {"MHA": (4, 4), "GQA4": (8, 2), "GQA7": (7, 1), "MQA": (4, 1)}
 LENGTHS = [(1, 1), (113, 203), (1023, 1024), (64, 1), (7, 1000), (257, 57)]
 
 
+# What each kernel family promises to run; anything else it must refuse.
+# (Written out here, independently of cupy_gqa's own dispatch.)
+def expected_to_run(kernel, dtype, head_dim, unit_stride=True, softmax_scale=None):
+    if kernel == "tiled":
+        positive = softmax_scale is None or softmax_scale > 0
+        return dtype in ("float16", "bfloat16") and head_dim in (32, 64, 96, 128, 256) and unit_stride and positive
+    return True
+
+
 def run_case(kernel, q, k, v, *, causal=True, check_lse=True, **kw):
     """Run one call on the GPU into a NaN-poisoned out and compare with the reference."""
     dtype = q.dtype.name
     qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
     out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    if not expected_to_run(kernel, dtype, q.shape[3], softmax_scale=kw.get("softmax_scale")):
+        with pytest.raises(ValueError, match=rf"kernel: '{kernel}' does not support this call"):
+            cupy_gqa.attention(qd, kd, vd, causal=causal, out=out, kernel=kernel, **kw)
+        return
     res, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, return_lse=True, out=out, kernel=kernel, **kw)
     assert res is out
     ref, ref_lse = reference_attention(q, k, v, causal=causal, softmax_scale=kw.get("softmax_scale"))
@@ -79,24 +92,54 @@ def test_strided_layouts(kernel, dtype, layout):
         )
     host = [cupy.asnumpy(x) for x in views]
     out = cupy.full(views[0].shape, np.nan, dtype=views[0].dtype)
+    if not expected_to_run(kernel, dtype, head_dim, unit_stride=layout != "strided_head_dim"):
+        with pytest.raises(ValueError, match=rf"kernel: '{kernel}' does not support this call"):
+            cupy_gqa.attention(*views, out=out, kernel=kernel)
+        return
     cupy_gqa.attention(*views, out=out, kernel=kernel)
     assert_close(cupy.asnumpy(out), reference_attention(*host)[0], TOLERANCE[dtype], layout)
     # a strided out works too: write into every other slot of a wider buffer
+    # a strided out: every other slot of a wider buffer (the auto kernel if this one needs unit stride)
     wide = cupy.full(views[0].shape[:3] + (2 * head_dim,), np.nan, dtype=views[0].dtype)
-    cupy_gqa.attention(*views, out=wide[..., 1::2], kernel=kernel)
+    out_kernel = kernel if expected_to_run(kernel, dtype, head_dim, unit_stride=False) else "auto"
+    cupy_gqa.attention(*views, out=wide[..., 1::2], kernel=out_kernel)
     assert_close(cupy.asnumpy(wide[..., 1::2]), reference_attention(*host)[0], TOLERANCE[dtype], "strided out")
     assert bool(cupy.isnan(wide[..., ::2]).all())  # and nothing else
+    # out as the head slice of a wider (batch, seq, 2 * heads, dim) buffer keeps unit stride
+    wide = cupy.full(views[0].shape[:2] + (2 * num_q_heads, head_dim), np.nan, dtype=views[0].dtype)
+    cupy_gqa.attention(*views, out=wide[:, :, num_q_heads:], kernel=kernel)
+    assert_close(cupy.asnumpy(wide[:, :, num_q_heads:]), reference_attention(*host)[0], TOLERANCE[dtype], "head-sliced out")
+    assert bool(cupy.isnan(wide[:, :, :num_q_heads]).all())
 
 
 @pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
-def test_large_scores_and_custom_scale(kernel):
-    q, k, v = random_qkv(1, 65, 65, 4, 2, 32, "float32", scale=30.0)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_large_scores_and_custom_scale(kernel, dtype):
+    q, k, v = random_qkv(1, 65, 65, 4, 2, 32, dtype, scale=30.0)
     run_case(kernel, q, k, v, softmax_scale=1.0)  # scores of several hundred
+    run_case(kernel, q, k, v, softmax_scale=-0.5)  # a negative scale flips the max
+
+
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [True, False])
+def test_error_not_worse_than_torch(kernel, dtype, head_dim, causal):
+    """In fp16 / bf16 our error is at most torch's own on the same inputs (plus 5% noise)."""
+    torch = pytest.importorskip("torch")
+    q, k, v = random_qkv(2, 1000, 1000, 8, 2, head_dim, dtype, seed=11)
+    ref = reference_attention(q, k, v, causal=causal)[0]
+    tq, tk, tv = (torch.from_numpy(x.astype(np.float32)).cuda().to(getattr(torch, dtype)).transpose(1, 2) for x in (q, k, v))
+    theirs = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=True)
+    torch_err = relative_error(theirs.transpose(1, 2).double().cpu().numpy(), ref)
+    ours = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), causal=causal, kernel=kernel)
+    err = relative_error(cupy.asnumpy(ours), ref)
+    assert err <= 1.05 * torch_err, f"{kernel} {dtype}: error {err:.3e} > torch's {torch_err:.3e}"
 
 
 @pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
 def test_fully_masked_rows(kernel):
-    q, k, v = random_qkv(2, 40, 9, 4, 1, 64, "float16")
+    q, k, v = random_qkv(2, 40, 9, 4, 1, 64, "float16")  # the first 31 rows see no key
     out, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), return_lse=True, kernel=kernel)
     out, lse = cupy.asnumpy(out), cupy.asnumpy(lse)
     assert np.all(out[:, :31] == 0) and np.all(np.isneginf(lse[:, :, :31]))

@@ -15,19 +15,12 @@ def test_grid_stride_blocks(total):
         assert blocks == 2**31 - 1  # the kernel's grid-stride loop covers the rest
 
 
-class FakeArray:
-    """Only what _plan reads of an array: shape, strides (bytes), itemsize."""
-
-    def __init__(self, shape, strides, itemsize):
-        self.shape, self.strides, self.itemsize = shape, strides, itemsize
-
-
 def test_element_strides_are_int64_beyond_2_31():
     # a (2, 2**20 + 1, 8, 128) fp16 tensor has 2**31 + 2048 elements: the batch
     # stride alone is over 2**30 elements and its last element sits beyond 2**31
     shape = (2, 2**20 + 1, 8, 128)
     contiguous = tuple(int(np.prod(shape[i + 1 :])) * 2 for i in range(4))
-    strides = _plan.element_strides(FakeArray(shape, contiguous, 2))
+    strides = _plan.element_strides(contiguous, 2)
     assert all(isinstance(s, np.int64) for s in strides)
     last = sum((n - 1) * s for n, s in zip(shape, strides))
     assert last == 2 * (2**20 + 1) * 8 * 128 - 1 > 2**31
@@ -54,3 +47,15 @@ def test_every_head_dim_has_a_rowwise_specialization(head_dim, unit_d):
 def test_spec_names_are_unique():
     names = [s.name for s in _specs.SPECS]
     assert len(names) == len(set(names))
+
+
+def test_rowwise_plan_passes_64_bit_strides_and_counts():
+    problem = _plan.Problem(2, 2**20 + 1, 16, 8, 2, 128, "float16", False, 0.1)
+    contiguous = ((2**20 + 1) * 8 * 128 * 2, 8 * 128 * 2, 128 * 2, 2)
+    kv = (16 * 2 * 128 * 2, 2 * 128 * 2, 128 * 2, 2)
+    launch = _plan.plan_rowwise(problem, ((contiguous, 2), (kv, 2), (kv, 2), (contiguous, 2)))
+    assert launch.spec.name == "rowwise_attention<__half, 128, 4, true>"
+    strides, total_threads = launch.scalars[7:23], launch.scalars[-1]
+    assert all(isinstance(s, np.int64) for s in strides) and strides[0] == (2**20 + 1) * 8 * 128
+    assert isinstance(total_threads, np.int64) and total_threads == 2 * 8 * (2**20 + 1) * 4
+    assert launch.grid == (_plan.grid_stride_blocks(int(total_threads), 128),)
