@@ -168,6 +168,8 @@ def _check_out(out, outb, qb, kb, vb, dtype: str) -> None:
         raise ValueError(f"out: expected shape {tuple(qb.shape)} (that of q), got {tuple(out.shape)}")
     if _interop.dtype_name(out) != dtype:
         raise TypeError(f"out: expected dtype {dtype} (that of q), got {_interop.dtype_name(out)}")
+    if outb.size == 0:
+        return  # nothing is written (NumPy gives empty arrays zero strides)
     _check_strides("out", outb)
     if any(s == 0 and n > 1 for n, s in zip(outb.shape, outb.strides)):
         raise ValueError(f"out: expected no zero strides (its elements would overlap), got strides {outb.strides}")
