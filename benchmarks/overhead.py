@@ -24,6 +24,7 @@ def main():
     parser.add_argument("--kernel", default="auto")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--pieces", action="store_true", help="host time of each step of a call")
     args = parser.parse_args()
     batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim = map(int, args.shape.split(","))
     dtype = cupy_gqa.api._interop.np.dtype(args.dtype) if args.dtype != "bfloat16" else __import__("ml_dtypes").bfloat16
@@ -49,7 +50,7 @@ def main():
     from cupy_gqa import _plan
 
     problem = _plan.Problem.of(q, k, dtype=str(q.dtype), causal=True, softmax_scale=1.0 / head_dim**0.5)
-    launch = _plan.plan_rowwise(problem, _plan._layout(q, k, v, out))
+    launch = _plan.plan_rowwise(problem, _plan._layout(q, k, v, out), True)
     start.record()
     for _ in range(args.calls):
         launch(q, k, v, out, None)
@@ -60,6 +61,27 @@ def main():
     print(f"rowwise kernel alone, back to back:  {raw_us:8.2f} us per launch")
     print(f"host time per call (no sync):        {host_us:8.2f} us")
     print(f"GPU time per call, queued back to back: {queued_us:8.2f} us (>= kernel time; = host time if host-bound)")
+    if args.pieces:
+        from cupy_gqa import _compile, _interop
+
+        frame = _interop.frame_of({"q": q, "k": k, "v": v})
+        steps = {
+            "frame_of": lambda: _interop.frame_of({"q": q, "k": k, "v": v, "out": out}),
+            "Device(0) enter/exit": lambda: cupy.cuda.Device(0).__enter__().__exit__(None, None, None),
+            "get_kernel": lambda: _compile.get_kernel(launch.spec),
+            "plan lookup": lambda: _plan.plan_rowwise(problem, _plan._layout(q, k, v, out), True),
+            "Problem.of": lambda: _plan.Problem.of(q, k, dtype="float32", causal=True, softmax_scale=0.1),
+            "raw launch": lambda: launch(q, k, v, out, None),
+            "cupy.empty": lambda: cupy.empty(q.shape, q.dtype),
+            "full call": call,
+        }
+        for name, fn in steps.items():
+            fn()
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                fn()
+            print(f"  {name:<22} {(time.perf_counter() - t0) / args.calls * 1e6:8.2f} us")
+        cupy.cuda.Device().synchronize()
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

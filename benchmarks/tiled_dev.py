@@ -24,7 +24,6 @@ import numpy as np
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SRC_PATH = os.path.join(HERE, "..", "kernels", "tiled.cu")
 
 TNAME = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 
@@ -72,9 +71,11 @@ _KERNELS = {}
 
 def _src():
     global _SRC
-    if _SRC is None:
-        with open(SRC_PATH) as f:
-            _SRC = f.read()
+    if _SRC is None:  # tiled.cu with its local includes inlined, as the package compiles it
+        sys.path.insert(0, os.path.join(HERE, ".."))
+        from cupy_gqa._compile import source
+
+        _SRC = source("tiled.cu")
     return _SRC
 
 
@@ -130,15 +131,19 @@ def launch(q, k, v, causal, cfg, out=None, lse=None, scale=None):
         scale = 1.0 / math.sqrt(D)
     m_tiles = (Sq * G + bm - 1) // bm
     grid = (m_tiles * B * Hkv,)
+    # the kernels' one parameter struct (kernels/common.cuh: AttnParams)
+    from cupy_gqa._plan import PARAMS_DTYPE
+
+    params = np.zeros(1, PARAMS_DTYPE)
+    for name, t in (("q_stride", q), ("k_stride", k), ("v_stride", v), ("o_stride", out)):
+        params[name] = t.stride()
+    params["scale_log2"] = scale * math.log2(math.e)
+    params["batch"], params["seqlen_q"], params["seqlen_k"] = B, Sq, Sk
+    params["num_q_heads"], params["num_kv_heads"], params["group_size"], params["head_dim"] = Hq, Hkv, G, D
+    params["causal"] = causal
     args = (
         np.uint64(q.data_ptr()), np.uint64(k.data_ptr()), np.uint64(v.data_ptr()), np.uint64(out.data_ptr()),
-        np.uint64(lse.data_ptr() if lse is not None else 0),
-        np.int32(B), np.int32(Sq), np.int32(Sk), np.int32(Hq), np.int32(Hkv),
-        np.int64(q.stride(0)), np.int64(q.stride(1)), np.int64(q.stride(2)),
-        np.int64(k.stride(0)), np.int64(k.stride(1)), np.int64(k.stride(2)),
-        np.int64(v.stride(0)), np.int64(v.stride(1)), np.int64(v.stride(2)),
-        np.int64(out.stride(0)), np.int64(out.stride(1)), np.int64(out.stride(2)),
-        np.float32(scale * math.log2(math.e)),
+        np.uint64(lse.data_ptr() if lse is not None else 0), params,
     )
     if grid[0] > 0:
         with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):

@@ -54,49 +54,84 @@ def grid_stride_blocks(total_threads: int, threads_per_block: int) -> int:
     return max(1, min(math.ceil(total_threads / threads_per_block), MAX_GRID_X))
 
 
-def scale_log2(problem: Problem):
-    """softmax_scale * log2(e), in the accumulator's precision: the kernels use exp2."""
-    acc = np.float64 if problem.dtype == "float64" else np.float32
-    return acc(problem.softmax_scale * math.log2(math.e))
+# The kernels' one parameter struct, field by field (kernels/common.cuh: AttnParams).
+PARAMS_DTYPE = np.dtype(
+    [
+        ("q_stride", np.int64, 4), ("k_stride", np.int64, 4), ("v_stride", np.int64, 4), ("o_stride", np.int64, 4),
+        ("total_threads", np.int64), ("scale_log2", np.float64),
+        ("batch", np.int32), ("seqlen_q", np.int32), ("seqlen_k", np.int32), ("num_q_heads", np.int32),
+        ("num_kv_heads", np.int32), ("group_size", np.int32), ("head_dim", np.int32), ("causal", np.int32),
+    ],
+    align=True,
+)  # fmt: skip
 
 
-@dataclass(frozen=True)
+def make_params(problem: Problem, layout: tuple, total_threads: int = 0) -> np.ndarray:
+    """The AttnParams struct as a 1-element NumPy array, which CuPy passes by value."""
+    params = np.zeros(1, PARAMS_DTYPE)
+    for field, (_, strides, itemsize) in zip(("q_stride", "k_stride", "v_stride", "o_stride"), layout):
+        params[field] = element_strides(strides, itemsize)
+    params["total_threads"] = total_threads
+    params["scale_log2"] = problem.softmax_scale * math.log2(math.e)
+    for field in ("batch", "seqlen_q", "seqlen_k", "num_q_heads", "num_kv_heads", "group_size", "head_dim", "causal"):
+        params[field] = getattr(problem, field)
+    return params
+
+
+@dataclass(frozen=True, eq=False)
 class Launch:
     """Everything about a launch except the five array arguments."""
 
     spec: _specs.Spec
     grid: tuple
-    block: tuple
-    scalars: tuple  # the kernel's arguments after (q, k, v, out, lse)
+    params: np.ndarray  # PARAMS_DTYPE, shape (1,)
 
     def __call__(self, q, k, v, out, lse) -> None:
-        lse_arg = lse if lse is not None else np.uint64(0)  # a null pointer
-        get_kernel(self.spec)(self.grid, self.block, (q, k, v, out, lse_arg, *self.scalars), shared_mem=self.spec.smem)
+        # lse None is passed as a null pointer
+        get_kernel(self.spec)(self.grid, (self.spec.threads,), (q, k, v, out, lse, self.params), shared_mem=self.spec.smem)
 
 
 def _layout(*arrays) -> tuple:
-    """The part of the arrays a launch plan depends on, as a cache key."""
-    return tuple((a.strides, a.itemsize) for a in arrays)
+    """What a launch plan depends on in the arrays (q, k, v, out), as a cache key."""
+    return tuple((a.shape, a.strides, a.itemsize) for a in arrays)
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_rowwise(problem: Problem, layout: tuple) -> Launch:
-    (q_st, isz), (k_st, _), (v_st, _), (o_st, _) = layout
-    unit_d = all(st[3] == isz for st in (q_st, k_st, v_st, o_st)) or problem.head_dim == 1
-    spec = _specs.rowwise_spec(problem.dtype, problem.head_dim, unit_d)
-    total_threads = problem.batch * problem.num_q_heads * problem.seqlen_q * spec.team
-    i32 = np.int32
-    scalars = (
-        i32(problem.batch), i32(problem.seqlen_q), i32(problem.seqlen_k), i32(problem.num_kv_heads),
-        i32(problem.group_size), i32(problem.head_dim), i32(problem.causal),
-        *(s for st in (q_st, k_st, v_st, o_st) for s in element_strides(st, isz)),
-        scale_log2(problem), np.int64(total_threads),
-    )  # fmt: skip
-    return Launch(spec, (grid_stride_blocks(total_threads, spec.threads),), (spec.threads,), scalars)
+def _layout_issue(layout: tuple) -> str | None:
+    """Why rows of these arrays can't be read as 16-byte vectors (pointers aside), or None."""
+    for name, (shape, strides, itemsize) in zip(("q", "k", "v", "out"), layout):
+        if shape[3] > 1 and strides[3] != itemsize:
+            return f"{name} has head_dim stride {strides[3] // itemsize} (it needs 1)"
+        if any(n > 1 and st % 16 for n, st in zip(shape[:3], strides[:3])):
+            return f"{name} has strides {strides} bytes (it needs multiples of 16 bytes)"
+    return None
+
+
+def _vector_issue(layout: tuple, arrays) -> str | None:
+    """Why (q, k, v, out) can't be read as 16-byte vectors, or None."""
+    issue = _layout_issue(layout)
+    if issue is None:
+        for name, a in zip(("q", "k", "v", "out"), arrays):
+            if a.data.ptr % 16:
+                return f"{name} is not 16-byte aligned"
+    return issue
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_rowwise(problem: Problem, layout: tuple, vec: bool) -> Launch:
+    spec = _specs.rowwise_spec(problem.dtype, problem.head_dim, vec)
+    # rows come in t_blocks of t_block positions (kernels/rowwise.cu), the last one padded
+    t_block = max(1, (32 // spec.team) // problem.group_size)
+    rows = math.ceil(problem.seqlen_q / t_block) * t_block * problem.batch * problem.num_q_heads
+    total_threads = rows * spec.team
+    blocks = grid_stride_blocks(total_threads, spec.threads)
+    return Launch(spec, (blocks,), make_params(problem, layout, total_threads))
 
 
 def launch_rowwise(problem: Problem, q, k, v, out, lse) -> None:
-    plan_rowwise(problem, _layout(q, k, v, out))(q, k, v, out, lse)
+    layout = _layout(q, k, v, out)
+    vec = problem.head_dim % _specs.vec_width(problem.dtype) == 0 and _vector_issue(layout, (q, k, v, out)) is None
+    plan_rowwise(problem, layout, vec)(q, k, v, out, lse)
 
 
 def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
@@ -107,18 +142,7 @@ def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
         return f"head_dim {problem.head_dim} (it takes {', '.join(map(str, _specs.TILED_TILES))})"
     if not problem.softmax_scale > 0:
         return f"softmax_scale {problem.softmax_scale} (it takes positive scales)"
-    for name, a in (("q", q), ("k", k), ("v", v), ("out", out)):
-        if a.strides[3] != a.itemsize:
-            return f"{name} has head_dim stride {a.strides[3] // a.itemsize} (it needs 1)"
-        if any(n > 1 and st % (8 * a.itemsize) for n, st in zip(a.shape[:3], a.strides[:3])):
-            return f"{name} has strides {a.strides} bytes (it needs multiples of 16 bytes)"
-        if _data_ptr(a) % 16:
-            return f"{name} is not 16-byte aligned"
-    return None
-
-
-def _data_ptr(a) -> int:
-    return a.data.ptr
+    return _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -128,14 +152,7 @@ def plan_tiled(problem: Problem, layout: tuple) -> Launch:
     blocks = num_m_tiles * problem.batch * problem.num_kv_heads
     if blocks > MAX_GRID_X:
         raise ValueError(f"q: too many query rows for one launch ({blocks} blocks > {MAX_GRID_X})")
-    i32 = np.int32
-    scalars = (
-        i32(problem.batch), i32(problem.seqlen_q), i32(problem.seqlen_k),
-        i32(problem.num_q_heads), i32(problem.num_kv_heads),
-        *(s for st, isz in layout for s in element_strides(st[:3], isz)),
-        np.float32(scale_log2(problem)),
-    )  # fmt: skip
-    return Launch(spec, (blocks,), (spec.threads,), scalars)
+    return Launch(spec, (blocks,), make_params(problem, layout))
 
 
 def launch_tiled(problem: Problem, q, k, v, out, lse) -> None:

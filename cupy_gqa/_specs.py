@@ -39,38 +39,44 @@ class Spec:
 # --- rowwise: one query row per thread (team) ----------------------------------
 # head_dim is rounded up to a bucket; unused dims are predicated off. TEAM lanes
 # share a row so that each lane's slice of q, of the accumulator and of the K/V
-# row in flight stays in registers (ptxas reports no spills): at most 32 fp32
-# dims per lane, half that for fp64 or for a strided head_dim axis, whose
-# per-dim offsets take registers too.
+# rows in flight stays in registers (ptxas reports no spills): at most 32 dims
+# per lane, half that for fp64 or for the strided (non-VEC) variant, whose
+# per-dim 64-bit offsets take registers too.
+# VEC: 16-byte loads (unit-stride, 16-byte aligned rows, head_dim a multiple
+# of the 16-byte element count); the other variant takes any strides.
 ROWWISE_BUCKETS = (8, 16, 32, 64, 128, 256)
 ROWWISE_THREADS = 128
 
 
-def _rowwise_team(dtype: str, dpad: int, unit_d: bool) -> int:
-    per_lane = 32 // (2 if dtype == "float64" else 1) // (1 if unit_d else 2)
+def _rowwise_team(dtype: str, dpad: int, vec: bool) -> int:
+    per_lane = 32 // (2 if dtype == "float64" else 1) // (1 if vec else 2)
     return max(1, dpad // per_lane)
 
 
+def vec_width(dtype: str) -> int:
+    """Elements in one 16-byte load."""
+    return 16 // {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}[dtype]
+
+
 ROWWISE = {
-    (dtype, dpad, unit_d): Spec(
+    (dtype, dpad, vec): Spec(
         family="rowwise",
         source="rowwise.cu",
-        name=f"rowwise_attention<{CTYPES[dtype]}, {dpad}, {_rowwise_team(dtype, dpad, unit_d)}, {str(unit_d).lower()}>",
+        name=f"rowwise_attention<{CTYPES[dtype]}, {dpad}, {_rowwise_team(dtype, dpad, vec)}, {str(vec).lower()}>",
         dtype=dtype,
         head_dim=dpad,
         threads=ROWWISE_THREADS,
-        team=_rowwise_team(dtype, dpad, unit_d),
+        team=_rowwise_team(dtype, dpad, vec),
     )
     for dtype in DTYPES
     for dpad in ROWWISE_BUCKETS
-    for unit_d in (True, False)
+    for vec in (True, False)
 }
 
 
-def rowwise_spec(dtype: str, head_dim: int, unit_d: bool) -> Spec:
-    """``unit_d``: the head_dim axis of q, k, v and out all have stride 1."""
+def rowwise_spec(dtype: str, head_dim: int, vec: bool) -> Spec:
     dpad = next(b for b in ROWWISE_BUCKETS if b >= head_dim)
-    return ROWWISE[dtype, dpad, unit_d]
+    return ROWWISE[dtype, dpad, vec]
 
 
 # --- tiled: tensor-core prefill, fp16 / bf16 ------------------------------------

@@ -49,8 +49,7 @@
  * pointer 16-byte aligned, every stride a multiple of 8 elements,
  * scale_log2 > 0, num_q_heads % num_kv_heads == 0.
  */
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+#include "common.cuh"
 
 namespace tiled_detail {
 
@@ -117,11 +116,8 @@ __device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = 0
     return y;
 }
 
-// The one place that maps a query head to its KV head: query head
-// h = kvh * group + g reads KV head kvh = h / group.  Packed row r of a CTA
-// that owns kv head kvh is query position r / group of query head
-// q_head_of(kvh, r % group).
-__device__ __forceinline__ int q_head_of(int kvh, int g, int group) { return kvh * group + g; }
+// Packed row r of a CTA that owns kv head kvh is query position r / group of
+// query head q_head_of(kvh, r % group) (common.cuh: the one GQA mapping).
 
 // Lazy rescaling: the running max m is only raised when some row of the warp
 // sees a score more than TILED_RESCALE_THRESHOLD (log2 units) above it; until
@@ -148,13 +144,15 @@ tiled_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out,
     float* __restrict__ lse,
-    int batch, int seqlen_q, int seqlen_k, int num_q_heads, int num_kv_heads,
-    long long q_stride_b, long long q_stride_s, long long q_stride_h,
-    long long k_stride_b, long long k_stride_s, long long k_stride_h,
-    long long v_stride_b, long long v_stride_s, long long v_stride_h,
-    long long o_stride_b, long long o_stride_s, long long o_stride_h,
-    float scale_log2)
+    const AttnParams p)
 {
+    const int batch = p.batch, seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+    const int num_q_heads = p.num_q_heads, num_kv_heads = p.num_kv_heads;
+    const long long q_stride_b = p.q_stride[0], q_stride_s = p.q_stride[1], q_stride_h = p.q_stride[2];
+    const long long k_stride_b = p.k_stride[0], k_stride_s = p.k_stride[1], k_stride_h = p.k_stride[2];
+    const long long v_stride_b = p.v_stride[0], v_stride_s = p.v_stride[1], v_stride_h = p.v_stride[2];
+    const long long o_stride_b = p.o_stride[0], o_stride_s = p.o_stride[1], o_stride_h = p.o_stride[2];
+    const float scale_log2 = (float)p.scale_log2;
     using namespace tiled_detail;
     constexpr int D = HEAD_DIM;
     constexpr int NTHREADS = NUM_WARPS * 32;

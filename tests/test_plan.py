@@ -1,8 +1,10 @@
 """Launch plans (cupy_gqa/_plan.py) and the specialization table, as pure functions."""
+import re
+
 import numpy as np
 import pytest
 
-from cupy_gqa import _plan, _specs
+from cupy_gqa import _compile, _plan, _specs
 
 
 @pytest.mark.parametrize("total", [1, 127, 128, 129, 10**6, 2**31 * 128, 10**13])
@@ -27,19 +29,34 @@ def test_element_strides_are_int64_beyond_2_31():
     assert last.dtype == np.int64  # no wrap-around on the way
 
 
-def test_scale_log2_precision():
-    p32 = _plan.Problem(1, 1, 1, 1, 1, 64, "bfloat16", True, 0.125)
-    p64 = _plan.Problem(1, 1, 1, 1, 1, 64, "float64", True, 0.125)
-    assert isinstance(_plan.scale_log2(p32), np.float32)
-    assert isinstance(_plan.scale_log2(p64), np.float64)
-    assert _plan.scale_log2(p64) == pytest.approx(0.125 / np.log(2), rel=1e-15)
+def test_params_struct_matches_the_kernels():
+    # kernels/common.cuh: struct AttnParams, static_assert(sizeof == 176)
+    assert _plan.PARAMS_DTYPE.itemsize == 176
+    offsets = {name: _plan.PARAMS_DTYPE.fields[name][1] for name in _plan.PARAMS_DTYPE.names}
+    assert offsets["q_stride"] == 0 and offsets["o_stride"] == 96 and offsets["total_threads"] == 128
+    assert offsets["scale_log2"] == 136 and offsets["batch"] == 144 and offsets["causal"] == 172
+    source = (_compile.KERNEL_DIR / "common.cuh").read_text()
+    body = source[source.index("struct AttnParams {") : source.index("};", source.index("struct AttnParams {"))]
+    body = re.sub(r"//[^\n]*", "", body)  # declarations only
+    positions = [re.search(rf"\b{name}\b", body).start() for name in _plan.PARAMS_DTYPE.names]
+    assert positions == sorted(positions), "fields must be declared in the same order"
+
+
+def test_params_values():
+    problem = _plan.Problem(3, 5, 7, 8, 2, 64, "float32", True, 0.5)
+    layout = tuple(((3, 5, 8, 64), (5 * 8 * 64 * 4, 8 * 64 * 4, 64 * 4, 4), 4) for _ in range(4))
+    p = _plan.make_params(problem, layout, 99)[0]
+    assert list(p["q_stride"]) == [5 * 8 * 64, 8 * 64, 64, 1]
+    assert p["scale_log2"] == pytest.approx(0.5 / np.log(2), rel=1e-15)
+    assert (p["batch"], p["seqlen_q"], p["seqlen_k"], p["num_q_heads"], p["num_kv_heads"]) == (3, 5, 7, 8, 2)
+    assert (p["group_size"], p["head_dim"], p["causal"], p["total_threads"]) == (4, 64, 1, 99)
 
 
 @pytest.mark.parametrize("head_dim", range(1, 257))
-@pytest.mark.parametrize("unit_d", [True, False])
-def test_every_head_dim_has_a_rowwise_specialization(head_dim, unit_d):
+@pytest.mark.parametrize("vec", [True, False])
+def test_every_head_dim_has_a_rowwise_specialization(head_dim, vec):
     for dtype in _specs.DTYPES:
-        spec = _specs.rowwise_spec(dtype, head_dim, unit_d)
+        spec = _specs.rowwise_spec(dtype, head_dim, vec)
         assert spec.head_dim >= head_dim and spec.dtype == dtype and spec in _specs.SPECS
         assert spec.head_dim % spec.team == 0 and spec.team <= 32
 
@@ -51,11 +68,23 @@ def test_spec_names_are_unique():
 
 def test_rowwise_plan_passes_64_bit_strides_and_counts():
     problem = _plan.Problem(2, 2**20 + 1, 16, 8, 2, 128, "float16", False, 0.1)
-    contiguous = ((2**20 + 1) * 8 * 128 * 2, 8 * 128 * 2, 128 * 2, 2)
-    kv = (16 * 2 * 128 * 2, 2 * 128 * 2, 128 * 2, 2)
-    launch = _plan.plan_rowwise(problem, ((contiguous, 2), (kv, 2), (kv, 2), (contiguous, 2)))
+    q_layout = ((2, 2**20 + 1, 8, 128), ((2**20 + 1) * 8 * 128 * 2, 8 * 128 * 2, 128 * 2, 2), 2)
+    kv_layout = ((2, 16, 2, 128), (16 * 2 * 128 * 2, 2 * 128 * 2, 128 * 2, 2), 2)
+    launch = _plan.plan_rowwise(problem, (q_layout, kv_layout, kv_layout, q_layout), True)
     assert launch.spec.name == "rowwise_attention<__half, 128, 4, true>"
-    strides, total_threads = launch.scalars[7:23], launch.scalars[-1]
-    assert all(isinstance(s, np.int64) for s in strides) and strides[0] == (2**20 + 1) * 8 * 128
-    assert isinstance(total_threads, np.int64) and total_threads == 2 * 8 * (2**20 + 1) * 4
-    assert launch.grid == (_plan.grid_stride_blocks(int(total_threads), 128),)
+    p = launch.params[0]
+    assert p["q_stride"].dtype == np.int64 and p["q_stride"][0] == (2**20 + 1) * 8 * 128
+    # team 4 -> 8 rows per warp -> t_block 2 positions (group_size 4): 2**20 + 1 rounds up to 2**20 + 2
+    assert p["total_threads"] == (2**20 + 2) * 2 * 8 * 4
+    assert launch.grid == (_plan.grid_stride_blocks(int(p["total_threads"]), 128),)
+
+
+def test_layout_issues():
+    good = ((2, 5, 8, 64), (5 * 8 * 64 * 2, 8 * 64 * 2, 64 * 2, 2), 2)
+    assert _plan._layout_issue((good,) * 4) is None
+    strided_d = ((2, 5, 8, 64), (5 * 8 * 128 * 2, 8 * 128 * 2, 128 * 2, 4), 2)
+    assert "head_dim stride 2" in _plan._layout_issue((good, strided_d, good, good))
+    odd_heads = ((2, 5, 8, 60), (5 * 8 * 60 * 2, 8 * 60 * 2, 60 * 2, 2), 2)  # rows of 120 bytes
+    assert "multiples of 16 bytes" in _plan._layout_issue((odd_heads, good, good, good))
+    one_row = ((1, 1, 1, 64), (6, 6, 6, 2), 2)  # strides of size-1 axes don't matter
+    assert _plan._layout_issue((one_row, good, good, one_row)) is None

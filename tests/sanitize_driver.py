@@ -1,0 +1,60 @@
+"""Small calls of every kernel family, to run under compute-sanitizer (tests/sanitize.sh).
+
+Every dtype, causal and non-causal, odd head dims and lengths, strided views,
+lse; each kernel family through the same list. Checks results too, so a
+sanitizer run that silently computes garbage still fails.
+"""
+import sys
+
+import numpy as np
+
+import cupy
+import cupy_gqa
+from conftest import TOLERANCE, random_qkv, relative_error
+from reference import reference_attention
+
+CASES = [
+    # (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim)
+    (1, 1, 1, 1, 1, 64),
+    (2, 37, 53, 8, 2, 64),
+    (1, 70, 19, 7, 1, 128),  # more queries than keys: fully masked rows
+    (1, 3, 130, 4, 4, 32),
+    (2, 65, 65, 4, 1, 96),
+    (1, 17, 33, 2, 1, 256),
+    (1, 29, 31, 6, 3, 40),  # odd head_dim: rowwise only
+    (1, 9, 12, 2, 2, 1),
+]
+DTYPES = ["float32", "float16", "bfloat16", "float64"]
+
+
+def main() -> int:
+    failures = runs = 0
+    for kernel in cupy_gqa.KERNELS:
+        for case in CASES:
+            for dtype in DTYPES:
+                for causal in (True, False):
+                    for strided in (False, True):
+                        q, k, v = random_qkv(*case, dtype, seed=runs)
+                        if strided:  # (batch, heads, seq, dim) storage seen through a transpose
+                            qd, kd, vd = (cupy.asarray(np.ascontiguousarray(x.transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3) for x in (q, k, v))
+                        else:
+                            qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+                        out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+                        try:
+                            _, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, out=out, return_lse=True, kernel=kernel)
+                        except ValueError as e:
+                            if "does not support" in str(e):
+                                continue
+                            raise
+                        runs += 1
+                        err = relative_error(cupy.asnumpy(out), reference_attention(q, k, v, causal=causal)[0])
+                        if not err <= TOLERANCE[dtype]:
+                            failures += 1
+                            print(f"FAIL {kernel} {case} {dtype} causal={causal} strided={strided}: error {err:.2e}")
+    cupy.cuda.Device().synchronize()
+    print(f"sanitize_driver: {runs} calls, {failures} wrong results")
+    return 1 if failures or runs == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
