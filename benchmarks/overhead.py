@@ -1,94 +1,88 @@
-"""Host overhead of one cupy_gqa.attention call against its kernel time.
+"""Host overhead of one cupy_gqa.attention call, and the kernel time alone.
 
-    python benchmarks/overhead.py [--shape B,Sq,Sk,Hq,Hkv,D] [--dtype float32] [--profile]
+    python benchmarks/overhead.py [--shape B,Sq,Sk,Hq,Hkv,D] [--dtype float32] [--torch]
 
-Prints (1) the host time per call with no synchronisation (what Python costs),
-(2) the GPU time per call when calls are queued back to back (what the kernel
-costs), and (3) with --profile, the functions that dominate the host time.
+Host time is measured with the GPU idle before each call (a synchronize, then
+perf_counter around the call), so a full launch queue can't inflate it. Kernel
+time is CUDA events around back-to-back launches of the cached launch plan.
 """
 import argparse
-import cProfile
-import pstats
+import statistics
 import time
 
 import cupy
+import ml_dtypes
 import numpy as np
 
 import cupy_gqa
+from cupy_gqa import _compile, _interop, _plan
+
+
+def host_us(fn, calls):
+    times = []
+    for _ in range(calls):
+        cupy.cuda.runtime.deviceSynchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    cupy.cuda.runtime.deviceSynchronize()
+    return statistics.median(times) * 1e6
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="2,80,80,8,2,32", help="batch,seqlen_q,seqlen_k,num_q_heads,num_kv_heads,head_dim")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--kernel", default="auto")
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--pieces", action="store_true", help="host time of each step of a call")
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--torch", action="store_true", help="also time torch tensor inputs")
     args = parser.parse_args()
     batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim = map(int, args.shape.split(","))
-    dtype = cupy_gqa.api._interop.np.dtype(args.dtype) if args.dtype != "bfloat16" else __import__("ml_dtypes").bfloat16
+    dtype = ml_dtypes.bfloat16 if args.dtype == "bfloat16" else np.dtype(args.dtype)
     rand = lambda *s: cupy.random.standard_normal(s, dtype=cupy.float32).astype(dtype)  # noqa: E731
     q = rand(batch, seqlen_q, num_q_heads, head_dim)
     k, v = rand(batch, seqlen_k, num_kv_heads, head_dim), rand(batch, seqlen_k, num_kv_heads, head_dim)
     out = cupy.empty_like(q)
-    call = lambda: cupy_gqa.attention(q, k, v, out=out, kernel=args.kernel)  # noqa: E731
-    for _ in range(10):
-        call()
-    cupy.cuda.Device().synchronize()
+    problem = _plan.Problem.of(q, k, dtype=args.dtype, causal=True, softmax_scale=1.0 / head_dim**0.5)
+    family = _plan.choose_kernel(problem, q, k, v, out)
+    layout = _plan._layout(q, k, v, out)
+    launch = (
+        _plan.plan_tiled(problem, layout)
+        if family == "tiled"
+        else _plan.plan_rowwise(problem, layout, head_dim % _plan._specs.vec_width(args.dtype) == 0)
+    )
+    cupy_gqa.attention(q, k, v, out=out)
 
-    t0 = time.perf_counter()
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    n = 200
     start.record()
-    for _ in range(args.calls):
-        call()
-    end.record()
-    host_us = (time.perf_counter() - t0) / args.calls * 1e6
-    end.synchronize()
-    queued_us = cupy.cuda.get_elapsed_time(start, end) / args.calls * 1e3
-    # the kernel alone: the cached launch plan, launched back to back
-    from cupy_gqa import _plan
-
-    problem = _plan.Problem.of(q, k, dtype=str(q.dtype), causal=True, softmax_scale=1.0 / head_dim**0.5)
-    launch = _plan.plan_rowwise(problem, _plan._layout(q, k, v, out), True)
-    start.record()
-    for _ in range(args.calls):
+    for _ in range(n):
         launch(q, k, v, out, None)
     end.record()
     end.synchronize()
-    raw_us = cupy.cuda.get_elapsed_time(start, end) / args.calls * 1e3
-    print(f"shape {args.shape} {args.dtype} kernel={args.kernel}")
-    print(f"rowwise kernel alone, back to back:  {raw_us:8.2f} us per launch")
-    print(f"host time per call (no sync):        {host_us:8.2f} us")
-    print(f"GPU time per call, queued back to back: {queued_us:8.2f} us (>= kernel time; = host time if host-bound)")
-    if args.pieces:
-        from cupy_gqa import _compile, _interop
+    print(f"shape {args.shape} {args.dtype}: kernel {launch.spec.name}")
+    print(f"  kernel alone (events, back to back)  {cupy.cuda.get_elapsed_time(start, end) / n * 1e3:8.2f} us")
+    steps = {
+        "full call, cupy, out given": lambda: cupy_gqa.attention(q, k, v, out=out),
+        "full call, cupy": lambda: cupy_gqa.attention(q, k, v),
+        "raw launch of the plan": lambda: launch(q, k, v, out, None),
+        "get_kernel": lambda: _compile.get_kernel(launch.spec),
+        "frame_of": lambda: _interop.frame_of({"q": q, "k": k, "v": v}),
+        "cupy.empty": lambda: cupy.empty(q.shape, q.dtype),
+    }
+    if args.torch:
+        import torch
 
-        frame = _interop.frame_of({"q": q, "k": k, "v": v})
-        steps = {
-            "frame_of": lambda: _interop.frame_of({"q": q, "k": k, "v": v, "out": out}),
-            "Device(0) enter/exit": lambda: cupy.cuda.Device(0).__enter__().__exit__(None, None, None),
-            "get_kernel": lambda: _compile.get_kernel(launch.spec),
-            "plan lookup": lambda: _plan.plan_rowwise(problem, _plan._layout(q, k, v, out), True),
-            "Problem.of": lambda: _plan.Problem.of(q, k, dtype="float32", causal=True, softmax_scale=0.1),
-            "raw launch": lambda: launch(q, k, v, out, None),
-            "cupy.empty": lambda: cupy.empty(q.shape, q.dtype),
-            "full call": call,
-        }
-        for name, fn in steps.items():
-            fn()
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
-                fn()
-            print(f"  {name:<22} {(time.perf_counter() - t0) / args.calls * 1e6:8.2f} us")
-        cupy.cuda.Device().synchronize()
-    if args.profile:
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(args.calls):
-            call()
-        prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+        tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
+        ts = torch.cuda.current_stream()
+        steps.update({
+            "full call, torch": lambda: cupy_gqa.attention(tq, tk, tv),
+            "cupy.from_dlpack(torch)": lambda: cupy.from_dlpack(tq),
+            "Stream.from_external": lambda: cupy.cuda.Stream.from_external(ts),
+            "torch.empty": lambda: torch.empty(tq.shape, dtype=tq.dtype, device=tq.device),
+        })  # fmt: skip
+    for name, fn in steps.items():
+        fn()
+        print(f"  {name:<36} {host_us(fn, args.calls):8.2f} us host")
 
 
 if __name__ == "__main__":

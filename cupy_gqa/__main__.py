@@ -61,10 +61,9 @@ def compile_all(arch: str) -> int:
             failures += 1
             print(f"{spec.name:<60} FAILED\n{report.log}")
             continue
-        print(
-            f"{spec.name:<60} {report.registers:>5} {report.spill_stores:>9} "
-            f"{report.spill_loads:>9} {report.stack_frame:>6}"
-        )
+        numbers = (report.registers, report.spill_stores, report.spill_loads, report.stack_frame)
+        regs, st, ld, stack = ("?" if n is None else n for n in numbers)  # "?": ptxas printed no such line
+        print(f"{spec.name:<60} {regs:>5} {st:>9} {ld:>9} {stack:>6}")
     print(f"{len(SPECS) - failures}/{len(SPECS)} specializations compiled for {arch}")
     return 1 if failures else 0
 
