@@ -177,3 +177,39 @@ def test_more_than_2_31_elements(kernel):
         assert_close(cupy.asnumpy(out[b : b + 1, rows]), ref, TOLERANCE["float16"], f"batch {b} sampled rows")
     del q, out
     cupy.get_default_memory_pool().free_all_blocks()
+
+
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_scores_of_1e4_do_not_overflow(kernel, dtype):
+    """Scores of +-1e4 (and their differences) must not turn into NaN or Inf."""
+    q, k, v = random_qkv(1, 50, 50, 4, 2, 64, dtype)
+    q = (q.astype(np.float32) * 12.5).astype(q.dtype)  # |q . k| * scale reaches ~1e4 with this scale
+    run_case(kernel, q, k, v, softmax_scale=100.0, check_lse=False)
+
+
+def test_m1_peak_memory_beyond_inputs_and_outputs():
+    """M1 (fp32, causal, B1 S32768 Hq32 Hkv8 D128): the call allocates at most
+    1% of the input size beyond out and lse (it allocates nothing today)."""
+    pool = cupy.get_default_memory_pool()
+    batch, seqlen, num_q_heads, num_kv_heads, head_dim = 1, 32768, 32, 8, 128
+    q = cupy.random.standard_normal((batch, seqlen, num_q_heads, head_dim), dtype=cupy.float32)
+    k = cupy.random.standard_normal((batch, seqlen, num_kv_heads, head_dim), dtype=cupy.float32)
+    v = cupy.random.standard_normal((batch, seqlen, num_kv_heads, head_dim), dtype=cupy.float32)
+    inputs = q.nbytes + k.nbytes + v.nbytes
+    cupy.cuda.Device().synchronize()
+    before = pool.used_bytes()
+    peak = before
+    out, lse = cupy_gqa.attention(q, k, v, return_lse=True)
+    peak = max(peak, pool.used_bytes())  # nothing is freed inside the call, so used_bytes after it is the peak
+    extra = peak - before - out.nbytes - lse.nbytes
+    assert extra <= 0.01 * inputs, f"{extra} bytes beyond inputs and outputs (> 1% of {inputs})"
+    rows = [0, 1, seqlen // 2, seqlen - 1]
+    from reference import reference_attention
+
+    # sampled rows of head group 0 against the reference (query t sees keys 0..t)
+    for t in rows:
+        ref = reference_attention(
+            cupy.asnumpy(q[:, t : t + 1, :4]), cupy.asnumpy(k[:, : t + 1, :1]), cupy.asnumpy(v[:, : t + 1, :1]), causal=True
+        )[0]
+        assert_close(cupy.asnumpy(out[:, t : t + 1, :4]), ref, TOLERANCE["float32"], f"row {t}")
