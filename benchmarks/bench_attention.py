@@ -76,7 +76,7 @@ SWEEP_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 QUICK_SWEEP_SEQLENS = (1024, 4096, 16384)
 SWEEP_IMPLS = ("cupy_gqa[auto]", "torch_flash", "torch_cudnn")
 
-ANCHORS = ("torch_auto", "torch_flash", "torch_cudnn", "torch_math", "torch_efficient_expanded", "naive_loop")
+ANCHORS = ("torch_auto", "torch_flash", "torch_cudnn", "torch_math", "torch_efficient_expanded", "naive_loop", "seed_kernel")
 ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -384,7 +384,70 @@ def torch_impls(torch, case: Case, q, k, v) -> tuple[list, list]:
     impls.append(("torch_efficient_expanded", efficient_expanded))
     if case.name == "S0":
         impls.append(("naive_loop", lambda: naive_loop(torch, q, k, v, causal=case.causal)))
+        try:
+            impls.append(("seed_kernel", seed_kernel(torch, q, k, v)))
+        except Exception as e:  # no nvcc / ninja: the ANCHORS.md figure stands alone
+            left_out.append(("seed_kernel", f"{type(e).__name__}: {e}"[:120]))
     return impls, left_out
+
+
+# The seed's design, rebuilt to time it in the same run as everything else: a
+# torch C++/CUDA extension (load_inline, as the seed was), one thread per
+# (batch, head, position) in (b, h, t) order, 256 threads a block, q and the
+# accumulator in fixed 32-float arrays (head_dim <= 32), an online softmax with
+# expf, contiguous fp32 only; the wrapper makes the inputs contiguous and the
+# output with zeros_like, as the seed's did.
+_SEED_CUDA = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+__global__ void seed_design_kernel(const float* q, const float* k, const float* v, float* out,
+                                   int batch, int seqlen, int num_q_heads, int num_kv_heads, int head_dim,
+                                   float scale) {
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= batch * num_q_heads * seqlen) return;
+    const int t = idx % seqlen, h = (idx / seqlen) % num_q_heads, b = idx / (seqlen * num_q_heads);
+    const int kv_h = h / (num_q_heads / num_kv_heads);
+    const float* qp = q + ((long long)(b * seqlen + t) * num_q_heads + h) * head_dim;
+    float qv[32], acc[32];
+    for (int d = 0; d < head_dim; ++d) { qv[d] = qp[d]; acc[d] = 0.f; }
+    float m = -INFINITY, l = 0.f;
+    for (int s = 0; s <= t; ++s) {
+        const long long off = ((long long)(b * seqlen + s) * num_kv_heads + kv_h) * head_dim;
+        float score = 0.f;
+        for (int d = 0; d < head_dim; ++d) score += qv[d] * k[off + d];
+        score *= scale;
+        const float m_new = fmaxf(m, score), a = expf(m - m_new), p = expf(score - m_new);
+        for (int d = 0; d < head_dim; ++d) acc[d] = acc[d] * a + p * v[off + d];
+        l = l * a + p;
+        m = m_new;
+    }
+    float* op = out + ((long long)(b * seqlen + t) * num_q_heads + h) * head_dim;
+    for (int d = 0; d < head_dim; ++d) op[d] = acc[d] / l;
+}
+torch::Tensor seed_design(torch::Tensor q, torch::Tensor k, torch::Tensor v) {
+    auto out = torch::zeros_like(q);
+    const int batch = q.size(0), seqlen = q.size(1), hq = q.size(2), d = q.size(3), hkv = k.size(2);
+    const int total = batch * hq * seqlen;
+    seed_design_kernel<<<(total + 255) / 256, 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+        q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>(),
+        batch, seqlen, hq, hkv, d, 1.0f / sqrtf((float)d));
+    return out;
+}
+"""
+
+
+def seed_kernel(torch, q, k, v):
+    """A call of the seed's design on (q, k, v): fp32, head_dim <= 32, equal lengths, causal."""
+    from torch.utils.cpp_extension import load_inline
+
+    module = load_inline(
+        name="cupy_gqa_bench_seed_design",
+        cpp_sources="torch::Tensor seed_design(torch::Tensor q, torch::Tensor k, torch::Tensor v);",
+        cuda_sources=_SEED_CUDA,
+        functions=["seed_design"],
+        extra_cuda_cflags=["-O3"],
+    )
+    return lambda: module.seed_design(q.contiguous(), k.contiguous(), v.contiguous())
 
 
 def naive_loop(torch, q, k, v, *, causal: bool):
