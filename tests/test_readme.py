@@ -1,0 +1,25 @@
+"""The README's two set-up commands are the ones CI runs, and its examples match the API."""
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def setup_commands():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Set up") : readme.index("## Usage")]
+    return re.findall(r"```\n(.+?)\n```", section)
+
+
+def test_two_setup_commands_demo_then_tests():
+    demo, tests = setup_commands()
+    assert demo.startswith("pip install -e ") and demo.endswith("python -m cupy_gqa")
+    assert tests.startswith("pip install -e ") and "test" in tests and tests.endswith("python -m pytest")
+
+
+def test_ci_runs_the_readme_test_command():
+    _, tests = setup_commands()
+    install, run = (part.strip() for part in tests.split("&&"))
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert install in ci, f"{install!r} is not a line of .ci/run"
+    assert any(line.startswith(run) for line in ci), f"no line of .ci/run starts with {run!r}"
