@@ -45,6 +45,24 @@ def random_qkv(batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, d
     )
 
 
+LAYOUTS = ("contiguous", "packed", "transposed", "strided_d")
+
+
+def strided_view(layout, rng, dtype, batch, seqlen, heads, head_dim, to_array=lambda x: x):
+    """A random (batch, seqlen, heads, head_dim) view in one of LAYOUTS: contiguous,
+    a head slice of a packed tensor, a (batch, heads, seqlen, dim) tensor seen
+    through a transpose, or every other element of a wider head_dim axis. The
+    storage is made by ``to_array`` (NumPy by default; cupy.asarray for the GPU)."""
+    draw = lambda shape: to_array(rng.standard_normal(shape).astype(NP_DTYPES[dtype]))  # noqa: E731
+    if layout == "transposed":
+        return draw((batch, heads, seqlen, head_dim)).transpose(0, 2, 1, 3)
+    if layout == "strided_d":
+        return draw((batch, seqlen, heads, 2 * head_dim))[..., 1::2]
+    if layout == "packed":
+        return draw((batch, seqlen, heads + 1, head_dim))[:, :, 1:]
+    return draw((batch, seqlen, heads, head_dim))
+
+
 def relative_error(out, ref) -> float:
     out = np.asarray(out).astype(np.float64)
     denom = np.linalg.norm(ref)

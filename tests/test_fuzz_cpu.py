@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cupy_gqa
-from conftest import NP_DTYPES, TOLERANCE, assert_close, assert_lse_close
+from conftest import LAYOUTS, NP_DTYPES, TOLERANCE, assert_close, assert_lse_close, strided_view
 from reference import reference_attention
 
 
@@ -21,22 +21,11 @@ def problems(draw):
     group_size = draw(st.integers(1, 5))
     head_dim = draw(st.sampled_from([1, 3, 8, 17, 32]))
     dtype = draw(st.sampled_from(list(NP_DTYPES)))
-    layout = draw(st.sampled_from(["contiguous", "packed", "transposed", "strided_d"]))
+    layout = draw(st.sampled_from(LAYOUTS))
     causal = draw(st.booleans())
     scale = draw(st.one_of(st.none(), st.floats(-2.0, 2.0, allow_nan=False)))
     seed = draw(st.integers(0, 2**32 - 1))
     return batch, seqlen_q, seqlen_k, num_kv_heads * group_size, num_kv_heads, head_dim, dtype, layout, causal, scale, seed
-
-
-def make(layout, rng, dtype, batch, seqlen, heads, head_dim):
-    draw = lambda shape: rng.standard_normal(shape).astype(NP_DTYPES[dtype])  # noqa: E731
-    if layout == "transposed":
-        return draw((batch, heads, seqlen, head_dim)).transpose(0, 2, 1, 3)
-    if layout == "strided_d":
-        return draw((batch, seqlen, heads, 2 * head_dim))[..., 1::2]
-    if layout == "packed":
-        return draw((batch, seqlen, heads + 1, head_dim))[:, :, 1:]
-    return draw((batch, seqlen, heads, head_dim))
 
 
 @settings(max_examples=300, deadline=None)
@@ -44,9 +33,9 @@ def make(layout, rng, dtype, batch, seqlen, heads, head_dim):
 def test_numpy_backend_matches_definition(p):
     batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, dtype, layout, causal, scale, seed = p
     rng = np.random.default_rng(seed)
-    q = make(layout, rng, dtype, batch, seqlen_q, num_q_heads, head_dim)
-    k = make(layout, rng, dtype, batch, seqlen_k, num_kv_heads, head_dim)
-    v = make(layout, rng, dtype, batch, seqlen_k, num_kv_heads, head_dim)
+    q = strided_view(layout, rng, dtype, batch, seqlen_q, num_q_heads, head_dim)
+    k = strided_view(layout, rng, dtype, batch, seqlen_k, num_kv_heads, head_dim)
+    v = strided_view(layout, rng, dtype, batch, seqlen_k, num_kv_heads, head_dim)
     out = np.full(q.shape, np.nan, dtype=q.dtype)
     res, lse = cupy_gqa.attention(q, k, v, causal=causal, softmax_scale=scale, return_lse=True, out=out)
     ref, ref_lse = reference_attention(q, k, v, causal=causal, softmax_scale=scale)

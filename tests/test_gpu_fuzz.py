@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cupy_gqa
-from conftest import NP_DTYPES, TOLERANCE, assert_close, gpu_available
+from conftest import LAYOUTS, NP_DTYPES, TOLERANCE, assert_close, gpu_available, strided_view
 
 pytestmark = pytest.mark.gpu
 if gpu_available():
@@ -30,22 +30,11 @@ def calls(draw):
         num_q_heads=num_kv_heads * draw(st.integers(1, 8)),
         head_dim=draw(st.sampled_from([1, 8, 24, 32, 40, 64, 96, 128, 256])),
         dtype=draw(st.sampled_from(list(NP_DTYPES))),
-        layout=draw(st.sampled_from(["contiguous", "packed", "transposed", "strided_d"])),
+        layout=draw(st.sampled_from(LAYOUTS)),
         causal=draw(st.booleans()),
         scale=draw(st.one_of(st.none(), st.floats(-1.0, 1.0, allow_nan=False))),
         seed=draw(st.integers(0, 2**32 - 1)),
     )
-
-
-def make(layout, rng, dtype, batch, seqlen, heads, head_dim):
-    draw = lambda shape: cupy.asarray(rng.standard_normal(shape).astype(NP_DTYPES[dtype]))  # noqa: E731
-    if layout == "transposed":
-        return draw((batch, heads, seqlen, head_dim)).transpose(0, 2, 1, 3)
-    if layout == "strided_d":
-        return draw((batch, seqlen, heads, 2 * head_dim))[..., 1::2]
-    if layout == "packed":
-        return draw((batch, seqlen, heads + 1, head_dim))[:, :, 1:]
-    return draw((batch, seqlen, heads, head_dim))
 
 
 @pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
@@ -53,9 +42,9 @@ def make(layout, rng, dtype, batch, seqlen, heads, head_dim):
 @given(c=calls())
 def test_kernel_matches_numpy_backend(kernel, c):
     rng = np.random.default_rng(c["seed"])
-    q = make(c["layout"], rng, c["dtype"], c["batch"], c["seqlen_q"], c["num_q_heads"], c["head_dim"])
-    k = make(c["layout"], rng, c["dtype"], c["batch"], c["seqlen_k"], c["num_kv_heads"], c["head_dim"])
-    v = make(c["layout"], rng, c["dtype"], c["batch"], c["seqlen_k"], c["num_kv_heads"], c["head_dim"])
+    q = strided_view(c["layout"], rng, c["dtype"], c["batch"], c["seqlen_q"], c["num_q_heads"], c["head_dim"], to_array=cupy.asarray)
+    k = strided_view(c["layout"], rng, c["dtype"], c["batch"], c["seqlen_k"], c["num_kv_heads"], c["head_dim"], to_array=cupy.asarray)
+    v = strided_view(c["layout"], rng, c["dtype"], c["batch"], c["seqlen_k"], c["num_kv_heads"], c["head_dim"], to_array=cupy.asarray)
     out = cupy.full(q.shape, np.nan, dtype=q.dtype)
     try:
         cupy_gqa.attention(q, k, v, causal=c["causal"], softmax_scale=c["scale"], out=out, kernel=kernel)
