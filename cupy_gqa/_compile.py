@@ -86,11 +86,6 @@ def get_kernel(spec: Spec):
     return kernel
 
 
-def compiled_count() -> int:
-    """How many (specialization, device) pairs this process has compiled or loaded."""
-    return len(_kernels)
-
-
 # --- offline compile, no GPU needed -----------------------------------------------
 
 
