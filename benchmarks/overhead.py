@@ -7,11 +7,14 @@ perf_counter around the call), so a full launch queue can't inflate it. Kernel
 time is CUDA events around back-to-back launches of the cached launch plan.
 """
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
 
 import cupy
 import ml_dtypes
+from cupy_backends.cuda.api import driver
 import numpy as np
 
 import cupy_gqa
@@ -35,6 +38,7 @@ def main():
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--torch", action="store_true", help="also time torch tensor inputs")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile N full calls (cupy, and torch)")
     args = parser.parse_args()
     batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim = map(int, args.shape.split(","))
     dtype = ml_dtypes.bfloat16 if args.dtype == "bfloat16" else np.dtype(args.dtype)
@@ -69,6 +73,18 @@ def main():
         "frame_of": lambda: _interop.frame_of({"q": q, "k": k, "v": v}),
         "cupy.empty": lambda: cupy.empty(q.shape, q.dtype),
     }
+    fn = _compile.get_kernel(launch.spec)
+
+    def driver_launch():
+        """The same launch through cuLaunchKernel with a hand-built argument array."""
+        ptrs = np.array([q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, 0, 0], np.uint64)
+        argv = np.array([ptrs.ctypes.data + 8 * i for i in range(6)] + [launch.params.ctypes.data], np.uint64)
+        driver.launchKernel(fn.kernel.ptr, *launch.grid, 1, 1, launch.spec.threads, 1, 1, launch.spec.smem,
+                            cupy.cuda.get_current_stream().ptr, argv.ctypes.data, 0)  # fmt: skip
+
+    steps["cuLaunchKernel, argument array"] = driver_launch
+    steps["Problem.of"] = lambda: _plan.Problem.of(q, k, dtype=args.dtype, causal=True, softmax_scale=0.1)
+    steps["_layout"] = lambda: _plan._layout(q, k, v, out)
     if args.torch:
         import torch
 
@@ -77,12 +93,28 @@ def main():
         steps.update({
             "full call, torch": lambda: cupy_gqa.attention(tq, tk, tv),
             "cupy.from_dlpack(torch)": lambda: cupy.from_dlpack(tq),
+            "cupy.from_dlpack(to_dlpack(torch))": lambda: cupy.from_dlpack(torch.utils.dlpack.to_dlpack(tq)),
+            "_interop.to_backend(torch)": lambda: _interop.to_backend(tq, _interop.frame_of({"q": tq})),
+            "frame_of(torch)": lambda: _interop.frame_of({"q": tq, "k": tk, "v": tv}),
             "Stream.from_external": lambda: cupy.cuda.Stream.from_external(ts),
             "torch.empty": lambda: torch.empty(tq.shape, dtype=tq.dtype, device=tq.device),
         })  # fmt: skip
-    for name, fn in steps.items():
-        fn()
-        print(f"  {name:<36} {host_us(fn, args.calls):8.2f} us host")
+    for name, step in steps.items():
+        step()
+        print(f"  {name:<36} {host_us(step, args.calls):8.2f} us host")
+    if args.profile:
+        calls = {"cupy": steps["full call, cupy"]}
+        if args.torch:
+            calls["torch"] = steps["full call, torch"]
+        for name, call in calls.items():
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(args.profile):
+                call()
+            profiler.disable()
+            cupy.cuda.runtime.deviceSynchronize()
+            print(f"--- cProfile, {args.profile} full calls, {name}")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
 
 
 if __name__ == "__main__":

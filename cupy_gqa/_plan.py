@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from cupy.cuda import function as cupy_function
 
 from . import _specs
 from ._compile import get_kernel
@@ -78,17 +79,29 @@ def make_params(problem: Problem, layout: tuple, total_threads: int = 0) -> np.n
     return params
 
 
+# CuPy passes a 1-element NumPy array by value, reading its address through
+# __array_interface__ at every launch, which for a structured dtype costs
+# several microseconds; CuPy's own wrapper for that argument, made once per
+# launch plan, skips it. (Older CuPy without it: the array itself.)
+_by_value = getattr(cupy_function, "CNumpyArray", lambda array: array)
+
+
 @dataclass(frozen=True, eq=False)
 class Launch:
-    """Everything about a launch except the five array arguments."""
+    """Everything about a launch except the array arguments."""
 
     spec: _specs.Spec
     grid: tuple
     params: np.ndarray  # PARAMS_DTYPE, shape (1,)
 
-    def __call__(self, q, k, v, out, lse) -> None:
-        # lse None is passed as a null pointer
-        get_kernel(self.spec)(self.grid, (self.spec.threads,), (q, k, v, out, lse, self.params), shared_mem=self.spec.smem)
+    def __post_init__(self):
+        object.__setattr__(self, "_params_arg", _by_value(self.params))
+
+    def __call__(self, q, k, v, out, lse, seqlens_k=None) -> None:
+        # lse and seqlens_k None are passed as null pointers
+        get_kernel(self.spec)(
+            self.grid, (self.spec.threads,), (q, k, v, out, lse, seqlens_k, self._params_arg), shared_mem=self.spec.smem
+        )
 
 
 def _layout(*arrays) -> tuple:
@@ -117,21 +130,27 @@ def _vector_issue(layout: tuple, arrays) -> str | None:
     return issue
 
 
+def rowwise_blocks(problem: Problem, team: int) -> int:
+    """Blocks of kernels/rowwise.cu: each holds hb heads of one KV head's group
+    at tb positions (hb * tb <= 128 / team rows), for one (batch, kv_head)."""
+    rows = _specs.ROWWISE_THREADS // team
+    hb = min(problem.group_size, rows)
+    tb = rows // hb
+    return math.ceil(problem.seqlen_q / tb) * problem.batch * problem.num_kv_heads * math.ceil(problem.group_size / hb)
+
+
 @functools.lru_cache(maxsize=4096)
 def plan_rowwise(problem: Problem, layout: tuple, vec: bool) -> Launch:
     spec = _specs.rowwise_spec(problem.dtype, problem.head_dim, vec)
-    # rows come in t_blocks of t_block positions (kernels/rowwise.cu), the last one padded
-    t_block = max(1, (32 // spec.team) // problem.group_size)
-    rows = math.ceil(problem.seqlen_q / t_block) * t_block * problem.batch * problem.num_q_heads
-    total_threads = rows * spec.team
-    blocks = grid_stride_blocks(total_threads, spec.threads)
-    return Launch(spec, (blocks,), make_params(problem, layout, total_threads))
+    blocks = rowwise_blocks(problem, spec.team)
+    total_threads = blocks * spec.threads
+    return Launch(spec, (grid_stride_blocks(total_threads, spec.threads),), make_params(problem, layout, total_threads))
 
 
-def launch_rowwise(problem: Problem, q, k, v, out, lse) -> None:
+def launch_rowwise(problem: Problem, q, k, v, out, lse, seqlens_k=None) -> None:
     layout = _layout(q, k, v, out)
     vec = problem.head_dim % _specs.vec_width(problem.dtype) == 0 and _vector_issue(layout, (q, k, v, out)) is None
-    plan_rowwise(problem, layout, vec)(q, k, v, out, lse)
+    plan_rowwise(problem, layout, vec)(q, k, v, out, lse, seqlens_k)
 
 
 def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
@@ -155,11 +174,11 @@ def plan_tiled(problem: Problem, layout: tuple) -> Launch:
     return Launch(spec, (blocks,), make_params(problem, layout))
 
 
-def launch_tiled(problem: Problem, q, k, v, out, lse) -> None:
+def launch_tiled(problem: Problem, q, k, v, out, lse, seqlens_k=None) -> None:
     reason = tiled_unsupported(problem, q, k, v, out)
     if reason is not None:
         raise ValueError(f"kernel: 'tiled' does not support this call: {reason}; use kernel='auto' or 'rowwise'")
-    plan_tiled(problem, _layout(q, k, v, out))(q, k, v, out, lse)
+    plan_tiled(problem, _layout(q, k, v, out))(q, k, v, out, lse, seqlens_k)
 
 
 # The GPU kernel families, in the order the public ``kernel=`` lists them.

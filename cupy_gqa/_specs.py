@@ -16,6 +16,7 @@ CTYPES = {
     "float64": "double",
 }
 DTYPES = tuple(CTYPES)
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 MAX_HEAD_DIM = 256
 
@@ -37,36 +38,48 @@ class Spec:
 
 
 # --- rowwise: one query row per thread (team) ----------------------------------
-# head_dim is rounded up to a bucket; unused dims are predicated off. TEAM lanes
-# share a row so that each lane's slice of q, of the accumulator and of the K/V
-# rows in flight stays in registers (ptxas reports no spills): at most 32 dims
-# per lane, half that for fp64 or for the strided (non-VEC) variant, whose
-# per-dim 64-bit offsets take registers too.
-# VEC: 16-byte loads (unit-stride, 16-byte aligned rows, head_dim a multiple
-# of the 16-byte element count); the other variant takes any strides.
+# head_dim is rounded up to a bucket; unused dims are zeros. TEAM lanes share a
+# row so that each lane's slice of q and of the accumulator stays in registers
+# (ptxas reports no spills): at most 32 dims per lane, 16 for fp64. K and V pass
+# through shared memory in stages of KEYS rows, about 4 KB per stage of K.
+# VEC: 16-byte cp.async loads (unit-stride, 16-byte aligned rows, head_dim a
+# multiple of the 16-byte element count); the other variant takes any strides.
 ROWWISE_BUCKETS = (8, 16, 32, 64, 128, 256)
-ROWWISE_THREADS = 128
+ROWWISE_THREADS = 128  # kernels/rowwise.cu: ROWWISE_THREADS
 
 
-def _rowwise_team(dtype: str, dpad: int, vec: bool) -> int:
-    per_lane = 32 // (2 if dtype == "float64" else 1) // (1 if vec else 2)
+def _rowwise_team(dtype: str, dpad: int) -> int:
+    per_lane = 16 if dtype == "float64" else 32
     return max(1, dpad // per_lane)
+
+
+def _rowwise_keys(dtype: str, dpad: int) -> int:
+    return max(8, min(64, 4096 // (dpad * ITEMSIZE[dtype])))
+
+
+def rowwise_smem(dtype: str, dpad: int) -> int:
+    """Two stages of K and of V, KEYS rows of DPAD elements each."""
+    return 2 * 2 * _rowwise_keys(dtype, dpad) * dpad * ITEMSIZE[dtype]
 
 
 def vec_width(dtype: str) -> int:
     """Elements in one 16-byte load."""
-    return 16 // {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}[dtype]
+    return 16 // ITEMSIZE[dtype]
 
 
 ROWWISE = {
     (dtype, dpad, vec): Spec(
         family="rowwise",
         source="rowwise.cu",
-        name=f"rowwise_attention<{CTYPES[dtype]}, {dpad}, {_rowwise_team(dtype, dpad, vec)}, {str(vec).lower()}>",
+        name=(
+            f"rowwise_attention<{CTYPES[dtype]}, {dpad}, {_rowwise_team(dtype, dpad)}, {str(vec).lower()}, "
+            f"{_rowwise_keys(dtype, dpad)}>"
+        ),
         dtype=dtype,
         head_dim=dpad,
         threads=ROWWISE_THREADS,
-        team=_rowwise_team(dtype, dpad, vec),
+        team=_rowwise_team(dtype, dpad),
+        smem=rowwise_smem(dtype, dpad),
     )
     for dtype in DTYPES
     for dpad in ROWWISE_BUCKETS

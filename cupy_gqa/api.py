@@ -1,6 +1,7 @@
 """The public function: validation and dispatch. Launch plans are in ``_plan``."""
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -157,10 +158,18 @@ def _check_scale(softmax_scale, head_dim: int) -> float:
 
 
 def _check_strides(name: str, a) -> None:
-    if any(s < 0 for s in a.strides):
-        raise ValueError(f"{name}: expected non-negative strides, got {a.strides} bytes (a reversed view?)")
-    if any(s % a.itemsize for s in a.strides):
-        raise ValueError(f"{name}: expected strides that are multiples of the item size {a.itemsize}, got {a.strides}")
+    issue = _stride_issue(a.strides, a.itemsize)
+    if issue is not None:
+        raise ValueError(f"{name}: {issue}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _stride_issue(strides: tuple, itemsize: int) -> str | None:
+    if any(s < 0 for s in strides):
+        return f"expected non-negative strides, got {strides} bytes (a reversed view?)"
+    if any(s % itemsize for s in strides):
+        return f"expected strides that are multiples of the item size {itemsize}, got {strides}"
+    return None
 
 
 def _check_out(out, outb, qb, kb, vb, dtype: str) -> None:

@@ -42,6 +42,56 @@ template <> __device__ __forceinline__ double from_acc<double>(double x) { retur
 template <> __device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+// One 16-byte vector <-> its 16 / sizeof(T) elements as acc, through register
+// bit casts only (no address-taken locals, which ptxas would put on the stack).
+template <typename T> __device__ __forceinline__ void unpack16(const uint4& r, acc_t<T>* x);
+template <> __device__ __forceinline__ void unpack16<float>(const uint4& r, float* x) {
+    x[0] = __uint_as_float(r.x); x[1] = __uint_as_float(r.y); x[2] = __uint_as_float(r.z); x[3] = __uint_as_float(r.w);
+}
+template <> __device__ __forceinline__ void unpack16<double>(const uint4& r, double* x) {
+    x[0] = __hiloint2double((int)r.y, (int)r.x); x[1] = __hiloint2double((int)r.w, (int)r.z);
+}
+template <> __device__ __forceinline__ void unpack16<__nv_bfloat16>(const uint4& r, float* x) {
+    const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { x[2 * i] = __uint_as_float(w[i] << 16); x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u); }
+}
+template <> __device__ __forceinline__ void unpack16<__half>(const uint4& r, float* x) {
+    const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
+        x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+    }
+}
+
+template <typename T> __device__ __forceinline__ uint4 pack16(const acc_t<T>* x);
+template <> __device__ __forceinline__ uint4 pack16<float>(const float* x) {
+    return make_uint4(__float_as_uint(x[0]), __float_as_uint(x[1]), __float_as_uint(x[2]), __float_as_uint(x[3]));
+}
+template <> __device__ __forceinline__ uint4 pack16<double>(const double* x) {
+    return make_uint4((unsigned)__double2loint(x[0]), (unsigned)__double2hiint(x[0]),
+                      (unsigned)__double2loint(x[1]), (unsigned)__double2hiint(x[1]));
+}
+__device__ __forceinline__ unsigned pack_pair(__half lo, __half hi) {
+    return (unsigned)__half_as_ushort(lo) | ((unsigned)__half_as_ushort(hi) << 16);
+}
+__device__ __forceinline__ unsigned pack_pair(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    return (unsigned)__bfloat16_as_ushort(lo) | ((unsigned)__bfloat16_as_ushort(hi) << 16);
+}
+template <> __device__ __forceinline__ uint4 pack16<__half>(const float* x) {
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = pack_pair(__float2half_rn(x[2 * i]), __float2half_rn(x[2 * i + 1]));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+template <> __device__ __forceinline__ uint4 pack16<__nv_bfloat16>(const float* x) {
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = pack_pair(__float2bfloat16_rn(x[2 * i]), __float2bfloat16_rn(x[2 * i + 1]));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // NVRTC defines no INFINITY macro.
 template <typename A> __device__ __forceinline__ A neg_inf();
 template <> __device__ __forceinline__ float neg_inf<float>() { return __int_as_float(0xff800000); }
@@ -60,3 +110,24 @@ __device__ __forceinline__ int visible_keys(int t, int seqlen_q, int seqlen_k, b
     const long long end = (long long)t + seqlen_k - seqlen_q + 1;
     return end <= 0 ? 0 : (end >= seqlen_k ? seqlen_k : (int)end);
 }
+
+// Valid keys of batch b: seqlens_k[b] when the caller gave per-sequence cache
+// lengths (kernel argument seqlens_k, else nullptr), otherwise seqlen_k.
+__device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k) {
+    return seqlens_k == nullptr ? seqlen_k : seqlens_k[b];
+}
+
+// ---- asynchronous global -> shared copies (cp.async, sm_80+) ----------------
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; when !pred nothing is read and the 16
+// destination bytes are zero-filled (src-size 0).
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool pred) {
+    const int n = pred ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

@@ -56,20 +56,6 @@ namespace tiled_detail {
 // ----------------------------------------------------------------------------
 // PTX helpers
 // ----------------------------------------------------------------------------
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared; when !pred nothing is read and the 16
-// destination bytes are zero-filled (src-size 0).
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool pred) {
-    const int n = pred ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
@@ -144,9 +130,10 @@ tiled_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out,
     float* __restrict__ lse,
+    const int* __restrict__ seqlens_k,
     const AttnParams p)
 {
-    const int batch = p.batch, seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+    const int batch = p.batch, seqlen_q = p.seqlen_q;
     const int num_q_heads = p.num_q_heads, num_kv_heads = p.num_kv_heads;
     const long long q_stride_b = p.q_stride[0], q_stride_s = p.q_stride[1], q_stride_h = p.q_stride[2];
     const long long k_stride_b = p.k_stride[0], k_stride_s = p.k_stride[1], k_stride_h = p.k_stride[2];
@@ -193,6 +180,7 @@ tiled_attention(
     const int b = bh / num_kv_heads;
     const int kvh = bh - b * num_kv_heads;
     const int row0 = m_tile * BLOCK_M;
+    const int seqlen_k = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // this sequence's valid keys
 
     const T* kbase = k + (long long)b * k_stride_b + (long long)kvh * k_stride_h;
     const T* vbase = v + (long long)b * v_stride_b + (long long)kvh * v_stride_h;

@@ -71,12 +71,30 @@ def test_rowwise_plan_passes_64_bit_strides_and_counts():
     q_layout = ((2, 2**20 + 1, 8, 128), ((2**20 + 1) * 8 * 128 * 2, 8 * 128 * 2, 128 * 2, 2), 2)
     kv_layout = ((2, 16, 2, 128), (16 * 2 * 128 * 2, 2 * 128 * 2, 128 * 2, 2), 2)
     launch = _plan.plan_rowwise(problem, (q_layout, kv_layout, kv_layout, q_layout), True)
-    assert launch.spec.name == "rowwise_attention<__half, 128, 4, true>"
+    assert launch.spec.name == "rowwise_attention<__half, 128, 4, true, 16>"
     p = launch.params[0]
     assert p["q_stride"].dtype == np.int64 and p["q_stride"][0] == (2**20 + 1) * 8 * 128
-    # team 4 -> 8 rows per warp -> t_block 2 positions (group_size 4): 2**20 + 1 rounds up to 2**20 + 2
-    assert p["total_threads"] == (2**20 + 2) * 2 * 8 * 4
-    assert launch.grid == (_plan.grid_stride_blocks(int(p["total_threads"]), 128),)
+    # team 4 -> 32 rows per block = all 4 heads of a group at 8 positions:
+    # ceil((2**20 + 1) / 8) position blocks x batch 2 x 2 KV heads
+    blocks = (2**17 + 1) * 2 * 2
+    assert _plan.rowwise_blocks(problem, 4) == blocks and p["total_threads"] == blocks * 128
+    assert launch.grid == (blocks,)
+
+
+@pytest.mark.parametrize(
+    "group_size, team, blocks",  # batch 3, seqlen_q 8, 2 KV heads
+    [
+        (1, 1, 6),  # 128 rows per block: 1 head x 128 positions, so 1 block per (batch, kv_head)
+        (4, 1, 6),  # 4 heads x 32 positions
+        (7, 1, 6),  # 7 heads x 18 positions (2 of 128 threads idle)
+        (32, 4, 48),  # 32 rows per block: 32 heads x 1 position, so 8 per (batch, kv_head)
+        (48, 4, 96),  # 48 heads need two blocks of 32 heads at each position
+        (7, 16, 48),  # 8 rows per block: 7 heads x 1 position
+    ],
+)
+def test_rowwise_blocks_by_hand(group_size, team, blocks):
+    problem = _plan.Problem(3, 8, 8, 2 * group_size, 2, 64, "float32", True, 0.1)
+    assert _plan.rowwise_blocks(problem, team) == blocks
 
 
 def test_layout_issues():
