@@ -4,7 +4,8 @@
 
 Host time is measured with the GPU idle before each call (a synchronize, then
 perf_counter around the call), so a full launch queue can't inflate it. Kernel
-time is CUDA events around back-to-back launches of the cached launch plan.
+time is CUDA events around back-to-back launches of the cached launch plan,
+queued behind a spin kernel so that host launch time can't leave gaps.
 """
 import argparse
 import cProfile
@@ -37,6 +38,7 @@ def main():
     parser.add_argument("--shape", default="2,80,80,8,2,32", help="batch,seqlen_q,seqlen_k,num_q_heads,num_kv_heads,head_dim")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--kernel", default="auto", choices=("auto", "rowwise", "tiled"))
     parser.add_argument("--torch", action="store_true", help="also time torch tensor inputs")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile N full calls (cupy, and torch)")
     args = parser.parse_args()
@@ -47,17 +49,22 @@ def main():
     k, v = rand(batch, seqlen_k, num_kv_heads, head_dim), rand(batch, seqlen_k, num_kv_heads, head_dim)
     out = cupy.empty_like(q)
     problem = _plan.Problem.of(q, k, dtype=args.dtype, causal=True, softmax_scale=1.0 / head_dim**0.5)
-    family = _plan.choose_kernel(problem, q, k, v, out)
+    family = _plan.choose_kernel(problem, q, k, v, out) if args.kernel == "auto" else args.kernel
     layout = _plan._layout(q, k, v, out)
-    launch = (
-        _plan.plan_tiled(problem, layout)
-        if family == "tiled"
-        else _plan.plan_rowwise(problem, layout, head_dim % _plan._specs.vec_width(args.dtype) == 0)
-    )
-    cupy_gqa.attention(q, k, v, out=out)
+    vec = head_dim % _plan._specs.vec_width(args.dtype) == 0
+    launch = _plan.plan_tiled(problem, layout) if family == "tiled" else _plan.plan_rowwise(problem, layout, vec)
+    cupy_gqa.attention(q, k, v, out=out, kernel=family)
 
+    # Kernel time: queue a 50 ms spin kernel first, so that all n launches are
+    # enqueued before the GPU reaches the start event (no host gaps inside).
+    spin = cupy.RawKernel(
+        r"""extern "C" __global__ void spin(long long cycles) {
+            long long t0 = clock64(); while (clock64() - t0 < cycles) {} }""",
+        "spin",
+    )
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     n = 200
+    spin((1,), (1,), (np.int64(100_000_000),))  # ~50 ms at ~2 GHz
     start.record()
     for _ in range(n):
         launch(q, k, v, out, None)
@@ -66,8 +73,8 @@ def main():
     print(f"shape {args.shape} {args.dtype}: kernel {launch.spec.name}")
     print(f"  kernel alone (events, back to back)  {cupy.cuda.get_elapsed_time(start, end) / n * 1e3:8.2f} us")
     steps = {
-        "full call, cupy, out given": lambda: cupy_gqa.attention(q, k, v, out=out),
-        "full call, cupy": lambda: cupy_gqa.attention(q, k, v),
+        "full call, cupy, out given": lambda: cupy_gqa.attention(q, k, v, out=out, kernel=family),
+        "full call, cupy": lambda: cupy_gqa.attention(q, k, v, kernel=family),
         "raw launch of the plan": lambda: launch(q, k, v, out, None),
         "get_kernel": lambda: _compile.get_kernel(launch.spec),
         "frame_of": lambda: _interop.frame_of({"q": q, "k": k, "v": v}),
@@ -91,7 +98,7 @@ def main():
         tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
         ts = torch.cuda.current_stream()
         steps.update({
-            "full call, torch": lambda: cupy_gqa.attention(tq, tk, tv),
+            "full call, torch": lambda: cupy_gqa.attention(tq, tk, tv, kernel=family),
             "cupy.from_dlpack(torch)": lambda: cupy.from_dlpack(tq),
             "cupy.from_dlpack(to_dlpack(torch))": lambda: cupy.from_dlpack(torch.utils.dlpack.to_dlpack(tq)),
             "_interop.to_backend(torch)": lambda: _interop.to_backend(tq, _interop.frame_of({"q": tq})),

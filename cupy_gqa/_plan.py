@@ -31,15 +31,17 @@ class Problem:
     dtype: str
     causal: bool
     softmax_scale: float
+    precision: str = "highest"  # float32 only ("highest" or "tf32"); "highest" for other dtypes
 
     @property
     def group_size(self) -> int:
         return self.num_q_heads // self.num_kv_heads
 
     @classmethod
-    def of(cls, q, k, *, dtype: str, causal: bool, softmax_scale: float) -> "Problem":
+    def of(cls, q, k, *, dtype: str, causal: bool, softmax_scale: float, precision: str = "highest") -> "Problem":
         batch, seqlen_q, num_q_heads, head_dim = q.shape
-        return cls(batch, seqlen_q, k.shape[1], num_q_heads, k.shape[2], head_dim, dtype, causal, softmax_scale)
+        precision = precision if dtype == "float32" else "highest"  # it only means something for float32
+        return cls(batch, seqlen_q, k.shape[1], num_q_heads, k.shape[2], head_dim, dtype, causal, softmax_scale, precision)
 
 
 def element_strides(strides: tuple, itemsize: int) -> tuple[np.int64, ...]:
@@ -154,11 +156,12 @@ def launch_rowwise(problem: Problem, q, k, v, out, lse, seqlens_k=None) -> None:
 
 
 def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
-    """Why kernels/tiled.cu cannot run this call, or None if it can."""
-    if problem.dtype not in _specs.TILED_DTYPES:
-        return f"dtype {problem.dtype} (it takes {', '.join(_specs.TILED_DTYPES)})"
-    if problem.head_dim not in _specs.TILED_TILES:
-        return f"head_dim {problem.head_dim} (it takes {', '.join(map(str, _specs.TILED_TILES))})"
+    """Why the tiled kernels (kernels/tiled.cu, tiled_tf32.cu) cannot run this call, or None if they can."""
+    head_dims = _specs.tiled_head_dims(problem.dtype)
+    if not head_dims:
+        return f"dtype {problem.dtype} (it takes {', '.join(_specs.TILED_DTYPES + ('float32',))})"
+    if problem.head_dim not in head_dims:
+        return f"head_dim {problem.head_dim} (it takes {', '.join(map(str, head_dims))} in {problem.dtype})"
     if not problem.softmax_scale > 0:
         return f"softmax_scale {problem.softmax_scale} (it takes positive scales)"
     return _vector_issue(_layout(q, k, v, out), (q, k, v, out))
@@ -166,7 +169,10 @@ def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
 
 @functools.lru_cache(maxsize=4096)
 def plan_tiled(problem: Problem, layout: tuple) -> Launch:
-    spec = _specs.TILED[problem.dtype, problem.head_dim, problem.causal]
+    if problem.dtype == "float32":
+        spec = _specs.TILED_F32[problem.head_dim, problem.causal, problem.precision]
+    else:
+        spec = _specs.TILED[problem.dtype, problem.head_dim, problem.causal]
     num_m_tiles = math.ceil(problem.seqlen_q * problem.group_size / spec.block_m)
     blocks = num_m_tiles * problem.batch * problem.num_kv_heads
     if blocks > MAX_GRID_X:

@@ -127,4 +127,48 @@ TILED = {
     for causal in (True, False)
 }
 
-SPECS: tuple[Spec, ...] = (*ROWWISE.values(), *TILED.values())
+# --- tiled, float32: split-TF32 tensor cores (kernels/tiled_tf32.cu) ----------
+# precision "highest": three TF32 products per product (fp32-class error);
+# "tf32": one (about 1e-3 relative error). head_dim -> (BLOCK_M, BLOCK_N, NUM_WARPS).
+PRECISIONS = ("highest", "tf32")
+TILED_F32_TILES = {
+    32: (64, 32, 4),
+    64: (64, 32, 4),
+    96: (64, 32, 4),
+    128: (64, 32, 4),
+    256: (64, 16, 4),
+}
+
+
+def tiled_f32_smem(head_dim: int, block_m: int, block_n: int) -> int:
+    """Dynamic shared memory of kernels/tiled_tf32.cu: a Q tile and two K and
+    two V stages, rows padded by 4 floats."""
+    return (block_m + 4 * block_n) * (head_dim + 4) * 4
+
+
+TILED_F32 = {
+    (head_dim, causal, precision): Spec(
+        family="tiled",
+        source="tiled_tf32.cu",
+        name=(
+            f"tiled_tf32_attention<{head_dim}, {bm}, {bn}, {warps}, {str(causal).lower()}, "
+            f"{str(precision == 'highest').lower()}>"
+        ),
+        dtype="float32",
+        head_dim=head_dim,
+        threads=warps * 32,
+        block_m=bm,
+        smem=tiled_f32_smem(head_dim, bm, bn),
+    )
+    for head_dim, (bm, bn, warps) in TILED_F32_TILES.items()
+    for causal in (True, False)
+    for precision in PRECISIONS
+}
+
+
+def tiled_head_dims(dtype: str) -> tuple:
+    """The head dims the tiled kernel takes in this dtype (none: not at all)."""
+    return tuple(TILED_F32_TILES) if dtype == "float32" else tuple(TILED_TILES) if dtype in TILED_DTYPES else ()
+
+
+SPECS: tuple[Spec, ...] = (*ROWWISE.values(), *TILED.values(), *TILED_F32.values())

@@ -109,6 +109,12 @@ def test_unknown_kernel(qkv):
         call(*qkv, kernel="flash")
 
 
+@pytest.mark.parametrize("precision", ["fp32", "TF32", None, 32])
+def test_unknown_precision(qkv, precision):
+    with pytest.raises(ValueError, match=r"precision: expected one of \('highest', 'tf32'\), got "):
+        call(*qkv, precision=precision)
+
+
 def test_gpu_kernel_on_cpu_inputs(qkv):
     with pytest.raises(ValueError, match=r"kernel: 'rowwise' runs on CUDA arrays"):
         call(*qkv, kernel="rowwise")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cupy_gqa
-from conftest import NP_DTYPES, TOLERANCE, assert_close, assert_lse_close, gpu_available, random_qkv, relative_error
+from conftest import NP_DTYPES, TF32_TOLERANCE, TOLERANCE, assert_close, assert_lse_close, gpu_available, random_qkv, relative_error
 from reference import reference_attention
 
 pytestmark = pytest.mark.gpu
@@ -24,7 +24,7 @@ LENGTHS = [(1, 1), (113, 203), (1023, 1024), (64, 1), (7, 1000), (257, 57)]
 def expected_to_run(kernel, dtype, head_dim, unit_stride=True, softmax_scale=None):
     if kernel == "tiled":
         positive = softmax_scale is None or softmax_scale > 0
-        return dtype in ("float16", "bfloat16") and head_dim in (32, 64, 96, 128, 256) and unit_stride and positive
+        return dtype in ("float16", "bfloat16", "float32") and head_dim in (32, 64, 96, 128, 256) and unit_stride and positive
     return True
 
 
@@ -118,6 +118,34 @@ def test_large_scores_and_custom_scale(kernel, dtype):
     q, k, v = random_qkv(1, 65, 65, 4, 2, 32, dtype, scale=30.0)
     run_case(kernel, q, k, v, softmax_scale=1.0)  # scores of several hundred
     run_case(kernel, q, k, v, softmax_scale=-0.5)  # a negative scale flips the max
+
+
+@pytest.mark.parametrize("kernel", ("auto", *cupy_gqa.KERNELS))
+@pytest.mark.parametrize("precision", ["highest", "tf32"])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 128, 256])
+@pytest.mark.parametrize("inputs", ["scores_of_30", "near_ties"])
+def test_float32_precision(kernel, precision, head_dim, inputs):
+    """float32 is fp32-accurate (2e-6) with precision="highest", also for large
+    scores and near-tied maxima; "tf32" on the tiled kernel stays within its
+    documented bound, and is really the cheaper arithmetic (error above 2e-6)."""
+    rng = np.random.default_rng(head_dim)
+    q, k, v = random_qkv(2, 200, 300, 8, 2, head_dim, "float32", seed=head_dim)
+    if inputs == "scores_of_30":  # scaled scores with a standard deviation near 10
+        q, k = q * np.float32(np.sqrt(10.0)), k * np.float32(np.sqrt(10.0))
+    else:  # every key is one of 3, up to a perturbation of 1e-6: maxima nearly tied
+        base = k[:, rng.integers(0, 3, size=300)]
+        k = (base + rng.standard_normal(base.shape) * 1e-6).astype(np.float32) * np.float32(3.0)
+    out = cupy.full(q.shape, np.nan, dtype=np.float32)
+    if kernel == "tiled" and head_dim == 80:
+        with pytest.raises(ValueError, match="kernel: 'tiled' does not support this call: head_dim 80"):
+            cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), out=out, kernel=kernel, precision=precision)
+        return
+    cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), out=out, kernel=kernel, precision=precision)
+    ref = reference_attention(q, k, v)[0]
+    uses_tf32 = precision == "tf32" and kernel != "rowwise" and head_dim != 80
+    assert_close(cupy.asnumpy(out), ref, TF32_TOLERANCE if uses_tf32 else 2e-6, f"{kernel} {precision} {inputs}")
+    if uses_tf32:
+        assert relative_error(cupy.asnumpy(out), ref) > 2e-6, "precision='tf32' should use one TF32 product"
 
 
 @pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)

@@ -106,3 +106,19 @@ def test_layout_issues():
     assert "multiples of 16 bytes" in _plan._layout_issue((odd_heads, good, good, good))
     one_row = ((1, 1, 1, 64), (6, 6, 6, 2), 2)  # strides of size-1 axes don't matter
     assert _plan._layout_issue((one_row, good, good, one_row)) is None
+
+
+@pytest.mark.parametrize("precision, split", [("highest", "true"), ("tf32", "false")])
+def test_float32_tiled_plan_follows_precision(precision, split):
+    layout = ((2, 64, 8, 128), (64 * 8 * 128 * 4, 8 * 128 * 4, 128 * 4, 4), 4)
+    problem = _plan.Problem(2, 64, 64, 8, 2, 128, "float32", True, 0.1, precision)
+    launch = _plan.plan_tiled(problem, (layout,) * 4)
+    assert launch.spec.name == f"tiled_tf32_attention<128, 64, 32, 4, true, {split}>"
+    assert launch.grid == (-(-64 * 4 // 64) * 2 * 2,)  # packed rows 64 x group 4, 64 per CTA; x batch x kv heads
+
+
+def test_precision_only_matters_for_float32():
+    q = np.zeros((1, 3, 4, 8), np.float16)
+    k = np.zeros((1, 5, 2, 8), np.float16)
+    assert _plan.Problem.of(q, k, dtype="float16", causal=True, softmax_scale=1.0, precision="tf32").precision == "highest"
+    assert _plan.Problem.of(q, k, dtype="float32", causal=True, softmax_scale=1.0, precision="tf32").precision == "tf32"

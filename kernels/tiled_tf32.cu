@@ -1,0 +1,315 @@
+/*
+ * tiled_tf32.cu -- tensor-core prefill kernel for float32 grouped-query
+ * attention, through TF32 mma.sync, at full fp32 accuracy (split TF32).
+ *
+ * Precision
+ * -----------------------------------------------------------------------------
+ * A TF32 number keeps 10 of fp32's 23 mantissa bits. Split each fp32 operand
+ * into a TF32 "big" part and the TF32 rounding of the rest,
+ *     x = big(x) + small(x),   big = tf32(x),   small = tf32(x - big),
+ * and each product a*b becomes three TF32 products accumulated in fp32,
+ *     a*b ~= small(a)*big(b) + big(a)*small(b) + big(a)*big(b)
+ * (small*small, ~2^-22 relative, is dropped): fp32-class error at tensor-core
+ * rates. SPLIT = false keeps only big*big: plain TF32, ~1e-3 relative error.
+ *
+ * Algorithm and grid (as kernels/tiled.cu, FlashAttention-2 style)
+ * -----------------------------------------------------------------------------
+ * GQA packing: for one (batch b, kv head kvh) the G = group_size query heads
+ * that share it are packed into rows r = t*G + g (t = query position). A CTA
+ * owns BLOCK_M = 16 * NUM_WARPS consecutive packed rows of one (b, kvh); warp w
+ * owns rows [16w, 16w + 16). 1-D grid of num_m_tiles * batch * num_kv_heads
+ * CTAs; causal: m_tile slowest and reversed (heavy, late tiles first);
+ * non-causal: (b, kvh) slowest so its K/V stays in L2.
+ *   load Q tile (cp.async)
+ *   for each K/V tile j of BLOCK_N keys that some row sees (double buffered,
+ *   tile j+1 in flight while j is used):
+ *       S  = Q K_j^T                   (m16n8k8 TF32 mma, x3 when SPLIT)
+ *       mask S on tiles that cross the causal diagonal or the end of the keys
+ *       m' = max(m, rowmax(S) * scale_log2);  P = exp2(S * scale_log2 - m')
+ *       l  = l * exp2(m - m') + rowsum(P);  O = O * exp2(m - m') + P V_j
+ *   out = O / l, lse = (m + log2 l) * ln 2  (no visible key: 0 and -inf)
+ *
+ * Fragments (m16n8k8, g = lane / 4, c = lane % 4)
+ * -----------------------------------------------------------------------------
+ *   A (16x8): a0 (g, c), a1 (g+8, c), a2 (g, c+4), a3 (g+8, c+4)
+ *   B (8x8):  b0 (k c, n g), b1 (k c+4, n g);  C: (g, 2c), (g, 2c+1), (g+8, ..)
+ * Q (A) and K (B of Q K^T, K rows are its columns) come from shared memory
+ * through ldmatrix: an 8x8 matrix of 16-bit elements is an 8x4 matrix of fp32,
+ * and ldmatrix hands lane l element (l / 4, l % 4) of it, which is exactly the
+ * TF32 fragment. P V needs P as A, but the thread holds S at keys 2c, 2c+1 (C
+ * layout). The sum over keys may run in any order, so key 2c plays k = c and
+ * key 2c+1 plays k = c+4: a = (s0, s2, s1, s3), and V's B fragment is read
+ * accordingly, b0 = V[2c][g], b1 = V[2c+1][g] (scalar shared loads).
+ *
+ * Shared memory: rows of D + 4 floats (row stride = 16 bytes mod 128), so the
+ * 8 rows of an ldmatrix and the 32 scalar V loads hit distinct banks:
+ *   [ Q tile | K stage 0 | K stage 1 | V stage 0 | V stage 1 ]
+ *   bytes = (BLOCK_M + 4 * BLOCK_N) * (D + 4) * 4
+ *
+ * Requirements (checked by the Python layer): head_dim stride 1, 16-byte
+ * aligned rows, scale_log2 > 0.
+ */
+#include "common.cuh"
+
+namespace tf32_detail {
+
+__device__ __forceinline__ unsigned to_tf32(float x) {  // round to nearest, ties away
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// x = big + small, both TF32 (small = 0 when !SPLIT, and unused)
+template <bool SPLIT>
+__device__ __forceinline__ void split(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = SPLIT ? to_tf32(x - __uint_as_float(big)) : 0u;
+}
+
+// C(16x8) += A(16x8) * B(8x8), TF32 inputs, fp32 accumulate
+__device__ __forceinline__ void mma_1688(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// C += A * B in split TF32 (small terms first, then big * big) or plain TF32.
+template <bool SPLIT>
+__device__ __forceinline__ void mma_f32(float (&c)[4], const unsigned (&ab)[4], const unsigned (&as)[4],
+                                        unsigned bb0, unsigned bb1, unsigned bs0, unsigned bs1) {
+    if (SPLIT) {
+        mma_1688(c, as, bb0, bb1);
+        mma_1688(c, ab, bs0, bs1);
+    }
+    mma_1688(c, ab, bb0, bb1);
+}
+
+}  // namespace tf32_detail
+
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p)
+{
+    using namespace tf32_detail;
+    constexpr int D = HEAD_DIM;
+    constexpr int NTHREADS = NUM_WARPS * 32;
+    constexpr int ROW = D + 4;             // padded shared-memory row, floats
+    constexpr int KD = D / 8;              // k8 steps of Q K^T
+    constexpr int NT = BLOCK_N / 8;        // n8 tiles of S (= k8 steps of P V)
+    constexpr int DT = D / 8;              // n8 tiles of O
+    constexpr int CH = D / 4;              // 16-byte chunks per row
+    static_assert(BLOCK_M == 16 * NUM_WARPS, "16 rows per warp");
+    static_assert(D % 32 == 0 && BLOCK_N % 16 == 0, "tile shapes");
+    const float NEG_INF = neg_inf<float>();
+    const float scale_log2 = (float)p.scale_log2;
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float* sQ = reinterpret_cast<float*>(smem_raw);
+    float* sK = sQ + BLOCK_M * ROW;        // [2][BLOCK_N][ROW]
+    float* sV = sK + 2 * BLOCK_N * ROW;    // [2][BLOCK_N][ROW]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g_lane = lane >> 2, c_lane = lane & 3;
+
+    // ---- which (b, kvh, m_tile) this CTA owns ----------------------------------
+    const int group = p.group_size;
+    const int packed_rows = p.seqlen_q * group;
+    const int num_m_tiles = (packed_rows + BLOCK_M - 1) / BLOCK_M;
+    const int num_bh = p.batch * p.num_kv_heads;
+    int m_tile, bh;
+    if (CAUSAL) {
+        m_tile = num_m_tiles - 1 - (int)(blockIdx.x / num_bh);
+        bh = (int)(blockIdx.x % num_bh);
+    } else {
+        bh = (int)(blockIdx.x / num_m_tiles);
+        m_tile = (int)(blockIdx.x % num_m_tiles);
+    }
+    const int b = bh / p.num_kv_heads, kvh = bh % p.num_kv_heads;
+    const int row0 = m_tile * BLOCK_M;
+    const int seqlen_k = seqlen_k_of(seqlens_k, b, p.seqlen_k);
+    const float* kbase = k + b * p.k_stride[0] + kvh * p.k_stride[2];
+    const float* vbase = v + b * p.v_stride[0] + kvh * p.v_stride[2];
+
+    // ---- key range: query t sees keys j <= t + (seqlen_k - seqlen_q) -------------
+    const int diag = seqlen_k - p.seqlen_q;
+    const int last_row = min(row0 + BLOCK_M, packed_rows) - 1;
+    int n_end = seqlen_k, n_free = seqlen_k;  // keys [0, n_end) touched, [0, n_free) unmasked
+    if (CAUSAL) {
+        n_end = max(0, min(seqlen_k, last_row / group + diag + 1));
+        n_free = max(0, min(seqlen_k, row0 / group + diag + 1));
+    }
+    const int num_n = (n_end + BLOCK_N - 1) / BLOCK_N;
+
+    // ---- asynchronous loads (16 bytes per thread and copy, zero-filled past the end)
+#pragma unroll
+    for (int i = 0; i < (BLOCK_M * CH + NTHREADS - 1) / NTHREADS; ++i) {
+        const int c = tid + i * NTHREADS, r = c / CH, ch = c % CH;
+        if ((BLOCK_M * CH) % NTHREADS == 0 || c < BLOCK_M * CH) {
+            const int pr = row0 + r, t = pr / group, g = pr % group;
+            const bool ok = pr < packed_rows;
+            const float* src = q + b * p.q_stride[0] + (index_t)t * p.q_stride[1]
+                               + q_head_of(kvh, g, group) * p.q_stride[2] + ch * 4;
+            cp_async_16(smem_addr(sQ + r * ROW + ch * 4), ok ? src : q, ok);
+        }
+    }
+    auto load_kv = [&](int j, int stage) {
+#pragma unroll
+        for (int i = 0; i < (BLOCK_N * CH + NTHREADS - 1) / NTHREADS; ++i) {
+            const int c = tid + i * NTHREADS, r = c / CH, ch = c % CH;
+            if ((BLOCK_N * CH) % NTHREADS == 0 || c < BLOCK_N * CH) {
+                const int key = j * BLOCK_N + r;
+                const bool ok = key < seqlen_k;
+                const int dst = (stage * BLOCK_N + r) * ROW + ch * 4;
+                cp_async_16(smem_addr(sK + dst), ok ? kbase + (index_t)key * p.k_stride[1] + ch * 4 : k, ok);
+                cp_async_16(smem_addr(sV + dst), ok ? vbase + (index_t)key * p.v_stride[1] + ch * 4 : v, ok);
+            }
+        }
+    };
+    if (num_n > 0) load_kv(0, 0);
+    cp_async_commit();  // group 0: Q and K/V tile 0
+
+    // ---- per-thread state: rows g_lane and g_lane + 8 of the warp's 16 ----------
+    float o_acc[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_acc[dt][e] = 0.f;
+    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.f, 0.f};  // log2-domain max, partial sums
+
+    // ldmatrix row addresses: Q {rows 0-7, k 0-3}, {rows 8-15, k 0-3}, {rows 0-7, k 4-7}, {rows 8-15, k 4-7};
+    // K {keys 0-7, d 0-3}, {keys 0-7, d 4-7}, {keys 8-15, d 0-3}, {keys 8-15, d 4-7}
+    const unsigned sQ_lane = smem_addr(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ROW + (lane >> 4) * 4);
+    const int k_off = ((lane & 7) + (lane >> 4) * 8) * ROW + ((lane >> 3) & 1) * 4;
+
+    for (int j = 0; j < num_n; ++j) {
+        const int stage = j & 1;
+        cp_async_wait<0>();  // tile j (and Q) landed for this thread
+        __syncthreads();     // ... for all threads; the other stage is free again
+        if (j + 1 < num_n) load_kv(j + 1, stage ^ 1);
+        cp_async_commit();
+        const float* sKs = sK + stage * BLOCK_N * ROW;
+        const float* sVs = sV + stage * BLOCK_N * ROW;
+
+        // ---- S = Q K^T ----------------------------------------------------------
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd) {
+            unsigned qa[4], qb[4], qs[4];
+            ldmatrix_x4(qa, sQ_lane + kd * 8 * 4);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) split<SPLIT>(__uint_as_float(qa[e]), qb[e], qs[e]);
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                unsigned kr[4], kb[4], ks[4];
+                ldmatrix_x4(kr, smem_addr(sKs + k_off + np * 16 * ROW + kd * 8));
+#pragma unroll
+                for (int e = 0; e < 4; ++e) split<SPLIT>(__uint_as_float(kr[e]), kb[e], ks[e]);
+                mma_f32<SPLIT>(s[2 * np], qb, qs, kb[0], kb[1], ks[0], ks[1]);
+                mma_f32<SPLIT>(s[2 * np + 1], qb, qs, kb[2], kb[3], ks[2], ks[3]);
+            }
+        }
+
+        // ---- mask (only tiles crossing the diagonal or the end of the keys) -------
+        const int n0 = j * BLOCK_N;
+        if (n0 + BLOCK_N > n_free) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int pr = row0 + warp * 16 + g_lane + hf * 8;
+                const int limit = CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (n0 + nt * 8 + c_lane * 2 + e > limit) s[nt][2 * hf + e] = NEG_INF;
+            }
+        }
+
+        // ---- online softmax: O *= exp2(m - m'), P = exp2(S * scale_log2 - m') -----
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the quad shares the row
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[hf], mx * scale_log2);
+            const float m_use = m_new == NEG_INF ? 0.f : m_new;  // no key yet: avoid -inf - -inf
+            const float alpha = exp2f(m_run[hf] - m_use);
+            m_run[hf] = m_new;
+            float rs = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float pv = exp2f(fmaf(s[nt][2 * hf + e], scale_log2, -m_use));
+                    s[nt][2 * hf + e] = pv;
+                    rs += pv;
+                }
+            l_run[hf] = l_run[hf] * alpha + rs;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                o_acc[dt][2 * hf] *= alpha;
+                o_acc[dt][2 * hf + 1] *= alpha;
+            }
+        }
+
+        // ---- O += P V: key 2c is k = c, key 2c+1 is k = c+4 ----------------------
+#pragma unroll
+        for (int kk = 0; kk < NT; ++kk) {
+            unsigned pb[4], ps[4];
+            split<SPLIT>(s[kk][0], pb[0], ps[0]);
+            split<SPLIT>(s[kk][2], pb[1], ps[1]);
+            split<SPLIT>(s[kk][1], pb[2], ps[2]);
+            split<SPLIT>(s[kk][3], pb[3], ps[3]);
+            const float* v0 = sVs + (kk * 8 + 2 * c_lane) * ROW + g_lane;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                unsigned vb0, vs0, vb1, vs1;
+                split<SPLIT>(v0[dt * 8], vb0, vs0);
+                split<SPLIT>(v0[ROW + dt * 8], vb1, vs1);
+                mma_f32<SPLIT>(o_acc[dt], pb, ps, vb0, vb1, vs0, vs1);
+            }
+        }
+    }
+    cp_async_wait<0>();  // nothing left in flight (also when num_n == 0)
+    __syncthreads();     // every warp is done with sQ before it is overwritten
+
+    // ---- epilogue: O / l into the warp's own Q rows, then 16-byte stores --------
+    float* sO = sQ + warp * 16 * ROW;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        float l = l_run[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int r = g_lane + hf * 8;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            sO[r * ROW + dt * 8 + c_lane * 2] = o_acc[dt][2 * hf] * inv;
+            sO[r * ROW + dt * 8 + c_lane * 2 + 1] = o_acc[dt][2 * hf + 1] * inv;
+        }
+        const int pr = row0 + warp * 16 + r;
+        if (lse != nullptr && c_lane == 0 && pr < packed_rows) {
+            const int t = pr / group, g = pr % group;
+            lse[((index_t)b * p.num_q_heads + q_head_of(kvh, g, group)) * p.seqlen_q + t] =
+                l > 0.f ? (m_run[hf] + log2f(l)) * 0.6931471805599453f : NEG_INF;
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < (16 * CH + 31) / 32; ++i) {
+        const int c = lane + i * 32, r = c / CH, ch = c % CH;
+        const int pr = row0 + warp * 16 + r;
+        if (((16 * CH) % 32 == 0 || c < 16 * CH) && pr < packed_rows) {
+            const int t = pr / group, g = pr % group;
+            float* dst = out + b * p.o_stride[0] + (index_t)t * p.o_stride[1] + q_head_of(kvh, g, group) * p.o_stride[2] + ch * 4;
+            *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(sO + r * ROW + ch * 4);
+        }
+    }
+}
