@@ -164,6 +164,8 @@ def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
         return f"head_dim {problem.head_dim} (it takes {', '.join(map(str, head_dims))} in {problem.dtype})"
     if not problem.softmax_scale > 0:
         return f"softmax_scale {problem.softmax_scale} (it takes positive scales)"
+    if problem.seqlen_q * problem.group_size >= 2**31:  # packed rows are 32-bit in the kernel
+        return f"seqlen_q * group_size = {problem.seqlen_q * problem.group_size} (it takes < 2**31)"
     return _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 

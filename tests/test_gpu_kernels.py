@@ -189,12 +189,13 @@ def test_empty_launches_nothing():
 
 
 @pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
-def test_more_than_2_31_elements(kernel):
-    """q and out of 2**31 + 2048 elements (fp16, 4.3 GB each): 64-bit offsets."""
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_more_than_2_31_elements(kernel, dtype):
+    """q and out of 2**31 + 2048 elements (4.3 GB each in fp16): 64-bit offsets."""
     batch, seqlen_q, num_q_heads, head_dim = 2, 2**20 + 1, 8, 128
     rng = np.random.default_rng(3)
-    q = cupy.random.standard_normal((batch, seqlen_q, num_q_heads, head_dim), dtype=cupy.float32).astype(cupy.float16)
-    k, v = (cupy.asarray(rng.standard_normal((batch, 16, 2, head_dim)).astype(np.float16)) for _ in range(2))
+    q = cupy.random.standard_normal((batch, seqlen_q, num_q_heads, head_dim), dtype=cupy.float32).astype(dtype)
+    k, v = (cupy.asarray(rng.standard_normal((batch, 16, 2, head_dim)).astype(dtype)) for _ in range(2))
     assert q.size > 2**31
     out = cupy.full(q.shape, np.nan, dtype=q.dtype)
     cupy_gqa.attention(q, k, v, causal=False, out=out, kernel=kernel)
@@ -202,7 +203,7 @@ def test_more_than_2_31_elements(kernel):
     for b in range(batch):
         qs = cupy.asnumpy(q[b : b + 1, rows])
         ref = reference_attention(qs, cupy.asnumpy(k[b : b + 1]), cupy.asnumpy(v[b : b + 1]), causal=False)[0]
-        assert_close(cupy.asnumpy(out[b : b + 1, rows]), ref, TOLERANCE["float16"], f"batch {b} sampled rows")
+        assert_close(cupy.asnumpy(out[b : b + 1, rows]), ref, TOLERANCE[dtype], f"batch {b} sampled rows")
     del q, out
     cupy.get_default_memory_pool().free_all_blocks()
 
@@ -214,6 +215,24 @@ def test_scores_of_1e4_do_not_overflow(kernel, dtype):
     q, k, v = random_qkv(1, 50, 50, 4, 2, 64, dtype)
     q = (q.astype(np.float32) * 12.5).astype(q.dtype)  # |q . k| * scale reaches ~1e4 with this scale
     run_case(kernel, q, k, v, softmax_scale=100.0, check_lse=False)
+
+
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_non_finite_values_in_unseen_keys(kernel, dtype, bad):
+    """Inf / NaN in K and V at the last key, which only the last query sees
+    (causal): every other row is exactly the attention over the finite keys.
+    Tensor-core kernels (README): guaranteed for rows outside the diagonal tile
+    that holds the bad key, i.e. the rows that see fewer than 64 keys."""
+    n = 100
+    q, k, v = random_qkv(1, n, n, 8, 2, 64, dtype, seed=5)
+    k[:, n - 1], v[:, n - 1] = bad, bad
+    out = cupy.asnumpy(cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), kernel=kernel))
+    ref = reference_attention(q[:, : n - 1], k[:, : n - 1], v[:, : n - 1])[0]
+    clean = n - 1 if kernel == "rowwise" else 64
+    assert_close(out[:, :clean], ref[:, :clean], TOLERANCE[dtype], f"{kernel}: rows that never see the bad key")
+    assert np.isnan(out[:, n - 1].astype(np.float32)).any(), "the last row sees it: NaN, as in the definition"
 
 
 def test_m1_peak_memory_beyond_inputs_and_outputs():

@@ -122,3 +122,18 @@ def test_precision_only_matters_for_float32():
     k = np.zeros((1, 5, 2, 8), np.float16)
     assert _plan.Problem.of(q, k, dtype="float16", causal=True, softmax_scale=1.0, precision="tf32").precision == "highest"
     assert _plan.Problem.of(q, k, dtype="float32", causal=True, softmax_scale=1.0, precision="tf32").precision == "tf32"
+
+
+def test_tiled_refuses_2_31_packed_rows():
+    problem = _plan.Problem(1, 2**28, 16, 32, 4, 128, "float16", True, 0.1)  # 2**28 positions x group 8
+    layout = ((1, 2**28, 32, 128), (2**28 * 32 * 128 * 2, 32 * 128 * 2, 128 * 2, 2), 2)
+    reason = _plan.tiled_unsupported(problem, *(_FakeArray(layout),) * 4)
+    assert reason is not None and "seqlen_q * group_size = 2147483648" in reason
+
+
+class _FakeArray:
+    """Just enough of an array for the vector-layout check (shape, strides, itemsize, data.ptr)."""
+
+    def __init__(self, layout):
+        self.shape, self.strides, self.itemsize = layout
+        self.data = type("Ptr", (), {"ptr": 0})()
