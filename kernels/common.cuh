@@ -53,6 +53,10 @@ __device__ __forceinline__ double exp2_acc(double x) { return exp2(x); }
 __device__ __forceinline__ float log2_acc(float x) { return log2f(x); }
 __device__ __forceinline__ double log2_acc(double x) { return log2(x); }
 
+// The valid cache length of sequence b: seqlens_k[b], or seqlen_k when the
+// call has no seqlens_k (a null pointer).
+__device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k) { return seqlens_k == nullptr ? seqlen_k : seqlens_k[b]; }
+
 // Keys visible to query position t (causal, aligned bottom-right):
 // keys j <= t + seqlen_k - seqlen_q, clipped to [0, seqlen_k].
 __device__ __forceinline__ int visible_keys(int t, int seqlen_q, int seqlen_k, bool causal) {

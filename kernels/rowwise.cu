@@ -57,7 +57,7 @@ __device__ __forceinline__ void load_chunk(const T* ptr, index_t stride, bool pr
 template <typename T, int DPAD, int TEAM, bool VEC>
 __global__ void __launch_bounds__(128) rowwise_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    T* __restrict__ out, float* __restrict__ lse, const AttnParams p)
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p)
 {
     typedef acc_t<T> acc;
     constexpr int W = VEC ? 16 / (int)sizeof(T) : 1;  // elements per load
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(128) rowwise_attention(
             }
         }
 
-        const int n_keys = visible_keys(t, p.seqlen_q, p.seqlen_k, p.causal != 0);
+        const int n_keys = visible_keys(t, p.seqlen_q, seqlen_k_of(seqlens_k, b, p.seqlen_k), p.causal != 0);
         acc m = NEG_INF, l = 0;
         for (int j = 0; j < n_keys; ++j, k_row += p.k_stride[1], v_row += p.v_stride[1]) {
             // s = q . k_j, in CHAINS independent partial sums so the FMAs overlap

@@ -144,9 +144,10 @@ tiled_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out,
     float* __restrict__ lse,
+    const int* __restrict__ seqlens_k,
     const AttnParams p)
 {
-    const int batch = p.batch, seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+    const int batch = p.batch, seqlen_q = p.seqlen_q;
     const int num_q_heads = p.num_q_heads, num_kv_heads = p.num_kv_heads;
     const long long q_stride_b = p.q_stride[0], q_stride_s = p.q_stride[1], q_stride_h = p.q_stride[2];
     const long long k_stride_b = p.k_stride[0], k_stride_s = p.k_stride[1], k_stride_h = p.k_stride[2];
@@ -193,6 +194,7 @@ tiled_attention(
     const int b = bh / num_kv_heads;
     const int kvh = bh - b * num_kv_heads;
     const int row0 = m_tile * BLOCK_M;
+    const int seqlen_k = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // this sequence's keys
 
     const T* kbase = k + (long long)b * k_stride_b + (long long)kvh * k_stride_h;
     const T* vbase = v + (long long)b * v_stride_b + (long long)kvh * v_stride_h;
