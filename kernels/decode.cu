@@ -17,8 +17,8 @@
 //   LANES = HEAD_DIM / 8 lanes: lane l of a group holds dims
 //   d = (c * LANES + l) * W + e (16-byte chunks c of W elements, 8 dims per
 //   lane) of q (pre-scaled by softmax_scale * log2 e) for each row, and of its
-//   output accumulator. Per step a group loads U keys' K and V rows (2 * U
-//   16-byte loads per lane in flight, fp32: 2 chunks per row, U = 2) and runs
+//   output accumulator. Per step a group loads U keys' K and V rows (U = 4:
+//   8 16-byte loads per lane in flight; fp32 has 2 chunks per row, U = 2) and runs
 //   an online softmax over them, per row (log2 domain):
 //       s_u   = q . k_u                  (partial dot, then xor-shuffles over LANES)
 //       s_u   = -inf where key u is past the row's causal end (or the range)
@@ -60,7 +60,14 @@
 // aligned pointers and strides.
 #include "common.cuh"
 
+// Tuning knobs, overridable with -D (benchmarks/decode_dev.py times variants):
+// threads per CTA, and 16-byte K loads (as many V loads) per lane in flight per step.
+#ifndef DECODE_THREADS
 #define DECODE_THREADS 128
+#endif
+#ifndef DECODE_LOADS
+#define DECODE_LOADS 4
+#endif
 
 namespace decode_detail {
 
@@ -107,7 +114,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_attention(
     constexpr int LANES = HEAD_DIM / DL;          // lanes per key group
     constexpr int GROUPS_PER_WARP = 32 / LANES;
     constexpr int NUM_GROUPS = NUM_WARPS * GROUPS_PER_WARP;
-    constexpr int U = 4 / C;                      // keys per group per step
+    constexpr int U = DECODE_LOADS / C > 0 ? DECODE_LOADS / C : 1;  // keys per group per step
     static_assert(LANES >= 1 && LANES <= 32 && 32 % LANES == 0, "HEAD_DIM in {8 .. 256}, a power of two");
     const float NEG_INF = neg_inf<float>();
 
