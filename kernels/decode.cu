@@ -10,7 +10,7 @@
 //   When seqlen_q * group_size > ROWS the rows come in row blocks, one CTA
 //   each; the row blocks of one key range run side by side and share K/V in L2.
 //   Split-KV: the keys [0, len) of sequence b (len = seqlens_k[b], or seqlen_k)
-//   are cut into num_splits equal ranges, one CTA each, so that
+//   are cut into num_splits equal ranges (whole steps), one CTA each, so that
 //   batch * num_kv_heads CTAs that would not fill the GPU become enough.
 //
 //   Inside a CTA the keys of its range go round-robin to "key groups" of
@@ -25,6 +25,9 @@
 //       m'    = max(m, s_0 .. s_U-1)
 //       o     = o * exp2(m - m') + sum_u exp2(s_u - m') * v_u
 //       l     = l * exp2(m - m') + sum_u exp2(s_u - m')
+//   The loads of the next step are issued before the current step is
+//   computed (a two-deep register pipeline), and steps that every row sees in
+//   full skip the masking.
 //   The groups' (m, l, o) are merged with the same rule, first across the
 //   groups of a warp (xor-shuffles), then across warps in shared memory.
 //   With num_splits == 1 the CTA writes out = o / l and lse = (m + log2 l) ln 2.
@@ -99,6 +102,102 @@ __device__ __forceinline__ void merge_weights(float m, float m_b, float& m_new, 
     wb = exp2f(m_b - m_ref);
 }
 
+// 2^x in one MUFU.EX2 (ex2.approx: 2^-inf = 0, NaN stays NaN; 2 ulp).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// K and V chunks of the U keys j, j + NUM_GROUPS, ... of a key group (zeros past k_end).
+template <typename T, int U, int C, int NUM_GROUPS, int LANES>
+__device__ __forceinline__ void load_step(uint4 (&kr)[U][C], uint4 (&vr)[U][C], const T* k_ptr, const T* v_ptr,
+                                          index_t ks, index_t vs, int j, int k_end) {
+    constexpr int W = 16 / (int)sizeof(T);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int jj = j + u * NUM_GROUPS;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            kr[u][c] = make_uint4(0, 0, 0, 0);
+            vr[u][c] = make_uint4(0, 0, 0, 0);
+            if (jj < k_end) {
+                kr[u][c] = __ldg(reinterpret_cast<const uint4*>(k_ptr + jj * ks + c * LANES * W));
+                vr[u][c] = __ldg(reinterpret_cast<const uint4*>(v_ptr + jj * vs + c * LANES * W));
+            }
+        }
+    }
+}
+
+// One step of a key group over its U keys j, j + NUM_GROUPS, ... (see the top):
+// scores, then the online softmax update of every row. MASK: some key may be
+// past k_end or past a row's causal end.
+template <typename T, int ROWS, int U, int C, int NUM_GROUPS, int LANES, bool MASK>
+__device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4 (&vr)[U][C],
+                                            const float (&qv)[ROWS][8], float (&m)[ROWS], float (&l)[ROWS],
+                                            float (&o)[ROWS][8], int j, int k_end, const int (&n_vis)[ROWS]) {
+    constexpr int W = 16 / (int)sizeof(T), DL = 8;
+    const float NEG_INF = neg_inf<float>();
+    // s_u = q . k_u for every row: partial dots, then a sum over the group's lanes
+    float s[U][ROWS];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        float kf[DL];
+#pragma unroll
+        for (int c = 0; c < C; ++c) unpack<T>(kr[u][c], kf + c * W);
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            float a0 = 0.f, a1 = 0.f;  // two chains so the FMAs overlap
+#pragma unroll
+            for (int d = 0; d < DL; d += 2) {
+                a0 = fmaf(qv[i][d], kf[d], a0);
+                a1 = fmaf(qv[i][d + 1], kf[d + 1], a1);
+            }
+            s[u][i] = a0 + a1;
+        }
+    }
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off /= 2)
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int i = 0; i < ROWS; ++i) s[u][i] += __shfl_xor_sync(0xffffffffu, s[u][i], off);
+
+    float vf[U][DL];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int c = 0; c < C; ++c) unpack<T>(vr[u][c], vf[u] + c * W);
+    // online softmax: o = o * exp2(m - m') + sum_u exp2(s_u - m') * v_u
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        bool vis[U];
+        float m_new = m[i];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            vis[u] = !MASK || (j + u * NUM_GROUPS < k_end && j + u * NUM_GROUPS < n_vis[i]);
+            if (!vis[u]) s[u][i] = NEG_INF;
+            m_new = fmaxf(m_new, s[u][i]);
+        }
+        // while every score so far is -inf, 0 is the reference: no (-inf) - (-inf)
+        const float m_ref = m_new == NEG_INF ? 0.f : m_new;
+        const float alpha = fast_exp2(m[i] - m_ref);
+        l[i] *= alpha;
+#pragma unroll
+        for (int d = 0; d < DL; ++d) o[i][d] *= alpha;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const float pu = fast_exp2(s[u][i] - m_ref);
+            l[i] += pu;
+            if (vis[u]) {  // a key the row doesn't see adds nothing, even a NaN V
+#pragma unroll
+                for (int d = 0; d < DL; ++d) o[i][d] = fmaf(pu, vf[u][d], o[i][d]);
+            }
+        }
+        m[i] = m_new;
+    }
+}
+
 }  // namespace decode_detail
 
 template <typename T, int HEAD_DIM, int ROWS>
@@ -114,8 +213,11 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_attention(
     constexpr int LANES = HEAD_DIM / DL;          // lanes per key group
     constexpr int GROUPS_PER_WARP = 32 / LANES;
     constexpr int NUM_GROUPS = NUM_WARPS * GROUPS_PER_WARP;
-    constexpr int U = DECODE_LOADS / C > 0 ? DECODE_LOADS / C : 1;  // keys per group per step
+    // keys per group per step (ROWS 8 halves it to stay in registers)
+    constexpr int LOADS = ROWS >= 8 ? DECODE_LOADS / 2 : DECODE_LOADS;
+    constexpr int U = LOADS / C > 0 ? LOADS / C : 1;
     static_assert(LANES >= 1 && LANES <= 32 && 32 % LANES == 0, "HEAD_DIM in {8 .. 256}, a power of two");
+    static_assert(DL == 8, "attend_step holds 8 dims per lane");
     const float NEG_INF = neg_inf<float>();
 
     // --- which work: (b, kv_head, row block, split) -------------------------
@@ -136,7 +238,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_attention(
     // rows of this CTA: r = rb * ROWS + i = t * group_size + g
     float qv[ROWS][DL];
     int n_vis[ROWS];  // keys [0, n_vis) visible to the row (0 for idle rows)
-    int n_max = 0;
+    int n_max = 0, n_min = 1 << 30;  // over the live rows
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
         const int r = rb * ROWS + i;
@@ -144,6 +246,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_attention(
         const bool live = r < rows_total && len >= 0;
         n_vis[i] = live ? visible_keys(t, p.seqlen_q, len, p.causal != 0) : 0;
         n_max = max(n_max, n_vis[i]);
+        if (live) n_min = min(n_min, n_vis[i]);
         const T* q_row = q + b * p.q_stride[0] + t * p.q_stride[1]
                        + q_head_of(kv_head, g, group_size) * p.q_stride[2];
 #pragma unroll
@@ -157,9 +260,10 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_attention(
         }
     }
 
-    // this split's keys: [k_begin, k_end), cut from [0, len) in equal parts
-    // and clipped to the last key any row of the CTA sees
-    const int chunk = (max(len, 0) + num_splits - 1) / num_splits;
+    // this split's keys: [k_begin, k_end), cut from [0, len) in equal parts of
+    // whole steps, and clipped to the last key any row of the CTA sees
+    constexpr int STEP = NUM_GROUPS * U;
+    const int chunk = ((max(len, 0) + num_splits - 1) / num_splits + STEP - 1) / STEP * STEP;
     const int k_begin = split * chunk;
     const int k_end = min(min(k_begin + chunk, max(len, 0)), n_max);
 
@@ -172,84 +276,28 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_attention(
         for (int d = 0; d < DL; ++d) o[i][d] = 0.f;
     }
 
-    const T* k_base = k + b * p.k_stride[0] + kv_head * p.k_stride[2] + gl * W;
-    const T* v_base = v + b * p.v_stride[0] + kv_head * p.v_stride[2] + gl * W;
-    for (int j0 = k_begin; j0 < k_end; j0 += NUM_GROUPS * U) {
-        // issue every load of the step before the first use
-        uint4 kr[U][C], vr[U][C];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int j = j0 + u * NUM_GROUPS + group;
-            const bool ok = j < k_end;
-#pragma unroll
-            for (int c = 0; c < C; ++c) {
-                kr[u][c] = make_uint4(0, 0, 0, 0);
-                vr[u][c] = make_uint4(0, 0, 0, 0);
-                if (ok) {
-                    kr[u][c] = __ldg(reinterpret_cast<const uint4*>(k_base + j * p.k_stride[1] + c * LANES * W));
-                    vr[u][c] = __ldg(reinterpret_cast<const uint4*>(v_base + j * p.v_stride[1] + c * LANES * W));
-                }
-            }
-        }
-        // s_u = q . k_u for every row: partial dots, then a sum over the group's lanes
-        float s[U][ROWS];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            float kf[DL];
-#pragma unroll
-            for (int c = 0; c < C; ++c) unpack<T>(kr[u][c], kf + c * W);
-#pragma unroll
-            for (int i = 0; i < ROWS; ++i) {
-                float a0 = 0.f, a1 = 0.f;  // two chains so the FMAs overlap
-#pragma unroll
-                for (int d = 0; d < DL; d += 2) {
-                    a0 = fmaf(qv[i][d], kf[d], a0);
-                    a1 = fmaf(qv[i][d + 1], kf[d + 1], a1);
-                }
-                s[u][i] = a0 + a1;
-            }
-        }
-#pragma unroll
-        for (int off = LANES / 2; off > 0; off /= 2) {
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-#pragma unroll
-                for (int i = 0; i < ROWS; ++i) s[u][i] += __shfl_xor_sync(0xffffffffu, s[u][i], off);
-        }
-        // online softmax: o = o * exp2(m - m') + sum_u exp2(s_u - m') * v_u
-        float vf[U][DL];
+    // keys [k_begin, k_full) come in whole steps that every live row sees: no mask
+    const int k_full = k_begin + max(0, min(k_end, n_min) - k_begin) / STEP * STEP;
+    const T* k_ptr = k + b * p.k_stride[0] + kv_head * p.k_stride[2] + gl * W;
+    const T* v_ptr = v + b * p.v_stride[0] + kv_head * p.v_stride[2] + gl * W;
+    const index_t ks = p.k_stride[1], vs = p.v_stride[1];
+
+    // software pipeline: step j0 + STEP's loads are in flight while step j0 is computed
+    uint4 kr[U][C], vr[U][C], kn[U][C], vn[U][C];
+    load_step<T, U, C, NUM_GROUPS, LANES>(kr, vr, k_ptr, v_ptr, ks, vs, k_begin + group, k_end);
+    for (int j0 = k_begin; j0 < k_end; j0 += STEP) {
+        load_step<T, U, C, NUM_GROUPS, LANES>(kn, vn, k_ptr, v_ptr, ks, vs, j0 + STEP + group, k_end);
+        if (j0 + STEP <= k_full)
+            attend_step<T, ROWS, U, C, NUM_GROUPS, LANES, false>(kr, vr, qv, m, l, o, j0 + group, k_end, n_vis);
+        else
+            attend_step<T, ROWS, U, C, NUM_GROUPS, LANES, true>(kr, vr, qv, m, l, o, j0 + group, k_end, n_vis);
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
-            for (int c = 0; c < C; ++c) unpack<T>(vr[u][c], vf[u] + c * W);
-#pragma unroll
-        for (int i = 0; i < ROWS; ++i) {
-            bool vis[U];
-            float m_new = m[i];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int j = j0 + u * NUM_GROUPS + group;
-                vis[u] = j < k_end && j < n_vis[i];
-                if (!vis[u]) s[u][i] = NEG_INF;
-                m_new = fmaxf(m_new, s[u][i]);
+            for (int c = 0; c < C; ++c) {
+                kr[u][c] = kn[u][c];
+                vr[u][c] = vn[u][c];
             }
-            // while every score so far is -inf, 0 is the reference: no (-inf) - (-inf)
-            const float m_ref = m_new == NEG_INF ? 0.f : m_new;
-            const float alpha = exp2f(m[i] - m_ref);
-            l[i] *= alpha;
-#pragma unroll
-            for (int d = 0; d < DL; ++d) o[i][d] *= alpha;
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const float pu = exp2f(s[u][i] - m_ref);
-                l[i] += pu;
-                if (vis[u]) {  // a key the row doesn't see adds nothing, even a NaN V
-#pragma unroll
-                    for (int d = 0; d < DL; ++d) o[i][d] = fmaf(pu, vf[u][d], o[i][d]);
-                }
-            }
-            m[i] = m_new;
-        }
     }
 
     // merge the key groups of each warp: lanes gl, gl + LANES, ... hold the same dims
