@@ -48,7 +48,7 @@ FLUSH = cupy.empty(256 * 2**20 // 4, dtype=cupy.int32)
 VARIANTS = {  # name -> (extra NVRTC options, threads)
     "base": ((), 128),
     "loads2": (("-DDECODE_LOADS=2",), 128),
-    "loads1": (("-DDECODE_LOADS=1",), 128),
+    "loads4_3cta": (("-DDECODE_MIN_BLOCKS=3",), 128),
     "t256_loads2": (("-DDECODE_THREADS=256", "-DDECODE_LOADS=2"), 256),
 }
 
@@ -99,6 +99,7 @@ def main() -> int:
         q, k, v = inputs(*shape)
         out = cupy.empty_like(q)
         auto = median_ms(lambda: cupy_gqa.attention(q, k, v, out=out))
+        ref = out.astype(cupy.float32)  # checked against float64 by tests/test_gpu_decode.py
         problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=1 / np.sqrt(128))
         spec = _specs.decode_spec("bfloat16", 128, 4)
         slots = _plan._resident_slots(spec.name, 0)
@@ -110,6 +111,11 @@ def main() -> int:
             line = []
             for ns in (1, 2, 3, 4, 6, 8):
                 fn, launch = variant_launch(q, k, v, out, variant, ns)
+                out.fill(float("nan"))
+                fn()
+                err = float(cupy.linalg.norm(out.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
+                if not err < 1e-2:
+                    say(f"  {name} {variant} splits {ns}: WRONG, relative error {err:.2e} against kernel='auto'")
                 ms = median_ms(fn)
                 rows.append(dict(case=name, variant=variant, splits=ns, ms=ms, gbs=kv_gbs(k, ms)))
                 line.append(f"{ns}:{ms:.4f}/{kv_gbs(k, ms):.0f}")

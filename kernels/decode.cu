@@ -64,12 +64,16 @@
 #include "common.cuh"
 
 // Tuning knobs, overridable with -D (benchmarks/decode_dev.py times variants):
-// threads per CTA, and 16-byte K loads (as many V loads) per lane in flight per step.
+// threads per CTA, 16-byte K loads (as many V loads) per lane per step, and
+// the CTAs per SM that __launch_bounds__ asks registers for.
 #ifndef DECODE_THREADS
 #define DECODE_THREADS 128
 #endif
 #ifndef DECODE_LOADS
 #define DECODE_LOADS 4
+#endif
+#ifndef DECODE_MIN_BLOCKS  // __launch_bounds__' CTAs per SM (caps the registers)
+#define DECODE_MIN_BLOCKS 1
 #endif
 
 namespace decode_detail {
@@ -201,7 +205,7 @@ __device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4
 }  // namespace decode_detail
 
 template <typename T, int HEAD_DIM, int ROWS>
-__global__ void __launch_bounds__(DECODE_THREADS) decode_attention(
+__global__ void __launch_bounds__(DECODE_THREADS, DECODE_MIN_BLOCKS) decode_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)
