@@ -49,6 +49,7 @@ VARIANTS = {  # name -> (extra NVRTC options, threads)
     "base": ((), 128),
     "loads2": (("-DDECODE_LOADS=2",), 128),
     "loads4_3cta": (("-DDECODE_MIN_BLOCKS=3",), 128),
+    "eager": (("-DDECODE_RESCALE_THRESHOLD=0.0f",), 128),
     "t256_loads2": (("-DDECODE_THREADS=256", "-DDECODE_LOADS=2"), 256),
 }
 

@@ -26,8 +26,9 @@
 //       o     = o * exp2(m - m') + sum_u exp2(s_u - m') * v_u
 //       l     = l * exp2(m - m') + sum_u exp2(s_u - m')
 //   The loads of the next step are issued before the current step is
-//   computed (a two-deep register pipeline), and steps that every row sees in
-//   full skip the masking.
+//   computed (a two-deep register pipeline), steps that every row sees in
+//   full skip the masking, and o is rescaled only when the running max grows
+//   by more than 2^8 (lazy rescale; m is then the reference, not the max).
 //   The groups' (m, l, o) are merged with the same rule, first across the
 //   groups of a warp (xor-shuffles), then across warps in shared memory.
 //   With num_splits == 1 the CTA writes out = o / l and lse = (m + log2 l) ln 2.
@@ -71,6 +72,9 @@
 #endif
 #ifndef DECODE_LOADS
 #define DECODE_LOADS 4
+#endif
+#ifndef DECODE_RESCALE_THRESHOLD  // see attend_step; 0: rescale whenever the max grows
+#define DECODE_RESCALE_THRESHOLD 8.0f
 #endif
 #ifndef DECODE_MIN_BLOCKS  // __launch_bounds__' CTAs per SM (caps the registers)
 #define DECODE_MIN_BLOCKS 1
@@ -183,12 +187,18 @@ __device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4
             if (!vis[u]) s[u][i] = NEG_INF;
             m_new = fmaxf(m_new, s[u][i]);
         }
-        // while every score so far is -inf, 0 is the reference: no (-inf) - (-inf)
-        const float m_ref = m_new == NEG_INF ? 0.f : m_new;
-        const float alpha = fast_exp2(m[i] - m_ref);
-        l[i] *= alpha;
+        // Lazy rescale: keep the old reference m unless the new max exceeds it
+        // by more than DECODE_RESCALE_THRESHOLD (log2 units), so most steps skip
+        // the exp2 and the o *= alpha; weights stay <= 2^threshold, exact in fp32.
+        if (m_new > m[i] + DECODE_RESCALE_THRESHOLD) {
+            const float alpha = fast_exp2(m[i] - m_new);  // 0 while m = -inf
+            l[i] *= alpha;
 #pragma unroll
-        for (int d = 0; d < DL; ++d) o[i][d] *= alpha;
+            for (int d = 0; d < DL; ++d) o[i][d] *= alpha;
+            m[i] = m_new;
+        }
+        // while every score so far is -inf, 0 is the reference: no (-inf) - (-inf)
+        const float m_ref = m[i] == NEG_INF ? 0.f : m[i];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const float pu = fast_exp2(s[u][i] - m_ref);
@@ -198,7 +208,6 @@ __device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4
                 for (int d = 0; d < DL; ++d) o[i][d] = fmaf(pu, vf[u][d], o[i][d]);
             }
         }
-        m[i] = m_new;
     }
 }
 
