@@ -189,11 +189,132 @@ def launch_tiled(problem: Problem, q, k, v, out, lse, seqlens_k=None) -> None:
     plan_tiled(problem, _layout(q, k, v, out))(q, k, v, out, lse, seqlens_k)
 
 
+def decode_unsupported(problem: Problem, q, k, v, out) -> str | None:
+    """Why kernels/decode.cu cannot run this call, or None if it can."""
+    if problem.dtype not in _specs.DECODE_DTYPES:
+        return f"dtype {problem.dtype} (it takes {', '.join(_specs.DECODE_DTYPES)})"
+    if problem.head_dim not in _specs.DECODE_HEAD_DIMS:
+        return f"head_dim {problem.head_dim} (it takes {', '.join(map(str, _specs.DECODE_HEAD_DIMS))})"
+    if problem.seqlen_q > _specs.DECODE_MAX_SEQLEN_Q:
+        return f"seqlen_q {problem.seqlen_q} (it takes 1 to {_specs.DECODE_MAX_SEQLEN_Q} query tokens)"
+    return _vector_issue(_layout(q, k, v, out), (q, k, v, out))
+
+
+DECODE_MAX_SPLITS = 64  # key ranges per (batch, KV head, row block)
+DECODE_MIN_SPLIT_KEYS = 256  # no key range shorter than this
+
+
+def decode_num_splits(problem: Problem, row_blocks: int, slots: int) -> int:
+    """Key ranges per (batch, KV head, row block): enough CTAs to fill the
+    ``slots`` (SMs x resident CTAs each) in whole waves, and no more.
+
+    Among 1 .. max splits, the fewest whose wave efficiency
+    n / (slots * ceil(n / slots)), n = CTAs, is within 10% of the best."""
+    base = problem.batch * problem.num_kv_heads * row_blocks
+    most = max(1, min(DECODE_MAX_SPLITS, problem.seqlen_k // DECODE_MIN_SPLIT_KEYS))
+    if base >= slots:
+        return 1
+    eff = [n / (slots * math.ceil(n / slots)) for n in (base * s for s in range(1, most + 1))]
+    best = max(eff)
+    return next(s for s, e in enumerate(eff, 1) if e >= 0.9 * best)
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeLaunch:
+    """The split-KV decode kernel and, with num_splits > 1, its combine kernel.
+
+    Workspace (num_splits > 1): one float32 buffer from CuPy's memory pool on
+    the current stream, packed_rows * num_splits * (head_dim + 1) values
+    (packed_rows = batch * num_q_heads * seqlen_q): the partial outputs and
+    their lse. It returns to the pool when the call returns; the pool is
+    stream-ordered, so no synchronisation is needed."""
+
+    spec: _specs.Spec
+    combine: _specs.Spec
+    grid: tuple
+    combine_grid: tuple
+    params: np.ndarray
+    num_splits: int
+    workspace_rows: int  # packed rows: batch * num_q_heads * seqlen_q
+
+    @property
+    def workspace_bytes(self) -> int:
+        if self.num_splits == 1:
+            return 0
+        return 4 * self.workspace_rows * self.num_splits * (self.spec.head_dim + 1)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_params_arg", _by_value(self.params))
+
+    def __call__(self, q, k, v, out, lse, seqlens_k) -> None:
+        kernel = get_kernel(self.spec)
+        threads = (self.spec.threads,)
+        ns = np.int32(self.num_splits)
+        if self.num_splits == 1:
+            kernel(self.grid, threads, (q, k, v, out, lse, seqlens_k, self._params_arg, None, None, ns))
+            return
+        import cupy
+
+        n_o = self.workspace_rows * self.num_splits * self.spec.head_dim
+        work = cupy.empty(n_o + self.workspace_rows * self.num_splits, dtype=cupy.float32)
+        part_o, part_lse = work[:n_o], work[n_o:]
+        kernel(self.grid, threads, (q, k, v, out, lse, seqlens_k, self._params_arg, part_o, part_lse, ns))
+        get_kernel(self.combine)(
+            self.combine_grid, (self.combine.threads,), (out, lse, seqlens_k, self._params_arg, part_o, part_lse, ns)
+        )
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_decode(problem: Problem, layout: tuple, slots: int, num_splits: int | None = None) -> DecodeLaunch:
+    """``slots``: SMs x resident CTAs of the decode kernel per SM. ``num_splits``
+    overrides the choice of decode_num_splits (benchmarks/decode_dev.py)."""
+    rows = problem.seqlen_q * problem.group_size
+    spec = _specs.decode_spec(problem.dtype, problem.head_dim, rows)
+    row_blocks = math.ceil(rows / spec.block_m)
+    if num_splits is None:
+        num_splits = decode_num_splits(problem, row_blocks, slots)
+    blocks = problem.batch * problem.num_kv_heads * row_blocks * num_splits
+    if blocks > MAX_GRID_X:
+        raise ValueError(f"q: too many query rows for one launch ({blocks} blocks > {MAX_GRID_X})")
+    packed_rows = problem.batch * problem.num_q_heads * problem.seqlen_q
+    combine = _specs.DECODE_COMBINE[problem.dtype]
+    combine_blocks = grid_stride_blocks(packed_rows * problem.head_dim // 4, combine.threads)
+    params = make_params(problem, layout)
+    return DecodeLaunch(spec, combine, (blocks,), (combine_blocks,), params, num_splits, packed_rows)
+
+
+@functools.lru_cache(maxsize=64)
+def _resident_slots(spec_name: str, device: int) -> int:
+    """SMs x CTAs of the decode kernel that fit on one SM at a time, on ``device``."""
+    import cupy
+    from cupy.cuda import driver
+
+    spec = next(s for s in _specs.DECODE.values() if s.name == spec_name)
+    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(get_kernel(spec).kernel.ptr, spec.threads, spec.smem)
+    return max(1, per_sm) * cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+
+
+def launch_decode(problem: Problem, q, k, v, out, lse, seqlens_k, num_splits: int | None = None) -> None:
+    reason = decode_unsupported(problem, q, k, v, out)
+    if reason is not None:
+        raise ValueError(f"kernel: 'decode' does not support this call: {reason}; use kernel='auto' or 'rowwise'")
+    spec = _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size)
+    slots = _resident_slots(spec.name, q.device.id)
+    plan_decode(problem, _layout(q, k, v, out), slots, num_splits)(q, k, v, out, lse, seqlens_k)
+
+
 # The GPU kernel families, in the order the public ``kernel=`` lists them.
-LAUNCH = {"rowwise": launch_rowwise, "tiled": launch_tiled}
+LAUNCH = {"rowwise": launch_rowwise, "tiled": launch_tiled, "decode": launch_decode}
+
+# "auto" takes the decode kernel up to this many packed rows (seqlen_q * group_size)
+# per (batch, KV head); beyond, its CUDA-core dot products lose to the tensor cores.
+DECODE_AUTO_MAX_ROWS = 8
 
 
 def choose_kernel(problem: Problem, q, k, v, out) -> str:
-    """The kernel ``kernel="auto"`` runs for this call: the tensor-core kernel
-    whenever it supports the call, else the rowwise kernel, which runs anything."""
+    """The kernel ``kernel="auto"`` runs for this call: the decode kernel for a
+    few query rows per KV head, else the tensor-core kernel whenever it
+    supports the call, else the rowwise kernel, which runs anything."""
+    if problem.seqlen_q * problem.group_size <= DECODE_AUTO_MAX_ROWS and decode_unsupported(problem, q, k, v, out) is None:
+        return "decode"
     return "tiled" if tiled_unsupported(problem, q, k, v, out) is None else "rowwise"

@@ -32,7 +32,7 @@ class Spec:
     head_dim: int  # largest head_dim this instantiation serves
     threads: int  # threads per block
     team: int = 1  # rowwise: threads that share one query row
-    block_m: int = 0  # tiled: packed query rows per CTA
+    block_m: int = 0  # tiled, decode: packed query rows per CTA
     smem: int = 0  # dynamic shared memory per block, bytes
     options: tuple = ()  # extra NVRTC options
 
@@ -171,4 +171,50 @@ def tiled_head_dims(dtype: str) -> tuple:
     return tuple(TILED_F32_TILES) if dtype == "float32" else tuple(TILED_TILES) if dtype in TILED_DTYPES else ()
 
 
-SPECS: tuple[Spec, ...] = (*ROWWISE.values(), *TILED.values(), *TILED_F32.values())
+# --- decode: split-KV, a few query tokens against a long KV cache --------------
+# One CTA takes DECODE_ROWS[i] packed rows (seqlen_q * group_size of them, in
+# row blocks beyond the largest) of one (batch, KV head) and one key range
+# (kernels/decode.cu); a second kernel merges the key ranges. 8 dims of each
+# row per lane keep q and the accumulator in registers (ptxas: no spills).
+DECODE_DTYPES = ("float16", "bfloat16", "float32")
+DECODE_HEAD_DIMS = (64, 128, 256)
+DECODE_ROWS = (1, 2, 4, 8)
+DECODE_THREADS = 128  # kernels/decode.cu: DECODE_THREADS
+DECODE_MAX_SEQLEN_Q = 16
+
+DECODE = {
+    (dtype, head_dim, rows): Spec(
+        family="decode",
+        source="decode.cu",
+        name=f"decode_attention<{CTYPES[dtype]}, {head_dim}, {rows}>",
+        dtype=dtype,
+        head_dim=head_dim,
+        threads=DECODE_THREADS,
+        block_m=rows,
+    )
+    for dtype in DECODE_DTYPES
+    for head_dim in DECODE_HEAD_DIMS
+    for rows in DECODE_ROWS
+}
+DECODE_COMBINE = {
+    dtype: Spec(
+        family="decode",
+        source="decode.cu",
+        name=f"decode_combine<{CTYPES[dtype]}>",
+        dtype=dtype,
+        head_dim=max(DECODE_HEAD_DIMS),
+        threads=128,
+    )
+    for dtype in DECODE_DTYPES
+}
+
+
+def decode_spec(dtype: str, head_dim: int, rows: int) -> Spec:
+    """The decode_attention instantiation for ``rows`` = seqlen_q * group_size packed rows."""
+    fit = next((r for r in DECODE_ROWS if r >= rows), DECODE_ROWS[-1])
+    return DECODE[dtype, head_dim, fit]
+
+
+SPECS: tuple[Spec, ...] = (
+    *ROWWISE.values(), *TILED.values(), *TILED_F32.values(), *DECODE.values(), *DECODE_COMBINE.values()
+)

@@ -16,7 +16,17 @@ _KERNEL_CHOICES = ("auto", *KERNELS)
 
 
 def attention(
-    q, k, v, *, causal=True, softmax_scale=None, return_lse=False, out=None, kernel="auto", precision="highest"
+    q,
+    k,
+    v,
+    *,
+    causal=True,
+    softmax_scale=None,
+    return_lse=False,
+    out=None,
+    kernel="auto",
+    precision="highest",
+    seqlens_k=None,
 ):
     """Causal grouped-query attention: ``softmax(scale * q k^T + mask) v`` per query head.
 
@@ -51,23 +61,45 @@ def attention(
     out : array like q, optional
         Preallocated result (same framework, device, shape and dtype as q; any
         non-negative strides; must not overlap q, k or v).
-    kernel : {"auto", "rowwise", "tiled"}
+    kernel : {"auto", "rowwise", "tiled", "decode"}
         "rowwise" is one thread (or a small team) per query row with an online
         softmax, and runs every call. "tiled" is the tensor-core kernel for
         float16, bfloat16 and float32 (split TF32, see ``precision``) with
         head_dim 32, 64, 96, 128 or 256, a unit-stride
-        head_dim axis, 16-byte aligned rows and softmax_scale > 0; it raises
-        ValueError for anything else. "auto" picks "tiled" when it applies,
-        else "rowwise". NumPy and CPU torch inputs run the NumPy backend and
-        take "auto" only.
+        head_dim axis, 16-byte aligned rows and softmax_scale > 0. "decode" is
+        the split-KV kernel for a few query tokens against a long KV cache:
+        float16, bfloat16 or float32, head_dim 64, 128 or 256, seqlen_q <= 16,
+        a unit-stride head_dim axis and 16-byte aligned rows; with the keys cut
+        into several ranges it takes a float32 workspace of
+        ``batch * num_q_heads * seqlen_q * num_splits * (head_dim + 1)`` values
+        from CuPy's memory pool for the duration of the call. "tiled" and
+        "decode" raise ValueError for a call they don't support. "auto" picks
+        "decode" when seqlen_q * group_size <= 8 and it applies, else "tiled"
+        when it applies, else "rowwise". NumPy and CPU torch inputs run the
+        NumPy backend and take "auto" only.
     precision : {"highest", "tf32"}, default "highest"
         float32 only (no effect on other dtypes). "highest" is fp32-accurate
         (relative error around 1e-7 to 1e-6): the tiled kernel multiplies on
         the TF32 tensor cores with each operand split into two TF32 parts
-        (three products per product), and rowwise is plain fp32. "tf32" lets
-        the tiled kernel use one TF32 product: faster, with a relative error
-        of about 1e-3 (at most 2e-3 in our tests); calls that the tiled kernel
-        doesn't take still run rowwise, in full fp32.
+        (three products per product); rowwise and decode are plain fp32. "tf32"
+        lets the tiled kernel use one TF32 product: faster, with a relative
+        error of about 1e-3 (at most 2e-3 in our tests); calls that the tiled
+        kernel doesn't take still run in full fp32.
+    seqlens_k : (batch,) integer array, optional
+        The valid length of each sequence's KV cache (FlashAttention's
+        ``cache_seqlens``): keys ``j >= seqlens_k[b]`` of batch ``b`` are
+        ignored, and the causal mask is aligned to that length, so query ``t``
+        of batch ``b`` sees keys ``j <= t + seqlens_k[b] - seqlen_q``. A
+        sequence of length 0 gives zeros and lse = -inf. Default: every
+        sequence has all seqlen_k keys.
+        A host array (NumPy, list, tuple, CPU torch tensor; any integer dtype)
+        is checked on the host (0 <= value <= seqlen_k) and copied to the
+        device asynchronously on the call's stream. A CUDA array (CuPy, torch,
+        on q's device) is read in place by the kernels: it must be int32 with
+        shape (batch,) and unit stride, and its values are not checked on the
+        host, since that would wait for the device: every kernel instead gives
+        NaN rows (out and lse) for a batch whose value is out of range, and
+        reads no key of it. Pass a host array to have the values checked.
 
     Returns
     -------
@@ -98,6 +130,7 @@ def attention(
     dtype = _check_shapes_and_dtypes(q, k, v)
     head_dim = q.shape[3]
     softmax_scale = _check_scale(softmax_scale, head_dim)
+    lens = _check_seqlens_k(seqlens_k, frame, q.shape[0], k.shape[1])
     if kernel != "auto" and not frame.on_gpu:
         raise ValueError(f"kernel: {kernel!r} runs on CUDA arrays; CPU inputs use the NumPy backend, kernel='auto'")
 
@@ -114,6 +147,7 @@ def attention(
         if return_lse:
             lse, lseb = _interop.empty((q.shape[0], q.shape[2], q.shape[1]), q, frame, float32=True)
 
+        lensb = _seqlens_k_backend(lens, frame)  # the last check, then the host array's copy
         problem = _plan.Problem.of(
             qb, kb, dtype=dtype, causal=bool(causal), softmax_scale=softmax_scale, precision=precision
         )
@@ -124,10 +158,10 @@ def attention(
             if lseb is not None:
                 lseb.fill(-np.inf)
         elif not frame.on_gpu:
-            attention_cpu(qb, kb, vb, outb, lseb, causal=problem.causal, softmax_scale=softmax_scale)
+            attention_cpu(qb, kb, vb, outb, lseb, causal=problem.causal, softmax_scale=softmax_scale, seqlens_k=lensb)
         else:
             family = _plan.choose_kernel(problem, qb, kb, vb, outb) if kernel == "auto" else kernel
-            _plan.LAUNCH[family](problem, qb, kb, vb, outb, lseb)
+            _plan.LAUNCH[family](problem, qb, kb, vb, outb, lseb, lensb)
     return (out, lse) if return_lse else out
 
 
@@ -160,6 +194,78 @@ def _check_shapes_and_dtypes(q, k, v) -> str:
             f"k: expected num_kv_heads >= 1 dividing num_q_heads={num_q_heads}, got num_kv_heads={num_kv_heads}"
         )
     return dtype
+
+
+_HOST_SEQLENS = "a list, tuple, NumPy array or CPU torch tensor"
+
+
+def _check_seqlens_k(seqlens_k, frame: _interop.Frame, batch: int, seqlen_k: int):
+    """seqlens_k, validated on the host without touching the device.
+
+    Returns None, ("host", int64 NumPy array) with every value checked, or
+    ("device", the CUDA array) with its dtype, shape and device checked."""
+    if seqlens_k is None:
+        return None
+    kind = "list" if isinstance(seqlens_k, (list, tuple)) else _interop._kind(seqlens_k)
+    on_cpu = kind in ("list", "numpy") or (kind == "torch" and seqlens_k.device.type == "cpu")
+    if kind == "unknown":
+        raise TypeError(
+            f"seqlens_k: expected None, {_HOST_SEQLENS}, or a CUDA array of int32, "
+            f"got {type(seqlens_k).__module__}.{type(seqlens_k).__qualname__}"
+        )
+    expected_shape = f"({batch},) (the batch of q)"
+    if not on_cpu:
+        dev = _interop._device_of(seqlens_k, kind)
+        if not frame.on_gpu:
+            raise ValueError(f"seqlens_k: expected {_HOST_SEQLENS} for CPU inputs, got an array on cuda:{dev}")
+        if dev != frame.device:
+            raise ValueError(f"seqlens_k: expected device cuda:{frame.device} (that of q), got cuda:{dev}")
+        if _interop.dtype_name(seqlens_k) != "int32":
+            raise TypeError(
+                f"seqlens_k: expected dtype int32 for a CUDA array (the kernels read it in place), "
+                f"got {_interop.dtype_name(seqlens_k)}"
+            )
+        if tuple(seqlens_k.shape) != (batch,):
+            raise ValueError(f"seqlens_k: expected shape {expected_shape}, got {tuple(seqlens_k.shape)}")
+        return ("device", seqlens_k)
+
+    if kind == "torch":
+        if seqlens_k.is_floating_point() or seqlens_k.is_complex() or _interop.dtype_name(seqlens_k) == "bool":
+            raise TypeError(f"seqlens_k: expected an integer dtype, got {_interop.dtype_name(seqlens_k)}")
+        seqlens_k = seqlens_k.numpy()
+    host = np.asarray(seqlens_k)
+    if kind == "list" and host.size == 0:
+        host = host.astype(np.int64)  # [] is float64 to NumPy
+    if host.dtype.kind not in "iu":
+        raise TypeError(f"seqlens_k: expected an integer dtype, got {host.dtype}")
+    if host.shape != (batch,):
+        raise ValueError(f"seqlens_k: expected shape {expected_shape}, got {host.shape}")
+    bad = np.flatnonzero((host < 0) | (host > seqlen_k))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"seqlens_k: expected values in [0, {seqlen_k}] (0 to seqlen_k), got {host[i]} at batch {i}")
+    return ("host", host.astype(np.int64))
+
+
+def _seqlens_k_backend(lens, frame: _interop.Frame):
+    """The checked seqlens_k as the backend takes it: None, an int64 NumPy
+    array (CPU), or an int32 cupy.ndarray on the current device and stream."""
+    if lens is None:
+        return None
+    where, a = lens
+    if not frame.on_gpu:
+        return a
+    import cupy
+
+    if where == "host":
+        return cupy.asarray(a.astype(np.int32))  # async: CuPy stages it in pinned memory on the current stream
+    if _interop._kind(a) == "torch":
+        a = _interop.to_backend(a, _interop.Frame("torch", frame.device))
+    elif not isinstance(a, cupy.ndarray):
+        a = cupy.from_dlpack(a)
+    if a.size > 1 and a.strides[0] != a.itemsize:
+        raise ValueError(f"seqlens_k: expected a unit-stride CUDA array (it is read in place), got strides {a.strides} bytes")
+    return a
 
 
 def _check_scale(softmax_scale, head_dim: int) -> float:

@@ -16,11 +16,13 @@ Q_BLOCK = 256
 K_BLOCK = 1024
 
 
-def attention_cpu(q, k, v, out, lse, *, causal: bool, softmax_scale: float) -> None:
+def attention_cpu(q, k, v, out, lse, *, causal: bool, softmax_scale: float, seqlens_k=None) -> None:
     """Write attention(q, k, v) into ``out`` and, if given, the log-sum-exp into ``lse``.
 
     q : (batch, seqlen_q, num_q_heads, head_dim); k, v : (batch, seqlen_k, num_kv_heads, head_dim)
     out : like q; lse : float32 (batch, num_q_heads, seqlen_q) or None.
+    seqlens_k : (batch,) integers in [0, seqlen_k], or None: batch b uses keys
+    [0, seqlens_k[b]) only, and its causal mask is aligned to that length.
     Inputs are validated by the caller.
     """
     batch, seqlen_q, num_q_heads, head_dim = q.shape
@@ -28,9 +30,10 @@ def attention_cpu(q, k, v, out, lse, *, causal: bool, softmax_scale: float) -> N
     group_size = num_q_heads // num_kv_heads
     acc = np.float64 if q.dtype == np.float64 else np.float32
     scale = acc(softmax_scale)
-    offset = seqlen_k - seqlen_q  # causal, bottom-right: t sees keys j <= t + offset
 
     for b in range(batch):
+        len_b = seqlen_k if seqlens_k is None else int(seqlens_k[b])  # keys [0, len_b) exist
+        offset = len_b - seqlen_q  # causal, bottom-right: t sees keys j <= t + offset
         for kv_head in range(num_kv_heads):
             heads = slice(kv_head * group_size, (kv_head + 1) * group_size)  # kv_head = q_head // group_size
             for t0 in range(0, seqlen_q, Q_BLOCK):
@@ -38,12 +41,12 @@ def attention_cpu(q, k, v, out, lse, *, causal: bool, softmax_scale: float) -> N
                 # (group_size, rows, head_dim), pre-scaled
                 qb = np.swapaxes(q[b, t0:t1, heads, :], 0, 1).astype(acc) * scale
                 t = np.arange(t0, t1)
-                n_keys = np.clip(t + offset + 1, 0, seqlen_k) if causal else np.full(t1 - t0, seqlen_k)
+                n_keys = np.clip(t + offset + 1, 0, len_b) if causal else np.full(t1 - t0, len_b)
                 m = np.full((group_size, t1 - t0), -np.inf, dtype=acc)
                 l = np.zeros_like(m)
                 o = np.zeros((group_size, t1 - t0, head_dim), dtype=acc)
                 for j0 in range(0, int(n_keys.max(initial=0)), K_BLOCK):
-                    j1 = min(seqlen_k, j0 + K_BLOCK)
+                    j1 = min(len_b, j0 + K_BLOCK)
                     kb = k[b, j0:j1, kv_head, :].astype(acc)
                     vb = v[b, j0:j1, kv_head, :].astype(acc)
                     s = qb @ kb.T  # (group_size, rows, keys)

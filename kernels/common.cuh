@@ -112,10 +112,17 @@ __device__ __forceinline__ int visible_keys(int t, int seqlen_q, int seqlen_k, b
 }
 
 // Valid keys of batch b: seqlens_k[b] when the caller gave per-sequence cache
-// lengths (kernel argument seqlens_k, else nullptr), otherwise seqlen_k.
+// lengths (kernel argument seqlens_k, else nullptr), otherwise seqlen_k; -1
+// when seqlens_k[b] is outside [0, seqlen_k] (possible only for a device array,
+// which the host doesn't read): the kernels then write NaN rows for batch b
+// (out and lse) and read no key, never out of bounds.
 __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k) {
-    return seqlens_k == nullptr ? seqlen_k : seqlens_k[b];
+    if (seqlens_k == nullptr) return seqlen_k;
+    const int len = seqlens_k[b];
+    return (len < 0 || len > seqlen_k) ? -1 : len;
 }
+
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fffffff); }
 
 // ---- asynchronous global -> shared copies (cp.async, sm_80+) ----------------
 __device__ __forceinline__ unsigned smem_addr(const void* p) {

@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
         const int kv_head = (int)(rest % p.num_kv_heads); rest /= p.num_kv_heads;
         const int b = (int)(rest % p.batch);             rest /= p.batch;
         const int t_block = (int)rest;                   // 0: the latest positions
-        const int seqlen_k = seqlen_k_of(seqlens_k, b, p.seqlen_k);
+        const int len = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // -1: bad seqlens_k[b], NaN rows
+        const int seqlen_k = max(len, 0);
 
         // This thread's row, and whether it exists.
         const int g = g_block * hb + r % hb;
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
 
         if (active) {
             // A row with no visible key is all zeros with lse = -inf.
-            const acc inv_l = n_keys == 0 ? (acc)0 : (acc)1 / l;
+            const acc inv_l = len < 0 ? (acc)quiet_nan() : n_keys == 0 ? (acc)0 : (acc)1 / l;
             T* o_row = out + b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2];
 #pragma unroll
             for (int c = 0; c < CHUNKS; ++c) {
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
             if (lse != nullptr && lane == 0) {
                 const acc ln2 = (acc)0.69314718055994530942;
                 lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] =
-                    n_keys == 0 ? neg_inf<float>() : (float)((m + log2_acc(l)) * ln2);
+                    len < 0 ? quiet_nan() : n_keys == 0 ? neg_inf<float>() : (float)((m + log2_acc(l)) * ln2);
             }
         }
     }

@@ -176,7 +176,8 @@ tiled_attention(
     const int b = bh / num_kv_heads;
     const int kvh = bh - b * num_kv_heads;
     const int row0 = m_tile * BLOCK_M;
-    const int seqlen_k = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // this sequence's valid keys
+    const int len = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // this sequence's valid keys, -1: bad, NaN rows
+    const int seqlen_k = max(len, 0);
 
     const T* kbase = k + (long long)b * k_stride_b + (long long)kvh * k_stride_h;
     const T* vbase = v + (long long)b * v_stride_b + (long long)kvh * v_stride_h;
@@ -434,7 +435,7 @@ tiled_attention(
             float l = l_run[mt][hf];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const float inv = len < 0 ? quiet_nan() : l > 0.f ? 1.f / l : 0.f;
             const int r = mt * 16 + (lane >> 2) + hf * 8;
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
@@ -447,7 +448,7 @@ tiled_attention(
                     const int t = pr / group, g = pr - (pr / group) * group;
                     const long long idx = ((long long)b * num_q_heads + q_head_of(kvh, g, group)) * seqlen_q + t;
                     // natural-log LSE: (m + log2 l) * ln 2
-                    lse[idx] = l > 0.f ? (m_run[mt][hf] + log2f(l)) * 0.6931471805599453f : TILED_NEG_INF;
+                    lse[idx] = len < 0 ? quiet_nan() : l > 0.f ? (m_run[mt][hf] + log2f(l)) * 0.6931471805599453f : TILED_NEG_INF;
                 }
             }
         }

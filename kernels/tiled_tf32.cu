@@ -128,7 +128,8 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     }
     const int b = bh / p.num_kv_heads, kvh = bh % p.num_kv_heads;
     const int row0 = m_tile * BLOCK_M;
-    const int seqlen_k = seqlen_k_of(seqlens_k, b, p.seqlen_k);
+    const int len = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // -1: bad seqlens_k[b], NaN rows
+    const int seqlen_k = max(len, 0);
     const float* kbase = k + b * p.k_stride[0] + kvh * p.k_stride[2];
     const float* vbase = v + b * p.v_stride[0] + kvh * p.v_stride[2];
 
@@ -287,7 +288,7 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
         float l = l_run[hf];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float inv = len < 0 ? quiet_nan() : l > 0.f ? 1.f / l : 0.f;
         const int r = g_lane + hf * 8;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
@@ -298,7 +299,7 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
         if (lse != nullptr && c_lane == 0 && pr < packed_rows) {
             const int t = pr / group, g = pr % group;
             lse[((index_t)b * p.num_q_heads + q_head_of(kvh, g, group)) * p.seqlen_q + t] =
-                l > 0.f ? (m_run[hf] + log2f(l)) * 0.6931471805599453f : NEG_INF;
+                len < 0 ? quiet_nan() : l > 0.f ? (m_run[hf] + log2f(l)) * 0.6931471805599453f : NEG_INF;
         }
     }
     __syncwarp();

@@ -7,8 +7,17 @@ code with cupy_gqa.
 import numpy as np
 
 
-def reference_attention(q, k, v, *, causal=True, softmax_scale=None):
-    """(out, lse) in float64 for NumPy inputs q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D)."""
+def reference_attention(q, k, v, *, causal=True, softmax_scale=None, seqlens_k=None):
+    """(out, lse) in float64 for NumPy inputs q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D).
+
+    seqlens_k (B,): sequence b has only the keys [0, seqlens_k[b]), so it is
+    attention over the cache cut to that length (causal mask aligned to it)."""
+    if seqlens_k is not None:
+        parts = [
+            reference_attention(q[b : b + 1], k[b : b + 1, :n], v[b : b + 1, :n], causal=causal, softmax_scale=softmax_scale)
+            for b, n in enumerate(int(n) for n in seqlens_k)
+        ]
+        return np.concatenate([o for o, _ in parts]), np.concatenate([lse for _, lse in parts])
     q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads = k.shape[1], k.shape[2]

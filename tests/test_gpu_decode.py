@@ -1,0 +1,183 @@
+"""The split-KV decode kernel (kernels/decode.cu) and seqlens_k on the GPU, against the float64 reference.
+
+Decode shapes: seqlen_q 1 to 16 against seqlen_k 1 to 20000, group sizes 1,
+4, 8, 16, head dims 64, 128, 256, float16 / bfloat16 / float32, ragged
+seqlens_k (0 and full included), lse. Outputs are NaN-poisoned before each call.
+"""
+import numpy as np
+import pytest
+
+import cupy_gqa
+from conftest import TOLERANCE, assert_close, assert_lse_close, gpu_available, random_qkv, strided_view
+from reference import reference_attention
+
+pytestmark = pytest.mark.gpu
+if gpu_available():
+    import cupy
+
+    from cupy_gqa import _plan
+
+DTYPES = ["bfloat16", "float16", "float32"]
+GROUPS = {"MHA": (8, 8), "GQA4": (8, 2), "GQA8": (16, 2), "GQA16": (16, 1)}
+
+
+def check(q, k, v, *, causal=True, seqlens_k=None, lens_on="host", kernel="decode", num_splits=None, what=""):
+    """One GPU call into NaN-poisoned out / lse, compared with the reference."""
+    dtype = q.dtype.name
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    lens = None if seqlens_k is None else (cupy.asarray(seqlens_k, dtype=cupy.int32) if lens_on == "device" else seqlens_k)
+    if num_splits is None:
+        res, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, return_lse=True, out=out, kernel=kernel, seqlens_k=lens)
+        assert res is out
+    else:  # the decode kernel with a forced number of key ranges
+        problem = _plan.Problem.of(qd, kd, dtype=dtype, causal=causal, softmax_scale=1 / np.sqrt(q.shape[3]))
+        lse = cupy.full((q.shape[0], q.shape[2], q.shape[1]), np.nan, dtype=cupy.float32)
+        lens_d = None if lens is None else cupy.asarray(lens, dtype=cupy.int32)
+        _plan.launch_decode(problem, qd, kd, vd, out, lse, lens_d, num_splits=num_splits)
+    ref, ref_lse = reference_attention(q, k, v, causal=causal, seqlens_k=seqlens_k)
+    assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"{kernel} {dtype} out {what}")
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5, f"{kernel} {dtype} lse {what}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("heads", list(GROUPS))
+@pytest.mark.parametrize("seqlen_q", [1, 2, 5, 16])
+def test_dtype_head_dim_group(dtype, head_dim, heads, seqlen_q):
+    num_q_heads, num_kv_heads = GROUPS[heads]
+    q, k, v = random_qkv(2, seqlen_q, 700, num_q_heads, num_kv_heads, head_dim, dtype, seed=head_dim + seqlen_q)
+    check(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 3, 8, 16])
+@pytest.mark.parametrize("seqlen_k", [1, 2, 15, 16, 17, 255, 1000, 4097, 20000])
+@pytest.mark.parametrize("causal", [True, False])
+def test_lengths(seqlen_q, seqlen_k, causal):
+    """Every seqlen_q against short and long caches, including seqlen_q > seqlen_k
+    (causal rows that see no key: 0 and lse -inf)."""
+    if seqlen_k == 20000 and seqlen_q > 3:
+        pytest.skip("the float64 reference is slow there; 20000 runs with seqlen_q 1 and 3")
+    q, k, v = random_qkv(1, seqlen_q, seqlen_k, 4, 1, 128, "bfloat16", seed=seqlen_q * 7 + seqlen_k)
+    check(q, k, v, causal=causal, what=f"seqlen_q={seqlen_q} seqlen_k={seqlen_k}")
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 64])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_forced_splits(num_splits, dtype):
+    """Split and unsplit paths agree with the reference, ranges shorter than a step included."""
+    q, k, v = random_qkv(3, 4, 3000, 16, 2, 128, dtype, seed=num_splits)
+    check(q, k, v, num_splits=num_splits, seqlens_k=np.array([3000, 1, 1789]), what=f"num_splits={num_splits}")
+
+
+@pytest.mark.parametrize("kernel", ["decode", "tiled", "rowwise", "auto"])
+@pytest.mark.parametrize("lens_on", ["host", "device"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("seqlen_q", [1, 4, 16])
+def test_ragged_seqlens_k(kernel, lens_on, causal, seqlen_q):
+    """Ragged cache lengths, with an empty and a full sequence, in every kernel."""
+    seqlens_k = np.array([0, 2048, 1, 3, 1000, 17])
+    q, k, v = random_qkv(len(seqlens_k), seqlen_q, 2048, 8, 2, 128, "float16", seed=seqlen_q)
+    short = seqlens_k < 1500
+    k[short, 1500:] = np.nan  # keys past a sequence's length never reach a result
+    v[short, 1500:] = np.nan
+    check(q, k, v, causal=causal, seqlens_k=seqlens_k, lens_on=lens_on, kernel=kernel)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("heads", ["MHA", "GQA16"])
+def test_ragged_seqlens_k_many_batches(head_dim, heads):
+    """Enough (batch, KV head) pairs that the grid has a single key range."""
+    num_q_heads, num_kv_heads = GROUPS[heads]
+    rng = np.random.default_rng(head_dim)
+    seqlens_k = rng.integers(0, 600, size=40)
+    seqlens_k[:2] = (0, 600)
+    q, k, v = random_qkv(40, 2, 600, num_q_heads, num_kv_heads, head_dim, "bfloat16", seed=1)
+    check(q, k, v, seqlens_k=seqlens_k)
+
+
+@pytest.mark.parametrize("layout", ["packed", "transposed"])
+def test_strided_layouts(layout):
+    """Slices of a packed tensor and (batch, heads, seq, dim) views run without a copy."""
+    rng = np.random.default_rng(3)
+    q = strided_view(layout, rng, "bfloat16", 2, 3, 8, 128, cupy.asarray)
+    k = strided_view(layout, rng, "bfloat16", 2, 999, 2, 128, cupy.asarray)
+    v = strided_view(layout, rng, "bfloat16", 2, 999, 2, 128, cupy.asarray)
+    out, lse = cupy_gqa.attention(q, k, v, return_lse=True, kernel="decode")
+    ref, ref_lse = reference_attention(*(cupy.asnumpy(x) for x in (q, k, v)))
+    assert_close(cupy.asnumpy(out), ref, TOLERANCE["bfloat16"], layout)
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+
+
+def test_device_seqlens_k_out_of_range_gives_nan_rows():
+    """Device values are not checked on the host; decode marks a bad batch with NaN."""
+    q, k, v = (cupy.asarray(x) for x in random_qkv(3, 2, 100, 8, 2, 64, "bfloat16"))
+    lens = cupy.asarray([100, 101, -1], dtype=cupy.int32)
+    out, lse = cupy_gqa.attention(q, k, v, return_lse=True, kernel="decode", seqlens_k=lens)
+    out, lse = cupy.asnumpy(out).astype(np.float32), cupy.asnumpy(lse)
+    assert np.isfinite(out[0]).all() and np.isfinite(lse[0]).all()
+    assert np.isnan(out[1:]).all() and np.isnan(lse[1:]).all()
+
+
+def test_unsupported_calls_are_refused():
+    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 17, 50, 4, 1, 64, "bfloat16"))
+    with pytest.raises(ValueError, match=r"kernel: 'decode' does not support this call: seqlen_q 17"):
+        cupy_gqa.attention(q, k, v, kernel="decode")
+    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 50, 4, 1, 96, "bfloat16"))
+    with pytest.raises(ValueError, match=r"kernel: 'decode' does not support this call: head_dim 96"):
+        cupy_gqa.attention(q, k, v, kernel="decode")
+    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 50, 4, 1, 64, "float64"))
+    with pytest.raises(ValueError, match=r"kernel: 'decode' does not support this call: dtype float64"):
+        cupy_gqa.attention(q, k, v, kernel="decode")
+
+
+def test_auto_picks_decode_for_decode_shapes():
+    q, k, v = (cupy.asarray(x) for x in random_qkv(2, 1, 64, 32, 8, 128, "bfloat16"))
+    problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=1.0)
+    assert _plan.choose_kernel(problem, q, k, v, cupy.empty_like(q)) == "decode"
+
+
+def test_torch_seqlens_k():
+    torch = pytest.importorskip("torch")
+    q, k, v = random_qkv(3, 2, 300, 8, 2, 128, "float16", seed=5)
+    seqlens_k = np.array([300, 0, 123])
+    tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
+    ref, _ = reference_attention(q, k, v, seqlens_k=seqlens_k)
+    for lens in (torch.tensor(seqlens_k), torch.tensor(seqlens_k, dtype=torch.int32, device="cuda")):
+        with torch.no_grad():
+            out = cupy_gqa.attention(tq, tk, tv, seqlens_k=lens)
+        assert_close(out.float().cpu().numpy(), ref, TOLERANCE["float16"], f"torch seqlens_k on {lens.device}")
+
+
+# --- bad seqlens_k on the GPU (README's bad-input table) ----------------------
+
+
+def _qkv_gpu():
+    return tuple(cupy.asarray(x) for x in random_qkv(2, 1, 100, 4, 1, 64, "bfloat16"))
+
+
+def test_device_seqlens_k_must_be_int32():
+    with pytest.raises(TypeError, match=r"seqlens_k: expected dtype int32 for a CUDA array .*, got int64"):
+        cupy_gqa.attention(*_qkv_gpu(), seqlens_k=cupy.asarray([1, 2], dtype=cupy.int64))
+
+
+def test_device_seqlens_k_wrong_shape():
+    with pytest.raises(ValueError, match=r"seqlens_k: expected shape \(2,\) \(the batch of q\), got \(3,\)"):
+        cupy_gqa.attention(*_qkv_gpu(), seqlens_k=cupy.asarray([1, 2, 3], dtype=cupy.int32))
+
+
+def test_device_seqlens_k_strided():
+    lens = cupy.asarray([1, 0, 2, 0], dtype=cupy.int32)[::2]
+    with pytest.raises(ValueError, match=r"seqlens_k: expected a unit-stride CUDA array .*, got strides \(8,\)"):
+        cupy_gqa.attention(*_qkv_gpu(), seqlens_k=lens)
+
+
+def test_device_seqlens_k_for_cpu_inputs():
+    q, k, v = random_qkv(2, 1, 100, 4, 1, 64, "float32")
+    with pytest.raises(ValueError, match=r"seqlens_k: expected a list, tuple, NumPy array or CPU torch tensor for CPU inputs"):
+        cupy_gqa.attention(q, k, v, seqlens_k=cupy.asarray([1, 2], dtype=cupy.int32))
+
+
+def test_host_seqlens_k_checked_for_gpu_inputs():
+    with pytest.raises(ValueError, match=r"seqlens_k: expected values in \[0, 100\] \(0 to seqlen_k\), got 101 at batch 1"):
+        cupy_gqa.attention(*_qkv_gpu(), seqlens_k=[100, 101])
