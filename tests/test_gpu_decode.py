@@ -109,11 +109,13 @@ def test_strided_layouts(layout):
     assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
 
 
-def test_device_seqlens_k_out_of_range_gives_nan_rows():
-    """Device values are not checked on the host; decode marks a bad batch with NaN."""
-    q, k, v = (cupy.asarray(x) for x in random_qkv(3, 2, 100, 8, 2, 64, "bfloat16"))
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_device_seqlens_k_out_of_range_gives_nan_rows(kernel, dtype):
+    """Device values are not checked on the host; every kernel marks a bad batch with NaN."""
+    q, k, v = (cupy.asarray(x) for x in random_qkv(3, 2, 100, 8, 2, 64, dtype))
     lens = cupy.asarray([100, 101, -1], dtype=cupy.int32)
-    out, lse = cupy_gqa.attention(q, k, v, return_lse=True, kernel="decode", seqlens_k=lens)
+    out, lse = cupy_gqa.attention(q, k, v, return_lse=True, kernel=kernel, seqlens_k=lens)
     out, lse = cupy.asnumpy(out).astype(np.float32), cupy.asnumpy(lse)
     assert np.isfinite(out[0]).all() and np.isfinite(lse[0]).all()
     assert np.isnan(out[1:]).all() and np.isnan(lse[1:]).all()
