@@ -16,7 +16,7 @@ case "$stage" in
   tests)
     python3 -m pytest -q -n 8 -p no:cacheprovider tests "$@" >"$out/gpu_tests.txt" 2>&1
     rc=$?
-    grep -E "passed|failed|error" "$out/gpu_tests.txt" | grep -v Warning | tail -40
+    grep -iE "passed|failed|error" "$out/gpu_tests.txt" | grep -v Warning | tail -40
     exit $rc ;;
   sanitize)
     bash tests/sanitize.sh "$@" >"$out/sanitize.txt" 2>&1
