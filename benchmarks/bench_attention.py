@@ -336,6 +336,17 @@ def cupy_gqa_impls(cupy_gqa, case: Case, q, k, v) -> list:
     return [(f"cupy_gqa[{name}]", make(name)) for name in ("auto", *cupy_gqa.KERNELS)]
 
 
+def auto_kernel(case: Case, q, k, v) -> str:
+    """The kernel family cupy_gqa's kernel="auto" picks for this case (its own dispatch rule)."""
+    import cupy
+
+    from cupy_gqa import _plan
+
+    qb, kb, vb = (cupy.from_dlpack(x) for x in (q, k, v))
+    problem = _plan.Problem.of(qb, kb, dtype=qb.dtype.name, causal=case.causal, softmax_scale=case.head_dim**-0.5)
+    return _plan.choose_kernel(problem, qb, kb, vb, qb)
+
+
 def _torch_mask_kwargs(torch, case: Case, device) -> dict:
     """torch's is_causal is aligned top-left; translate our bottom-right causal."""
     if not case.causal or case.seqlen_q == 1:  # a single query sees the whole cache
@@ -579,6 +590,8 @@ def run_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row],
             log(f"  {case.name:4} {name}: {'skipped' if expected else 'FAILED'} ({_short(e)})")
             torch.cuda.empty_cache()
             continue
+        if name == "cupy_gqa[auto]":
+            row.note = (row.note + "; " if row.note else "") + f"auto runs {auto_kernel(case, q, k, v)}"
         rows.append(row)
         log("  " + _progress(row))
     del q, k, v, ref
