@@ -1,0 +1,60 @@
+"""The README's results table, from a results file of bench_attention.py.
+
+    python benchmarks/readme_table.py [benchmarks/results/h200.json] [--write README.md]
+
+Prints the markdown table; with --write, replaces the table between the
+README's `<!-- results:begin -->` and `<!-- results:end -->` markers. Every
+number comes from the results file (one run, one GPU); nothing is typed in.
+"""
+import argparse
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ANCHORS = ("torch_flash", "torch_cudnn", "torch_efficient_expanded")
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def table(results: dict) -> str:
+    rows = [r for r in results["rows"] if r["impl"] == "cupy_gqa[auto]"]
+    lines = [
+        f"{results['gpu']}, {results['date'][:10]}, commit {results['git_commit'][:7]}, "
+        f"torch {results['torch']}, CuPy {results['cupy']}, driver {results['driver']}.",
+        "",
+        "| case | cupy_gqa auto | kernel | rel. error | " + " | ".join(f"vs {a}" for a in ANCHORS) + " |",
+        "|---|---|---|---|" + "---|" * len(ANCHORS),
+    ]
+    for r in rows:
+        kernel = re.search(r"auto runs (\w+)", r.get("note", ""))
+        kernel = kernel.group(1) if kernel else "?"
+        if r.get("peak_extra_mib") is not None:
+            what = f"{r['peak_extra_mib']:.1f} MiB beyond inputs and outputs"
+        elif r["case"].startswith("D"):
+            what = f"{r['ms']:.4f} ms, {r['gbps']:.0f} GB/s"
+        else:
+            what = f"{r['ms']:.4f} ms, {r['tflops']:.1f} TFLOP/s"
+        ratios = []
+        for a in ANCHORS:
+            x = r.get(f"vs_{a}")
+            ratios.append("—" if x is None else f"**{x:.2f}**" if x <= 1.0 else f"{x:.2f}")
+        lines.append(f"| {r['case']} | {what} | {kernel} | {r['rel_err']:.1e} | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="?", default=str(ROOT / "benchmarks/results/h200.json"))
+    parser.add_argument("--write", metavar="README", help="replace the table between the markers in this file")
+    args = parser.parse_args()
+    text = table(json.loads(Path(args.results).read_text()))
+    if args.write:
+        path = Path(args.write)
+        readme = path.read_text()
+        start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
+        path.write_text(readme[:start] + "\n" + text + "\n" + readme[end:])
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
