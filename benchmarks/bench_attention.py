@@ -775,7 +775,8 @@ def environment(torch, cupy, cupy_gqa) -> dict:
         "gpu": torch.cuda.get_device_name(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
-        "git_commit": run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"]),
+        # CUPY_GQA_COMMIT: the commit of a copied working tree whose .git is stale or absent
+        "git_commit": os.environ.get("CUPY_GQA_COMMIT") or run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"]),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,

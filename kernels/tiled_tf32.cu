@@ -193,27 +193,44 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
         const float* sKs = sK + stage * BLOCK_N * ROW;
         const float* sVs = sV + stage * BLOCK_N * ROW;
 
-        // ---- S = Q K^T ----------------------------------------------------------
+        // ---- S = Q K^T --------------------------------------------------------------
+        // The tensor cores add into the accumulator with truncation, so a long
+        // chain of mma into one register drifts (one-sided). Each group of KG
+        // k-steps goes into a fresh accumulator, and the groups are summed in
+        // IEEE fp32.
+        constexpr int KG = 4;
         float s[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
 #pragma unroll
-        for (int kd = 0; kd < KD; ++kd) {
-            unsigned qa[4], qb[4], qs[4];
-            ldmatrix_x4(qa, sQ_lane + kd * 8 * 4);
+        for (int kg = 0; kg < KD; kg += KG) {
+            float part[NT][4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) split<SPLIT>(__uint_as_float(qa[e]), qb[e], qs[e]);
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                unsigned kr[4], kb[4], ks[4];
-                ldmatrix_x4(kr, smem_addr(sKs + k_off + np * 16 * ROW + kd * 8));
+                for (int e = 0; e < 4; ++e) part[nt][e] = 0.f;
 #pragma unroll
-                for (int e = 0; e < 4; ++e) split<SPLIT>(__uint_as_float(kr[e]), kb[e], ks[e]);
-                mma_f32<SPLIT>(s[2 * np], qb, qs, kb[0], kb[1], ks[0], ks[1]);
-                mma_f32<SPLIT>(s[2 * np + 1], qb, qs, kb[2], kb[3], ks[2], ks[3]);
+            for (int kd = kg; kd < kg + KG && kd < KD; ++kd) {
+                unsigned qa[4], qb[4], qs[4];
+                ldmatrix_x4(qa, sQ_lane + kd * 8 * 4);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) split<SPLIT>(__uint_as_float(qa[e]), qb[e], qs[e]);
+#pragma unroll
+                for (int np = 0; np < NT / 2; ++np) {
+                    unsigned kr[4], kb[4], ks[4];
+                    ldmatrix_x4(kr, smem_addr(sKs + k_off + np * 16 * ROW + kd * 8));
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) split<SPLIT>(__uint_as_float(kr[e]), kb[e], ks[e]);
+                    mma_f32<SPLIT>(part[2 * np], qb, qs, kb[0], kb[1], ks[0], ks[1]);
+                    mma_f32<SPLIT>(part[2 * np + 1], qb, qs, kb[2], kb[3], ks[2], ks[3]);
+                }
             }
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] += part[nt][e];
         }
 
         // ---- mask (only tiles crossing the diagonal or the end of the keys) -------
@@ -261,21 +278,29 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
         }
 
         // ---- O += P V: key 2c is k = c, key 2c+1 is k = c+4 ----------------------
+        // (each n8 tile of O gets this K/V tile's product in a fresh accumulator,
+        // added in IEEE fp32: no truncation drift over long rows)
+        unsigned pb[NT][4], ps[NT][4];
 #pragma unroll
         for (int kk = 0; kk < NT; ++kk) {
-            unsigned pb[4], ps[4];
-            split<SPLIT>(s[kk][0], pb[0], ps[0]);
-            split<SPLIT>(s[kk][2], pb[1], ps[1]);
-            split<SPLIT>(s[kk][1], pb[2], ps[2]);
-            split<SPLIT>(s[kk][3], pb[3], ps[3]);
-            const float* v0 = sVs + (kk * 8 + 2 * c_lane) * ROW + g_lane;
+            split<SPLIT>(s[kk][0], pb[kk][0], ps[kk][0]);
+            split<SPLIT>(s[kk][2], pb[kk][1], ps[kk][1]);
+            split<SPLIT>(s[kk][1], pb[kk][2], ps[kk][2]);
+            split<SPLIT>(s[kk][3], pb[kk][3], ps[kk][3]);
+        }
+        const float* v_lane = sVs + 2 * c_lane * ROW + g_lane;
 #pragma unroll
-            for (int dt = 0; dt < DT; ++dt) {
+        for (int dt = 0; dt < DT; ++dt) {
+            float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int kk = 0; kk < NT; ++kk) {
                 unsigned vb0, vs0, vb1, vs1;
-                split<SPLIT>(v0[dt * 8], vb0, vs0);
-                split<SPLIT>(v0[ROW + dt * 8], vb1, vs1);
-                mma_f32<SPLIT>(o_acc[dt], pb, ps, vb0, vb1, vs0, vs1);
+                split<SPLIT>(v_lane[kk * 8 * ROW + dt * 8], vb0, vs0);
+                split<SPLIT>(v_lane[(kk * 8 + 1) * ROW + dt * 8], vb1, vs1);
+                mma_f32<SPLIT>(part, pb[kk], ps[kk], vb0, vb1, vs0, vs1);
             }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[dt][e] += part[e];
         }
     }
     cp_async_wait<0>();  // nothing left in flight (also when num_n == 0)

@@ -21,10 +21,21 @@ LENGTHS = [(1, 1), (113, 203), (1023, 1024), (64, 1), (7, 1000), (257, 57)]
 
 # What each kernel family promises to run; anything else it must refuse.
 # (Written out here, independently of cupy_gqa's own dispatch.)
-def expected_to_run(kernel, dtype, head_dim, unit_stride=True, softmax_scale=None):
+def expected_to_run(kernel, dtype, head_dim, unit_stride=True, softmax_scale=None, seqlen_q=1):
     if kernel == "tiled":
         positive = softmax_scale is None or softmax_scale > 0
         return dtype in ("float16", "bfloat16", "float32") and head_dim in (32, 64, 96, 128, 256) and unit_stride and positive
+    if kernel == "decode":
+        return dtype in ("float16", "bfloat16", "float32") and head_dim in (64, 128, 256) and unit_stride and seqlen_q <= 16
+    return True
+
+
+def refused(kernel, q, k, v, **kw):
+    """True (after checking the ValueError) when ``kernel`` must refuse this call."""
+    if expected_to_run(kernel, q.dtype.name, q.shape[3], softmax_scale=kw.get("softmax_scale"), seqlen_q=q.shape[1]):
+        return False
+    with pytest.raises(ValueError, match=rf"kernel: '{kernel}' does not support this call"):
+        cupy_gqa.attention(q, k, v, kernel=kernel, **kw)
     return True
 
 
@@ -33,9 +44,7 @@ def run_case(kernel, q, k, v, *, causal=True, check_lse=True, **kw):
     dtype = q.dtype.name
     qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
     out = cupy.full(q.shape, np.nan, dtype=q.dtype)
-    if not expected_to_run(kernel, dtype, q.shape[3], softmax_scale=kw.get("softmax_scale")):
-        with pytest.raises(ValueError, match=rf"kernel: '{kernel}' does not support this call"):
-            cupy_gqa.attention(qd, kd, vd, causal=causal, out=out, kernel=kernel, **kw)
+    if refused(kernel, qd, kd, vd, causal=causal, out=out, **kw):
         return
     res, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, return_lse=True, out=out, kernel=kernel, **kw)
     assert res is out
@@ -92,7 +101,7 @@ def test_strided_layouts(kernel, dtype, layout):
         )
     host = [cupy.asnumpy(x) for x in views]
     out = cupy.full(views[0].shape, np.nan, dtype=views[0].dtype)
-    if not expected_to_run(kernel, dtype, head_dim, unit_stride=layout != "strided_head_dim"):
+    if not expected_to_run(kernel, dtype, head_dim, unit_stride=layout != "strided_head_dim", seqlen_q=77):
         with pytest.raises(ValueError, match=rf"kernel: '{kernel}' does not support this call"):
             cupy_gqa.attention(*views, out=out, kernel=kernel)
         return
@@ -101,7 +110,7 @@ def test_strided_layouts(kernel, dtype, layout):
     # a strided out works too: write into every other slot of a wider buffer
     # a strided out: every other slot of a wider buffer (the auto kernel if this one needs unit stride)
     wide = cupy.full(views[0].shape[:3] + (2 * head_dim,), np.nan, dtype=views[0].dtype)
-    out_kernel = kernel if expected_to_run(kernel, dtype, head_dim, unit_stride=False) else "auto"
+    out_kernel = kernel if expected_to_run(kernel, dtype, head_dim, unit_stride=False, seqlen_q=77) else "auto"
     cupy_gqa.attention(*views, out=wide[..., 1::2], kernel=out_kernel)
     assert_close(cupy.asnumpy(wide[..., 1::2]), reference_attention(*host)[0], TOLERANCE[dtype], "strided out")
     assert bool(cupy.isnan(wide[..., ::2]).all())  # and nothing else
@@ -136,13 +145,11 @@ def test_float32_precision(kernel, precision, head_dim, inputs):
         base = k[:, rng.integers(0, 3, size=300)]
         k = (base + rng.standard_normal(base.shape) * 1e-6).astype(np.float32) * np.float32(3.0)
     out = cupy.full(q.shape, np.nan, dtype=np.float32)
-    if kernel == "tiled" and head_dim == 80:
-        with pytest.raises(ValueError, match="kernel: 'tiled' does not support this call: head_dim 80"):
-            cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), out=out, kernel=kernel, precision=precision)
+    if kernel != "auto" and refused(kernel, *(cupy.asarray(x) for x in (q, k, v)), out=out, precision=precision):
         return
     cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), out=out, kernel=kernel, precision=precision)
     ref = reference_attention(q, k, v)[0]
-    uses_tf32 = precision == "tf32" and kernel != "rowwise" and head_dim != 80
+    uses_tf32 = precision == "tf32" and kernel in ("auto", "tiled") and head_dim != 80
     assert_close(cupy.asnumpy(out), ref, TF32_TOLERANCE if uses_tf32 else 2e-6, f"{kernel} {precision} {inputs}")
     if uses_tf32:
         assert relative_error(cupy.asnumpy(out), ref) > 2e-6, "precision='tf32' should use one TF32 product"
@@ -160,6 +167,8 @@ def test_error_not_worse_than_torch(kernel, dtype, head_dim, causal):
     tq, tk, tv = (torch.from_numpy(x.astype(np.float32)).cuda().to(getattr(torch, dtype)).transpose(1, 2) for x in (q, k, v))
     theirs = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=True)
     torch_err = relative_error(theirs.transpose(1, 2).double().cpu().numpy(), ref)
+    if refused(kernel, *(cupy.asarray(x) for x in (q, k, v)), causal=causal):
+        return
     ours = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), causal=causal, kernel=kernel)
     err = relative_error(cupy.asnumpy(ours), ref)
     assert err <= 1.05 * torch_err, f"{kernel} {dtype}: error {err:.3e} > torch's {torch_err:.3e}"
@@ -168,6 +177,8 @@ def test_error_not_worse_than_torch(kernel, dtype, head_dim, causal):
 @pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
 def test_fully_masked_rows(kernel):
     q, k, v = random_qkv(2, 40, 9, 4, 1, 64, "float16")  # the first 31 rows see no key
+    if refused(kernel, *(cupy.asarray(x) for x in (q, k, v))):
+        return
     out, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), return_lse=True, kernel=kernel)
     out, lse = cupy.asnumpy(out), cupy.asnumpy(lse)
     assert np.all(out[:, :31] == 0) and np.all(np.isneginf(lse[:, :, :31]))
@@ -198,6 +209,8 @@ def test_more_than_2_31_elements(kernel, dtype):
     k, v = (cupy.asarray(rng.standard_normal((batch, 16, 2, head_dim)).astype(dtype)) for _ in range(2))
     assert q.size > 2**31
     out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    if refused(kernel, q, k, v, causal=False, out=out):
+        return
     cupy_gqa.attention(q, k, v, causal=False, out=out, kernel=kernel)
     rows = [0, 1, seqlen_q // 2, seqlen_q - 2, seqlen_q - 1]
     for b in range(batch):
@@ -228,6 +241,8 @@ def test_non_finite_values_in_unseen_keys(kernel, dtype, bad):
     n = 100
     q, k, v = random_qkv(1, n, n, 8, 2, 64, dtype, seed=5)
     k[:, n - 1], v[:, n - 1] = bad, bad
+    if refused(kernel, *(cupy.asarray(x) for x in (q, k, v))):
+        return
     out = cupy.asnumpy(cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), kernel=kernel))
     ref = reference_attention(q[:, : n - 1], k[:, : n - 1], v[:, : n - 1])[0]
     clean = n - 1 if kernel == "rowwise" else 64

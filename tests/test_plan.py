@@ -113,7 +113,7 @@ def test_float32_tiled_plan_follows_precision(precision, split):
     layout = ((2, 64, 8, 128), (64 * 8 * 128 * 4, 8 * 128 * 4, 128 * 4, 4), 4)
     problem = _plan.Problem(2, 64, 64, 8, 2, 128, "float32", True, 0.1, precision)
     launch = _plan.plan_tiled(problem, (layout,) * 4)
-    assert launch.spec.name == f"tiled_tf32_attention<128, 64, 32, 4, true, {split}>"
+    assert launch.spec.name == f"tiled_tf32_attention<128, 64, 16, 4, true, {split}>"
     assert launch.grid == (-(-64 * 4 // 64) * 2 * 2,)  # packed rows 64 x group 4, 64 per CTA; x batch x kv heads
 
 
