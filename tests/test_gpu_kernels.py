@@ -21,10 +21,12 @@ LENGTHS = [(1, 1), (113, 203), (1023, 1024), (64, 1), (7, 1000), (257, 57)]
 
 # What each kernel family promises to run; anything else it must refuse.
 # (Written out here, independently of cupy_gqa's own dispatch.)
-def expected_to_run(kernel, dtype, head_dim, unit_stride=True, softmax_scale=None):
+def expected_to_run(kernel, dtype, head_dim, unit_stride=True, softmax_scale=None, seqlen_q=1):
     if kernel == "tiled":
         positive = softmax_scale is None or softmax_scale > 0
         return dtype in ("float16", "bfloat16") and head_dim in (32, 64, 96, 128, 256) and unit_stride and positive
+    if kernel == "decode":
+        return dtype in ("float16", "bfloat16", "float32") and head_dim in (64, 128, 256) and unit_stride and seqlen_q <= 16
     return True
 
 
@@ -33,7 +35,7 @@ def run_case(kernel, q, k, v, *, causal=True, check_lse=True, **kw):
     dtype = q.dtype.name
     qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
     out = cupy.full(q.shape, np.nan, dtype=q.dtype)
-    if not expected_to_run(kernel, dtype, q.shape[3], softmax_scale=kw.get("softmax_scale")):
+    if not expected_to_run(kernel, dtype, q.shape[3], softmax_scale=kw.get("softmax_scale"), seqlen_q=q.shape[1]):
         with pytest.raises(ValueError, match=rf"kernel: '{kernel}' does not support this call"):
             cupy_gqa.attention(qd, kd, vd, causal=causal, out=out, kernel=kernel, **kw)
         return
@@ -92,7 +94,7 @@ def test_strided_layouts(kernel, dtype, layout):
         )
     host = [cupy.asnumpy(x) for x in views]
     out = cupy.full(views[0].shape, np.nan, dtype=views[0].dtype)
-    if not expected_to_run(kernel, dtype, head_dim, unit_stride=layout != "strided_head_dim"):
+    if not expected_to_run(kernel, dtype, head_dim, unit_stride=layout != "strided_head_dim", seqlen_q=77):
         with pytest.raises(ValueError, match=rf"kernel: '{kernel}' does not support this call"):
             cupy_gqa.attention(*views, out=out, kernel=kernel)
         return
@@ -101,7 +103,7 @@ def test_strided_layouts(kernel, dtype, layout):
     # a strided out works too: write into every other slot of a wider buffer
     # a strided out: every other slot of a wider buffer (the auto kernel if this one needs unit stride)
     wide = cupy.full(views[0].shape[:3] + (2 * head_dim,), np.nan, dtype=views[0].dtype)
-    out_kernel = kernel if expected_to_run(kernel, dtype, head_dim, unit_stride=False) else "auto"
+    out_kernel = kernel if expected_to_run(kernel, dtype, head_dim, unit_stride=False, seqlen_q=77) else "auto"
     cupy_gqa.attention(*views, out=wide[..., 1::2], kernel=out_kernel)
     assert_close(cupy.asnumpy(wide[..., 1::2]), reference_attention(*host)[0], TOLERANCE[dtype], "strided out")
     assert bool(cupy.isnan(wide[..., ::2]).all())  # and nothing else
@@ -127,6 +129,8 @@ def test_large_scores_and_custom_scale(kernel, dtype):
 def test_error_not_worse_than_torch(kernel, dtype, head_dim, causal):
     """In fp16 / bf16 our error is at most torch's own on the same inputs (plus 5% noise)."""
     torch = pytest.importorskip("torch")
+    if not expected_to_run(kernel, dtype, head_dim, seqlen_q=1000):
+        pytest.skip(f"{kernel} does not run seqlen_q 1000 (tests/test_gpu_decode.py covers it)")
     q, k, v = random_qkv(2, 1000, 1000, 8, 2, head_dim, dtype, seed=11)
     ref = reference_attention(q, k, v, causal=causal)[0]
     tq, tk, tv = (torch.from_numpy(x.astype(np.float32)).cuda().to(getattr(torch, dtype)).transpose(1, 2) for x in (q, k, v))
@@ -140,6 +144,13 @@ def test_error_not_worse_than_torch(kernel, dtype, head_dim, causal):
 @pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
 def test_fully_masked_rows(kernel):
     q, k, v = random_qkv(2, 40, 9, 4, 1, 64, "float16")  # the first 31 rows see no key
+    if kernel == "decode":  # at most 16 query tokens: the first 7 of 16 see no key
+        q, k, v = random_qkv(2, 16, 9, 4, 1, 64, "float16")
+        out, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), return_lse=True, kernel=kernel)
+        out, lse = cupy.asnumpy(out), cupy.asnumpy(lse)
+        assert np.all(out[:, :7] == 0) and np.all(np.isneginf(lse[:, :, :7]))
+        assert np.all(np.isfinite(out)) and np.all(np.isfinite(lse[:, :, 7:]))
+        return
     out, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), return_lse=True, kernel=kernel)
     out, lse = cupy.asnumpy(out), cupy.asnumpy(lse)
     assert np.all(out[:, :31] == 0) and np.all(np.isneginf(lse[:, :, :31]))
@@ -164,6 +175,8 @@ def test_empty_launches_nothing():
 def test_more_than_2_31_elements(kernel):
     """q and out of 2**31 + 2048 elements (fp16, 4.3 GB each): 64-bit offsets."""
     batch, seqlen_q, num_q_heads, head_dim = 2, 2**20 + 1, 8, 128
+    if kernel == "decode":  # at most 16 query tokens: 2**31 elements of K and V instead
+        return _decode_more_than_2_31_elements()
     rng = np.random.default_rng(3)
     q = cupy.random.standard_normal((batch, seqlen_q, num_q_heads, head_dim), dtype=cupy.float32).astype(cupy.float16)
     k, v = (cupy.asarray(rng.standard_normal((batch, 16, 2, head_dim)).astype(np.float16)) for _ in range(2))
@@ -213,3 +226,24 @@ def test_m1_peak_memory_beyond_inputs_and_outputs():
             cupy.asnumpy(q[:, t : t + 1, :4]), cupy.asnumpy(k[:, : t + 1, :1]), cupy.asnumpy(v[:, : t + 1, :1]), causal=True
         )[0]
         assert_close(cupy.asnumpy(out[:, t : t + 1, :4]), ref, TOLERANCE["float32"], f"row {t}")
+
+
+def _decode_more_than_2_31_elements():
+    """k and v of 2**31 + 2**17 elements each (fp16, 4.3 GB each), 3 query tokens: 64-bit offsets."""
+    batch, seqlen_k, num_kv_heads, head_dim = 2, 2**20 + 64, 8, 128
+    k = cupy.random.standard_normal((batch, seqlen_k, num_kv_heads, head_dim), dtype=cupy.float32).astype(cupy.float16)
+    v = cupy.random.standard_normal((batch, seqlen_k, num_kv_heads, head_dim), dtype=cupy.float32).astype(cupy.float16)
+    assert k.size > 2**31
+    q = cupy.random.standard_normal((batch, 3, 2 * num_kv_heads, head_dim), dtype=cupy.float32).astype(cupy.float16)
+    seqlens_k = np.array([seqlen_k, seqlen_k - 5])
+    out = cupy_gqa.attention(q, k, v, kernel="decode", seqlens_k=seqlens_k)
+    for b in range(batch):  # the two query heads of the last KV head
+        heads = slice(2 * num_kv_heads - 2, 2 * num_kv_heads)
+        ref = reference_attention(
+            cupy.asnumpy(q[b : b + 1, :, heads]),
+            cupy.asnumpy(k[b : b + 1, : seqlens_k[b], -1:]),
+            cupy.asnumpy(v[b : b + 1, : seqlens_k[b], -1:]),
+        )[0]
+        assert_close(cupy.asnumpy(out[b : b + 1, :, heads]), ref, TOLERANCE["float16"], f"batch {b}")
+    del k, v
+    cupy.get_default_memory_pool().free_all_blocks()
