@@ -281,7 +281,7 @@ LAUNCH = {"rowwise": launch_rowwise, "tiled": launch_tiled, "decode": launch_dec
 
 # "auto" takes the decode kernel up to this many packed rows (seqlen_q * group_size)
 # per (batch, KV head); beyond, its CUDA-core dot products lose to the tensor cores.
-DECODE_AUTO_MAX_ROWS = 8
+DECODE_AUTO_MAX_ROWS = 4  # H200: decode wins at 1, 2, 4 rows, tiled from 8 (benchmarks/NOTES_decode.md)
 
 
 def choose_kernel(problem: Problem, q, k, v, out) -> str:
