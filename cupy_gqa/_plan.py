@@ -209,11 +209,12 @@ def decode_num_splits(problem: Problem, row_blocks: int, slots: int) -> int:
     ``slots`` (SMs x resident CTAs each) in whole waves, and no more.
 
     Among 1 .. max splits, the fewest whose wave efficiency
-    n / (slots * ceil(n / slots)), n = CTAs, is within 10% of the best."""
+    n / (slots * ceil(n / slots)), n = CTAs, is within 10% of the best. The
+    CTAs of a call all take about as long, so a partial last wave costs a
+    whole one (H200, benchmarks/NOTES_decode.md: D1 with 396 slots runs 0.18 ms
+    at 3 splits, 384 CTAs, and 0.23 ms at 4, 512 CTAs)."""
     base = problem.batch * problem.num_kv_heads * row_blocks
     most = max(1, min(DECODE_MAX_SPLITS, problem.seqlen_k // DECODE_MIN_SPLIT_KEYS))
-    if base >= slots:
-        return 1
     eff = [n / (slots * math.ceil(n / slots)) for n in (base * s for s in range(1, most + 1))]
     best = max(eff)
     return next(s for s, e in enumerate(eff, 1) if e >= 0.9 * best)
@@ -308,7 +309,7 @@ LAUNCH = {"rowwise": launch_rowwise, "tiled": launch_tiled, "decode": launch_dec
 
 # "auto" takes the decode kernel up to this many packed rows (seqlen_q * group_size)
 # per (batch, KV head); beyond, its CUDA-core dot products lose to the tensor cores.
-DECODE_AUTO_MAX_ROWS = 8
+DECODE_AUTO_MAX_ROWS = 4  # H200: decode wins at 1, 2, 4 rows, tiled from 8 (benchmarks/NOTES_decode.md)
 
 
 def choose_kernel(problem: Problem, q, k, v, out) -> str:

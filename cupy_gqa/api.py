@@ -74,7 +74,7 @@ def attention(
         ``batch * num_q_heads * seqlen_q * num_splits * (head_dim + 1)`` values
         from CuPy's memory pool for the duration of the call. "tiled" and
         "decode" raise ValueError for a call they don't support. "auto" picks
-        "decode" when seqlen_q * group_size <= 8 and it applies, else "tiled"
+        "decode" when seqlen_q * group_size <= 4 and it applies, else "tiled"
         when it applies, else "rowwise". NumPy and CPU torch inputs run the
         NumPy backend and take "auto" only.
     precision : {"highest", "tf32"}, default "highest"

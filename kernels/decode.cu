@@ -76,8 +76,8 @@
 #ifndef DECODE_RESCALE_THRESHOLD  // see attend_step; 0: rescale whenever the max grows
 #define DECODE_RESCALE_THRESHOLD 8.0f
 #endif
-#ifndef DECODE_MIN_BLOCKS  // __launch_bounds__' CTAs per SM (caps the registers)
-#define DECODE_MIN_BLOCKS 1
+#ifndef DECODE_MIN_BLOCKS  // __launch_bounds__' CTAs per SM for ROWS <= 4 (caps the registers)
+#define DECODE_MIN_BLOCKS 3
 #endif
 
 namespace decode_detail {
@@ -207,7 +207,7 @@ __device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4
 }  // namespace decode_detail
 
 template <typename T, int HEAD_DIM, int ROWS>
-__global__ void __launch_bounds__(DECODE_THREADS, DECODE_MIN_BLOCKS) decode_attention(
+__global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS : 1) decode_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)

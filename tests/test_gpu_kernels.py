@@ -162,6 +162,8 @@ def test_float32_precision(kernel, precision, head_dim, inputs):
 def test_error_not_worse_than_torch(kernel, dtype, head_dim, causal):
     """In fp16 / bf16 our error is at most torch's own on the same inputs (plus 5% noise)."""
     torch = pytest.importorskip("torch")
+    if not expected_to_run(kernel, dtype, head_dim, seqlen_q=1000):
+        pytest.skip(f"{kernel} does not run seqlen_q 1000 (tests/test_gpu_decode.py covers it)")
     q, k, v = random_qkv(2, 1000, 1000, 8, 2, head_dim, dtype, seed=11)
     ref = reference_attention(q, k, v, causal=causal)[0]
     tq, tk, tv = (torch.from_numpy(x.astype(np.float32)).cuda().to(getattr(torch, dtype)).transpose(1, 2) for x in (q, k, v))
@@ -177,7 +179,12 @@ def test_error_not_worse_than_torch(kernel, dtype, head_dim, causal):
 @pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
 def test_fully_masked_rows(kernel):
     q, k, v = random_qkv(2, 40, 9, 4, 1, 64, "float16")  # the first 31 rows see no key
-    if refused(kernel, *(cupy.asarray(x) for x in (q, k, v))):
+    if kernel == "decode":  # at most 16 query tokens: the first 7 of 16 see no key
+        q, k, v = random_qkv(2, 16, 9, 4, 1, 64, "float16")
+        out, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), return_lse=True, kernel=kernel)
+        out, lse = cupy.asnumpy(out), cupy.asnumpy(lse)
+        assert np.all(out[:, :7] == 0) and np.all(np.isneginf(lse[:, :, :7]))
+        assert np.all(np.isfinite(out)) and np.all(np.isfinite(lse[:, :, 7:]))
         return
     out, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), return_lse=True, kernel=kernel)
     out, lse = cupy.asnumpy(out), cupy.asnumpy(lse)
@@ -204,6 +211,10 @@ def test_empty_launches_nothing():
 def test_more_than_2_31_elements(kernel, dtype):
     """q and out of 2**31 + 2048 elements (4.3 GB each in fp16): 64-bit offsets."""
     batch, seqlen_q, num_q_heads, head_dim = 2, 2**20 + 1, 8, 128
+    if kernel == "decode":  # at most 16 query tokens: 2**31 elements of K and V instead
+        if dtype != "float16":
+            pytest.skip("decode: one dtype is enough for the 2**31-element K and V")
+        return _decode_more_than_2_31_elements()
     rng = np.random.default_rng(3)
     q = cupy.random.standard_normal((batch, seqlen_q, num_q_heads, head_dim), dtype=cupy.float32).astype(dtype)
     k, v = (cupy.asarray(rng.standard_normal((batch, 16, 2, head_dim)).astype(dtype)) for _ in range(2))
@@ -275,3 +286,24 @@ def test_m1_peak_memory_beyond_inputs_and_outputs():
             cupy.asnumpy(q[:, t : t + 1, :4]), cupy.asnumpy(k[:, : t + 1, :1]), cupy.asnumpy(v[:, : t + 1, :1]), causal=True
         )[0]
         assert_close(cupy.asnumpy(out[:, t : t + 1, :4]), ref, TOLERANCE["float32"], f"row {t}")
+
+
+def _decode_more_than_2_31_elements():
+    """k and v of 2**31 + 2**17 elements each (fp16, 4.3 GB each), 3 query tokens: 64-bit offsets."""
+    batch, seqlen_k, num_kv_heads, head_dim = 2, 2**20 + 64, 8, 128
+    k = cupy.random.standard_normal((batch, seqlen_k, num_kv_heads, head_dim), dtype=cupy.float32).astype(cupy.float16)
+    v = cupy.random.standard_normal((batch, seqlen_k, num_kv_heads, head_dim), dtype=cupy.float32).astype(cupy.float16)
+    assert k.size > 2**31
+    q = cupy.random.standard_normal((batch, 3, 2 * num_kv_heads, head_dim), dtype=cupy.float32).astype(cupy.float16)
+    seqlens_k = np.array([seqlen_k, seqlen_k - 5])
+    out = cupy_gqa.attention(q, k, v, kernel="decode", seqlens_k=seqlens_k)
+    for b in range(batch):  # the two query heads of the last KV head
+        heads = slice(2 * num_kv_heads - 2, 2 * num_kv_heads)
+        ref = reference_attention(
+            cupy.asnumpy(q[b : b + 1, :, heads]),
+            cupy.asnumpy(k[b : b + 1, : seqlens_k[b], -1:]),
+            cupy.asnumpy(v[b : b + 1, : seqlens_k[b], -1:]),
+        )[0]
+        assert_close(cupy.asnumpy(out[b : b + 1, :, heads]), ref, TOLERANCE["float16"], f"batch {b}")
+    del k, v
+    cupy.get_default_memory_pool().free_all_blocks()
