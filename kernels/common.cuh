@@ -111,6 +111,30 @@ __device__ __forceinline__ int visible_keys(int t, int seqlen_q, int seqlen_k, b
     return end <= 0 ? 0 : (end >= seqlen_k ? seqlen_k : (int)end);
 }
 
+// The 1-D grid of the tiled kernels: CTA blockIdx.x -> (batch b, KV head
+// kv_head, tile m_tile of BLOCK_M packed query rows), num_m_tiles tiles per
+// (b, kv_head).
+//   causal:     m_tile slowest and reversed, so the heavy (late) tiles of every
+//               (b, kv_head) are launched first;
+//   non-causal: (b, kv_head) slowest, so its K/V stays in L2 across its tiles.
+struct TileOfBlock {
+    int b, kv_head, m_tile;
+};
+template <bool CAUSAL>
+__device__ __forceinline__ TileOfBlock tile_of_block(int num_m_tiles, int batch, int num_kv_heads) {
+    const int num_bh = batch * num_kv_heads;
+    int m_tile, bh;
+    if (CAUSAL) {
+        m_tile = num_m_tiles - 1 - (int)(blockIdx.x / num_bh);
+        bh = (int)(blockIdx.x % num_bh);
+    } else {
+        bh = (int)(blockIdx.x / num_m_tiles);
+        m_tile = (int)(blockIdx.x % num_m_tiles);
+    }
+    const int b = bh / num_kv_heads;
+    return {b, bh - b * num_kv_heads, m_tile};
+}
+
 // Valid keys of batch b: seqlens_k[b] when the caller gave per-sequence cache
 // lengths (kernel argument seqlens_k, else nullptr), otherwise seqlen_k; -1
 // when seqlens_k[b] is outside [0, seqlen_k] (possible only for a device array,

@@ -164,18 +164,9 @@ tiled_attention(
     const int group = num_q_heads / num_kv_heads;
     const int packed_rows = seqlen_q * group;
     const int num_m_tiles = (packed_rows + BLOCK_M - 1) / BLOCK_M;
-    const int num_bh = batch * num_kv_heads;
-    int m_tile, bh;
-    if (CAUSAL) {
-        m_tile = num_m_tiles - 1 - (int)(blockIdx.x / num_bh);
-        bh = (int)(blockIdx.x % num_bh);
-    } else {
-        bh = (int)(blockIdx.x / num_m_tiles);
-        m_tile = (int)(blockIdx.x % num_m_tiles);
-    }
-    const int b = bh / num_kv_heads;
-    const int kvh = bh - b * num_kv_heads;
-    const int row0 = m_tile * BLOCK_M;
+    const TileOfBlock tile = tile_of_block<CAUSAL>(num_m_tiles, batch, num_kv_heads);
+    const int b = tile.b, kvh = tile.kv_head;
+    const int row0 = tile.m_tile * BLOCK_M;
     const int len = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // this sequence's valid keys, -1: bad, NaN rows
     const int seqlen_k = max(len, 0);
 

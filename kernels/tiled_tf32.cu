@@ -117,17 +117,9 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     const int group = p.group_size;
     const int packed_rows = p.seqlen_q * group;
     const int num_m_tiles = (packed_rows + BLOCK_M - 1) / BLOCK_M;
-    const int num_bh = p.batch * p.num_kv_heads;
-    int m_tile, bh;
-    if (CAUSAL) {
-        m_tile = num_m_tiles - 1 - (int)(blockIdx.x / num_bh);
-        bh = (int)(blockIdx.x % num_bh);
-    } else {
-        bh = (int)(blockIdx.x / num_m_tiles);
-        m_tile = (int)(blockIdx.x % num_m_tiles);
-    }
-    const int b = bh / p.num_kv_heads, kvh = bh % p.num_kv_heads;
-    const int row0 = m_tile * BLOCK_M;
+    const TileOfBlock tile = tile_of_block<CAUSAL>(num_m_tiles, p.batch, p.num_kv_heads);
+    const int b = tile.b, kvh = tile.kv_head;
+    const int row0 = tile.m_tile * BLOCK_M;
     const int len = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // -1: bad seqlens_k[b], NaN rows
     const int seqlen_k = max(len, 0);
     const float* kbase = k + b * p.k_stride[0] + kvh * p.k_stride[2];
