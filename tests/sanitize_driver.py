@@ -1,7 +1,8 @@
 """Small calls of every kernel family, to run under compute-sanitizer (tests/sanitize.sh).
 
 Every dtype, causal and non-causal, odd head dims and lengths, strided views,
-lse; each kernel family through the same list. Checks results too, so a
+ragged seqlens_k, lse; each kernel family through the same list
+(``python3 sanitize_driver.py [kernel ...]`` limits the families). Checks results too, so a
 sanitizer run that silently computes garbage still fails.
 """
 import sys
@@ -23,38 +24,48 @@ CASES = [
     (1, 17, 33, 2, 1, 256),
     (1, 29, 31, 6, 3, 40),  # odd head_dim: rowwise only
     (1, 9, 12, 2, 2, 1),
+    (2, 4, 700, 8, 2, 128),  # decode with split keys (and the combine kernel)
+    (3, 16, 300, 16, 1, 256),  # decode's largest rows and head_dim
 ]
 DTYPES = ["float32", "float16", "bfloat16", "float64"]
 
 
-def main() -> int:
+def main(kernels) -> int:
     failures = runs = 0
-    for kernel in cupy_gqa.KERNELS:
+    for kernel in kernels:
         for case in CASES:
             for dtype in DTYPES:
                 for causal in (True, False):
-                    for strided in (False, True):
+                    for variant in ("contiguous", "strided", "seqlens_k") if causal else ("contiguous", "strided"):
                         q, k, v = random_qkv(*case, dtype, seed=runs)
-                        if strided:  # (batch, heads, seq, dim) storage seen through a transpose
+                        lens = None
+                        if variant == "strided":  # (batch, heads, seq, dim) storage seen through a transpose
                             qd, kd, vd = (cupy.asarray(np.ascontiguousarray(x.transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3) for x in (q, k, v))
                         else:
                             qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+                        if variant == "seqlens_k":  # ragged cache lengths, 0 and full included
+                            lens = [(case[2] * (i + 1)) // (case[0] + 1) for i in range(case[0])]
+                            lens[0], lens[-1] = 0, case[2]
                         out = cupy.full(q.shape, np.nan, dtype=q.dtype)
                         try:
-                            _, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, out=out, return_lse=True, kernel=kernel)
+                            _, lse = cupy_gqa.attention(
+                                qd, kd, vd, causal=causal, out=out, return_lse=True, kernel=kernel, seqlens_k=lens
+                            )
                         except ValueError as e:
                             if "does not support" in str(e):
                                 continue
                             raise
                         runs += 1
-                        err = relative_error(cupy.asnumpy(out), reference_attention(q, k, v, causal=causal)[0])
+                        ref = reference_attention(q, k, v, causal=causal, seqlens_k=lens)[0]
+                        err = relative_error(cupy.asnumpy(out), ref)
                         if not err <= TOLERANCE[dtype]:
                             failures += 1
-                            print(f"FAIL {kernel} {case} {dtype} causal={causal} strided={strided}: error {err:.2e}")
+                            print(f"FAIL {kernel} {case} {dtype} causal={causal} {variant}: error {err:.2e}")
     cupy.cuda.Device().synchronize()
     print(f"sanitize_driver: {runs} calls, {failures} wrong results")
     return 1 if failures or runs == 0 else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # sanitize_driver.py [kernel ...]: only these kernel families (default: all)
+    sys.exit(main(sys.argv[1:] or cupy_gqa.KERNELS))
