@@ -23,3 +23,24 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert install in ci, f"{install!r} is not a line of .ci/run"
     assert any(line.startswith(run) for line in ci), f"no line of .ci/run starts with {run!r}"
+
+
+def test_semantics_signature_is_the_real_one():
+    import inspect
+
+    import cupy_gqa
+
+    readme = (ROOT / "README.md").read_text()
+    shown = re.search(r"`attention\((q, k, v, \*, .*?)\)`", readme).group(1)
+    assert shown == str(inspect.signature(cupy_gqa.attention))[1:-1].replace("'", '"')
+
+
+def test_usage_keywords_exist():
+    import inspect
+
+    import cupy_gqa
+
+    readme = (ROOT / "README.md").read_text()
+    usage = readme[readme.index("## Usage") : readme.index("## Semantics")]
+    used = set(re.findall(r"(\w+)=", usage)) - {"dtype", "device"}  # cupy / torch keywords in the example
+    assert used <= set(inspect.signature(cupy_gqa.attention).parameters), used
