@@ -38,7 +38,7 @@ def main():
     parser.add_argument("--shape", default="2,80,80,8,2,32", help="batch,seqlen_q,seqlen_k,num_q_heads,num_kv_heads,head_dim")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--kernel", default="auto", choices=("auto", "rowwise", "tiled"))
+    parser.add_argument("--kernel", default="auto", choices=("auto", *cupy_gqa.KERNELS))
     parser.add_argument("--torch", action="store_true", help="also time torch tensor inputs")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile N full calls (cupy, and torch)")
     args = parser.parse_args()
@@ -52,7 +52,14 @@ def main():
     family = _plan.choose_kernel(problem, q, k, v, out) if args.kernel == "auto" else args.kernel
     layout = _plan._layout(q, k, v, out)
     vec = head_dim % _plan._specs.vec_width(args.dtype) == 0
-    launch = _plan.plan_tiled(problem, layout) if family == "tiled" else _plan.plan_rowwise(problem, layout, vec)
+    if family == "decode":  # two kernels and a workspace: time its launch function
+        name = _plan._specs.decode_spec(args.dtype, head_dim, seqlen_q * num_q_heads // num_kv_heads).name
+        launch = None
+        run_plan = lambda: _plan.launch_decode(problem, q, k, v, out, None, None)  # noqa: E731
+    else:
+        launch = _plan.plan_tiled(problem, layout) if family == "tiled" else _plan.plan_rowwise(problem, layout, vec)
+        name = launch.spec.name
+        run_plan = lambda: launch(q, k, v, out, None)  # noqa: E731
     cupy_gqa.attention(q, k, v, out=out, kernel=family)
 
     # Kernel time: queue a 50 ms spin kernel first, so that all n launches are
@@ -67,29 +74,30 @@ def main():
     spin((1,), (1,), (np.int64(100_000_000),))  # ~50 ms at ~2 GHz
     start.record()
     for _ in range(n):
-        launch(q, k, v, out, None)
+        run_plan()
     end.record()
     end.synchronize()
-    print(f"shape {args.shape} {args.dtype}: kernel {launch.spec.name}")
+    print(f"shape {args.shape} {args.dtype}: kernel {name}")
     print(f"  kernel alone (events, back to back)  {cupy.cuda.get_elapsed_time(start, end) / n * 1e3:8.2f} us")
     steps = {
         "full call, cupy, out given": lambda: cupy_gqa.attention(q, k, v, out=out, kernel=family),
         "full call, cupy": lambda: cupy_gqa.attention(q, k, v, kernel=family),
-        "raw launch of the plan": lambda: launch(q, k, v, out, None),
-        "get_kernel": lambda: _compile.get_kernel(launch.spec),
+        "raw launch of the plan": run_plan,
         "frame_of": lambda: _interop.frame_of({"q": q, "k": k, "v": v}),
         "cupy.empty": lambda: cupy.empty(q.shape, q.dtype),
     }
-    fn = _compile.get_kernel(launch.spec)
+    if launch is not None:
+        fn = _compile.get_kernel(launch.spec)
+        steps["get_kernel"] = lambda: _compile.get_kernel(launch.spec)
 
-    def driver_launch():
-        """The same launch through cuLaunchKernel with a hand-built argument array."""
-        ptrs = np.array([q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, 0, 0], np.uint64)
-        argv = np.array([ptrs.ctypes.data + 8 * i for i in range(6)] + [launch.params.ctypes.data], np.uint64)
-        driver.launchKernel(fn.kernel.ptr, *launch.grid, 1, 1, launch.spec.threads, 1, 1, launch.spec.smem,
-                            cupy.cuda.get_current_stream().ptr, argv.ctypes.data, 0)  # fmt: skip
+        def driver_launch():
+            """The same launch through cuLaunchKernel with a hand-built argument array."""
+            ptrs = np.array([q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, 0, 0], np.uint64)
+            argv = np.array([ptrs.ctypes.data + 8 * i for i in range(6)] + [launch.params.ctypes.data], np.uint64)
+            driver.launchKernel(fn.kernel.ptr, *launch.grid, 1, 1, launch.spec.threads, 1, 1, launch.spec.smem,
+                                cupy.cuda.get_current_stream().ptr, argv.ctypes.data, 0)  # fmt: skip
 
-    steps["cuLaunchKernel, argument array"] = driver_launch
+        steps["cuLaunchKernel, argument array"] = driver_launch
     steps["Problem.of"] = lambda: _plan.Problem.of(q, k, dtype=args.dtype, causal=True, softmax_scale=0.1)
     steps["_layout"] = lambda: _plan._layout(q, k, v, out)
     if args.torch:
