@@ -143,7 +143,7 @@ def launch(q, k, v, causal, cfg, out=None, lse=None, scale=None):
     params["causal"] = causal
     args = (
         np.uint64(q.data_ptr()), np.uint64(k.data_ptr()), np.uint64(v.data_ptr()), np.uint64(out.data_ptr()),
-        np.uint64(lse.data_ptr() if lse is not None else 0), params,
+        np.uint64(lse.data_ptr() if lse is not None else 0), np.uint64(0), params,  # seqlens_k: none
     )
     if grid[0] > 0:
         with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
