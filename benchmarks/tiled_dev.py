@@ -43,7 +43,7 @@ QREGS_1B = ("-DTILED_Q_IN_REGS=1", "-DTILED_MIN_BLOCKS_8W=1")
 NOLAZY = ("-DTILED_RESCALE_THRESHOLD=0",)
 BENCH_VARIANTS = {
     128: [(128, 64, 4, ()), (256, 64, 8, ()), (128, 32, 4, ())],
-    64: [(128, 64, 4, ()), (128, 128, 4, ()), (128, 32, 4, ())],
+    64: [(128, 64, 4, ()), (128, 128, 4, ()), (128, 32, 4, ()), (128, 64, 8, ()), (256, 64, 8, ()), (64, 64, 4, ())],
 }
 
 # name, dtype, causal, B, S, Hq, Hkv, D, torch_flash reference ms (from the brief)
