@@ -15,7 +15,6 @@ import time
 
 import cupy
 import ml_dtypes
-from cupy_backends.cuda.api import driver
 import numpy as np
 
 import cupy_gqa
@@ -87,17 +86,7 @@ def main():
         "cupy.empty": lambda: cupy.empty(q.shape, q.dtype),
     }
     if launch is not None:
-        fn = _compile.get_kernel(launch.spec)
         steps["get_kernel"] = lambda: _compile.get_kernel(launch.spec)
-
-        def driver_launch():
-            """The same launch through cuLaunchKernel with a hand-built argument array."""
-            ptrs = np.array([q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, 0, 0], np.uint64)
-            argv = np.array([ptrs.ctypes.data + 8 * i for i in range(6)] + [launch.params.ctypes.data], np.uint64)
-            driver.launchKernel(fn.kernel.ptr, *launch.grid, 1, 1, launch.spec.threads, 1, 1, launch.spec.smem,
-                                cupy.cuda.get_current_stream().ptr, argv.ctypes.data, 0)  # fmt: skip
-
-        steps["cuLaunchKernel, argument array"] = driver_launch
     steps["Problem.of"] = lambda: _plan.Problem.of(q, k, dtype=args.dtype, causal=True, softmax_scale=0.1)
     steps["_layout"] = lambda: _plan._layout(q, k, v, out)
     if args.torch:
