@@ -129,38 +129,54 @@ TILED = {
 
 # --- tiled, float32: split-TF32 tensor cores (kernels/tiled_tf32.cu) ----------
 # precision "highest": three TF32 products per product (fp32-class error);
-# "tf32": one (about 1e-3 relative error). head_dim -> (BLOCK_M, BLOCK_N, NUM_WARPS).
+# "tf32": one (about 1e-3 relative error).
+# head_dim -> (BLOCK_M, BLOCK_N, NUM_WARPS, PRESPLIT). PRESPLIT ("highest" only)
+# is where the operands are split into TF32 parts: 0 per warp in registers,
+# 1 K and V once per CTA in shared memory, 2 also Q (kernels/tiled_tf32.cu). The
+# largest mode that keeps 2 CTAs per SM (1 at D256, where 2 never fit; 2 would
+# not fit at all).
 PRECISIONS = ("highest", "tf32")
 TILED_F32_TILES = {
-    32: (64, 32, 4),
-    64: (64, 32, 4),
-    96: (64, 32, 4),
-    128: (64, 16, 4),
-    256: (64, 16, 4),
+    32: (64, 32, 4, 2),
+    64: (64, 32, 4, 2),
+    96: (64, 32, 4, 1),
+    128: (64, 16, 4, 1),
+    256: (64, 16, 4, 1),
 }
 
 
-def tiled_f32_smem(head_dim: int, block_m: int, block_n: int) -> int:
-    """Dynamic shared memory of kernels/tiled_tf32.cu: a Q tile and two K and
-    two V stages, rows padded by 4 floats."""
-    return (block_m + 4 * block_n) * (head_dim + 4) * 4
+def tiled_f32_smem(head_dim: int, block_m: int, block_n: int, presplit: int) -> int:
+    """Dynamic shared memory of kernels/tiled_tf32.cu: a Q tile, two K and two
+    V stages, and the side tiles of the small parts (one K and one V tile from
+    presplit 1, the Q tile at 2); rows padded by 4 floats."""
+    tiles = block_m + 4 * block_n + (2 * block_n if presplit >= 1 else 0) + (block_m if presplit == 2 else 0)
+    return tiles * (head_dim + 4) * 4
 
 
-TILED_F32 = {
-    (head_dim, causal, precision): Spec(
+def tiled_f32_spec(head_dim: int, causal: bool, precision: str, presplit: int | None = None) -> Spec:
+    """The float32 tiled kernel for one (head_dim, causal, precision); ``presplit``
+    overrides the table's mode (benchmarks/tf32_ab.py times the modes)."""
+    bm, bn, warps, table_presplit = TILED_F32_TILES[head_dim]
+    split = precision == "highest"
+    presplit = (table_presplit if presplit is None else presplit) if split else 0
+    return Spec(
         family="tiled",
         source="tiled_tf32.cu",
         name=(
             f"tiled_tf32_attention<{head_dim}, {bm}, {bn}, {warps}, {str(causal).lower()}, "
-            f"{str(precision == 'highest').lower()}>"
+            f"{str(split).lower()}, {presplit}>"
         ),
         dtype="float32",
         head_dim=head_dim,
         threads=warps * 32,
         block_m=bm,
-        smem=tiled_f32_smem(head_dim, bm, bn),
+        smem=tiled_f32_smem(head_dim, bm, bn, presplit),
     )
-    for head_dim, (bm, bn, warps) in TILED_F32_TILES.items()
+
+
+TILED_F32 = {
+    (head_dim, causal, precision): tiled_f32_spec(head_dim, causal, precision)
+    for head_dim in TILED_F32_TILES
     for causal in (True, False)
     for precision in PRECISIONS
 }

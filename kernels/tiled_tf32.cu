@@ -41,10 +41,24 @@
  * key 2c+1 plays k = c+4: a = (s0, s2, s1, s3), and V's B fragment is read
  * accordingly, b0 = V[2c][g], b1 = V[2c+1][g] (scalar shared loads).
  *
+ * Where the split happens (PRESPLIT)
+ * -----------------------------------------------------------------------------
+ * Every warp reads every K and V element of a tile, and Q at every tile, so
+ * splitting in registers at each use repeats the same cvt/sub/cvt work
+ * NUM_WARPS times per K/V element and num_n times per Q element.
+ *   0: split in registers at each use (always for SPLIT = false).
+ *   1: each K and V tile is split once per CTA right after it lands: big parts
+ *      in place, small parts in a single-buffered side tile; Q as in 0.
+ *   2: as 1, and the Q tile too, once, at the first K/V tile.
+ * The side tiles cost shared memory (and so CTAs per SM): the table in
+ * cupy_gqa/_specs.py picks the mode per head dim.
+ *
  * Shared memory: rows of D + 4 floats (row stride = 16 bytes mod 128), so the
  * 8 rows of an ldmatrix and the 32 scalar V loads hit distinct banks:
- *   [ Q tile | K stage 0 | K stage 1 | V stage 0 | V stage 1 ]
- *   bytes = (BLOCK_M + 4 * BLOCK_N) * (D + 4) * 4
+ *   [ Q tile | K stage 0 | K stage 1 | V stage 0 | V stage 1
+ *     | K small | V small (PRESPLIT >= 1) | Q small (PRESPLIT == 2) ]
+ *   bytes = (BLOCK_M + 4 * BLOCK_N + (PRESPLIT >= 1) * 2 * BLOCK_N
+ *            + (PRESPLIT == 2) * BLOCK_M) * (D + 4) * 4
  *
  * Requirements (checked by the Python layer): head_dim stride 1, 16-byte
  * aligned rows, scale_log2 > 0.
@@ -87,7 +101,21 @@ __device__ __forceinline__ void mma_f32(float (&c)[4], const unsigned (&ab)[4], 
 
 }  // namespace tf32_detail
 
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT>
+// One 16-byte chunk of an operand tile in shared memory, split once for the
+// whole CTA: the big parts overwrite the raw values, the small parts go to
+// ``small`` (see PRESPLIT at the top).
+__device__ __forceinline__ void split_chunk_in_place(float* raw, float* small) {
+    float4 x = *reinterpret_cast<const float4*>(raw), b, sm;
+    unsigned u;
+    u = tf32_detail::to_tf32(x.x); b.x = __uint_as_float(u); sm.x = __uint_as_float(tf32_detail::to_tf32(x.x - b.x));
+    u = tf32_detail::to_tf32(x.y); b.y = __uint_as_float(u); sm.y = __uint_as_float(tf32_detail::to_tf32(x.y - b.y));
+    u = tf32_detail::to_tf32(x.z); b.z = __uint_as_float(u); sm.z = __uint_as_float(tf32_detail::to_tf32(x.z - b.z));
+    u = tf32_detail::to_tf32(x.w); b.w = __uint_as_float(u); sm.w = __uint_as_float(tf32_detail::to_tf32(x.w - b.w));
+    *reinterpret_cast<float4*>(raw) = b;
+    *reinterpret_cast<float4*>(small) = sm;
+}
+
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT>
 __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p)
@@ -102,6 +130,7 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     constexpr int CH = D / 4;              // 16-byte chunks per row
     static_assert(BLOCK_M == 16 * NUM_WARPS, "16 rows per warp");
     static_assert(D % 32 == 0 && BLOCK_N % 16 == 0, "tile shapes");
+    static_assert(PRESPLIT >= 0 && PRESPLIT <= 2 && (SPLIT || PRESPLIT == 0), "PRESPLIT: 0, 1 or 2, with SPLIT");
     const float NEG_INF = neg_inf<float>();
     const float scale_log2 = (float)p.scale_log2;
 
@@ -109,6 +138,11 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     float* sQ = reinterpret_cast<float*>(smem_raw);
     float* sK = sQ + BLOCK_M * ROW;        // [2][BLOCK_N][ROW]
     float* sV = sK + 2 * BLOCK_N * ROW;    // [2][BLOCK_N][ROW]
+    // PRESPLIT >= 1: the small parts of the current K and V tiles; 2: and of Q
+    // (the big parts overwrite the raw values in place)
+    float* sKsm = sV + 2 * BLOCK_N * ROW;  // [BLOCK_N][ROW]
+    float* sVsm = sKsm + BLOCK_N * ROW;    // [BLOCK_N][ROW]
+    float* sQsm = sVsm + BLOCK_N * ROW;    // [BLOCK_M][ROW]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g_lane = lane >> 2, c_lane = lane & 3;
@@ -182,8 +216,27 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
         __syncthreads();     // ... for all threads; the other stage is free again
         if (j + 1 < num_n) load_kv(j + 1, stage ^ 1);
         cp_async_commit();
-        const float* sKs = sK + stage * BLOCK_N * ROW;
-        const float* sVs = sV + stage * BLOCK_N * ROW;
+        float* sKs = sK + stage * BLOCK_N * ROW;
+        float* sVs = sV + stage * BLOCK_N * ROW;
+        if (PRESPLIT >= 1) {  // big parts in place, small parts beside (each element once per CTA)
+            if (PRESPLIT == 2 && j == 0) {
+#pragma unroll
+                for (int i = 0; i < (BLOCK_M * CH + NTHREADS - 1) / NTHREADS; ++i) {
+                    const int c = tid + i * NTHREADS, r = c / CH, ch = c % CH;
+                    if ((BLOCK_M * CH) % NTHREADS == 0 || c < BLOCK_M * CH)
+                        split_chunk_in_place(sQ + r * ROW + ch * 4, sQsm + r * ROW + ch * 4);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < (BLOCK_N * CH + NTHREADS - 1) / NTHREADS; ++i) {
+                const int c = tid + i * NTHREADS, r = c / CH, ch = c % CH;
+                if ((BLOCK_N * CH) % NTHREADS == 0 || c < BLOCK_N * CH) {
+                    split_chunk_in_place(sKs + r * ROW + ch * 4, sKsm + r * ROW + ch * 4);
+                    split_chunk_in_place(sVs + r * ROW + ch * 4, sVsm + r * ROW + ch * 4);
+                }
+            }
+            __syncthreads();
+        }
 
         // ---- S = Q K^T --------------------------------------------------------------
         // The tensor cores add into the accumulator with truncation, so a long
@@ -206,15 +259,25 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
 #pragma unroll
             for (int kd = kg; kd < kg + KG && kd < KD; ++kd) {
                 unsigned qa[4], qb[4], qs[4];
-                ldmatrix_x4(qa, sQ_lane + kd * 8 * 4);
+                if (PRESPLIT == 2) {
+                    ldmatrix_x4(qb, sQ_lane + kd * 8 * 4);
+                    ldmatrix_x4(qs, sQ_lane + (BLOCK_M + 6 * BLOCK_N) * ROW * 4 + kd * 8 * 4);  // sQsm
+                } else {
+                    ldmatrix_x4(qa, sQ_lane + kd * 8 * 4);
 #pragma unroll
-                for (int e = 0; e < 4; ++e) split<SPLIT>(__uint_as_float(qa[e]), qb[e], qs[e]);
+                    for (int e = 0; e < 4; ++e) split<SPLIT>(__uint_as_float(qa[e]), qb[e], qs[e]);
+                }
 #pragma unroll
                 for (int np = 0; np < NT / 2; ++np) {
                     unsigned kr[4], kb[4], ks[4];
-                    ldmatrix_x4(kr, smem_addr(sKs + k_off + np * 16 * ROW + kd * 8));
+                    if (PRESPLIT >= 1) {
+                        ldmatrix_x4(kb, smem_addr(sKs + k_off + np * 16 * ROW + kd * 8));
+                        ldmatrix_x4(ks, smem_addr(sKsm + k_off + np * 16 * ROW + kd * 8));
+                    } else {
+                        ldmatrix_x4(kr, smem_addr(sKs + k_off + np * 16 * ROW + kd * 8));
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) split<SPLIT>(__uint_as_float(kr[e]), kb[e], ks[e]);
+                        for (int e = 0; e < 4; ++e) split<SPLIT>(__uint_as_float(kr[e]), kb[e], ks[e]);
+                    }
                     mma_f32<SPLIT>(part[2 * np], qb, qs, kb[0], kb[1], ks[0], ks[1]);
                     mma_f32<SPLIT>(part[2 * np + 1], qb, qs, kb[2], kb[3], ks[2], ks[3]);
                 }
@@ -281,14 +344,22 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
             split<SPLIT>(s[kk][3], pb[kk][3], ps[kk][3]);
         }
         const float* v_lane = sVs + 2 * c_lane * ROW + g_lane;
+        const float* vsm_lane = sVsm + 2 * c_lane * ROW + g_lane;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
             float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int kk = 0; kk < NT; ++kk) {
                 unsigned vb0, vs0, vb1, vs1;
-                split<SPLIT>(v_lane[kk * 8 * ROW + dt * 8], vb0, vs0);
-                split<SPLIT>(v_lane[(kk * 8 + 1) * ROW + dt * 8], vb1, vs1);
+                if (PRESPLIT >= 1) {
+                    vb0 = __float_as_uint(v_lane[kk * 8 * ROW + dt * 8]);
+                    vb1 = __float_as_uint(v_lane[(kk * 8 + 1) * ROW + dt * 8]);
+                    vs0 = __float_as_uint(vsm_lane[kk * 8 * ROW + dt * 8]);
+                    vs1 = __float_as_uint(vsm_lane[(kk * 8 + 1) * ROW + dt * 8]);
+                } else {
+                    split<SPLIT>(v_lane[kk * 8 * ROW + dt * 8], vb0, vs0);
+                    split<SPLIT>(v_lane[(kk * 8 + 1) * ROW + dt * 8], vb1, vs1);
+                }
                 mma_f32<SPLIT>(part, pb[kk], ps[kk], vb0, vb1, vs0, vs1);
             }
 #pragma unroll

@@ -108,7 +108,7 @@ def test_layout_issues():
     assert _plan._layout_issue((one_row, good, good, one_row)) is None
 
 
-@pytest.mark.parametrize("precision, split", [("highest", "true"), ("tf32", "false")])
+@pytest.mark.parametrize("precision, split", [("highest", "true, 1"), ("tf32", "false, 0")])
 def test_float32_tiled_plan_follows_precision(precision, split):
     layout = ((2, 64, 8, 128), (64 * 8 * 128 * 4, 8 * 128 * 4, 128 * 4, 4), 4)
     problem = _plan.Problem(2, 64, 64, 8, 2, 128, "float32", True, 0.1, precision)
