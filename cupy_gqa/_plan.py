@@ -149,7 +149,8 @@ def plan_rowwise(problem: Problem, layout: tuple, vec: bool) -> Launch:
     return Launch(spec, (grid_stride_blocks(total_threads, spec.threads),), make_params(problem, layout, total_threads))
 
 
-def launch_rowwise(problem: Problem, q, k, v, out, lse, seqlens_k=None) -> None:
+def launch_rowwise(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False) -> None:
+    # rowwise runs every call: nothing to check (checked is the common launch signature)
     layout = _layout(q, k, v, out)
     vec = problem.head_dim % _specs.vec_width(problem.dtype) == 0 and _vector_issue(layout, (q, k, v, out)) is None
     plan_rowwise(problem, layout, vec)(q, k, v, out, lse, seqlens_k)
@@ -182,8 +183,9 @@ def plan_tiled(problem: Problem, layout: tuple) -> Launch:
     return Launch(spec, (blocks,), make_params(problem, layout))
 
 
-def launch_tiled(problem: Problem, q, k, v, out, lse, seqlens_k=None) -> None:
-    reason = tiled_unsupported(problem, q, k, v, out)
+def launch_tiled(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False) -> None:
+    """``checked``: choose_kernel has already found that tiled_unsupported is None."""
+    reason = None if checked else tiled_unsupported(problem, q, k, v, out)
     if reason is not None:
         raise ValueError(f"kernel: 'tiled' does not support this call: {reason}; use kernel='auto' or 'rowwise'")
     plan_tiled(problem, _layout(q, k, v, out))(q, k, v, out, lse, seqlens_k)
@@ -295,8 +297,11 @@ def _resident_slots(spec_name: str, device: int) -> int:
     return max(1, per_sm) * cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
-def launch_decode(problem: Problem, q, k, v, out, lse, seqlens_k, num_splits: int | None = None) -> None:
-    reason = decode_unsupported(problem, q, k, v, out)
+def launch_decode(
+    problem: Problem, q, k, v, out, lse, seqlens_k, num_splits: int | None = None, *, checked: bool = False
+) -> None:
+    """``checked``: choose_kernel has already found that decode_unsupported is None."""
+    reason = None if checked else decode_unsupported(problem, q, k, v, out)
     if reason is not None:
         raise ValueError(f"kernel: 'decode' does not support this call: {reason}; use kernel='auto' or 'rowwise'")
     spec = _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size)

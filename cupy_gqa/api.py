@@ -161,7 +161,8 @@ def attention(
             attention_cpu(qb, kb, vb, outb, lseb, causal=problem.causal, softmax_scale=softmax_scale, seqlens_k=lensb)
         else:
             family = _plan.choose_kernel(problem, qb, kb, vb, outb) if kernel == "auto" else kernel
-            _plan.LAUNCH[family](problem, qb, kb, vb, outb, lseb, lensb)
+            # auto's choice has checked that the family supports the call; a forced one checks here
+            _plan.LAUNCH[family](problem, qb, kb, vb, outb, lseb, lensb, checked=kernel == "auto")
     return (out, lse) if return_lse else out
 
 
