@@ -248,11 +248,12 @@ class DecodeLaunch:
 
     def __post_init__(self):
         object.__setattr__(self, "_params_arg", _by_value(self.params))
+        object.__setattr__(self, "_num_splits_arg", np.int32(self.num_splits))
 
     def __call__(self, q, k, v, out, lse, seqlens_k) -> None:
         kernel = get_kernel(self.spec)
         threads = (self.spec.threads,)
-        ns = np.int32(self.num_splits)
+        ns = self._num_splits_arg
         if self.num_splits == 1:
             kernel(self.grid, threads, (q, k, v, out, lse, seqlens_k, self._params_arg, None, None, ns))
             return
