@@ -2,7 +2,9 @@
 benchmarks/bench_attention.py does (flush, start event, call, end event) and
 with the GPU kept busy by torch.cuda._sleep before the start event (host launch
 hidden), plus the host time of one call. python benchmarks/host_leak.py"""
-import statistics, sys, time
+import statistics
+import time
+
 import torch, torch.nn.functional as F
 import cupy_gqa
 

@@ -244,18 +244,10 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
         // k-steps goes into a fresh accumulator, and the groups are summed in
         // IEEE fp32.
         constexpr int KG = 4;
-        float s[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+        float s[NT][4] = {};
 #pragma unroll
         for (int kg = 0; kg < KD; kg += KG) {
-            float part[NT][4];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) part[nt][e] = 0.f;
+            float part[NT][4] = {};
 #pragma unroll
             for (int kd = kg; kd < kg + KG && kd < KD; ++kd) {
                 unsigned qa[4], qb[4], qs[4];
