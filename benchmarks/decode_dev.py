@@ -6,11 +6,10 @@ variants, and decode against tiled as seqlen_q grows (for choose_kernel).
 
 Timing: CuPy events around each call, a 256 MB buffer zeroed before every
 repetition (no input stays in L2), median of REPS. GB/s counts K and V bytes.
-Variants are the kernel compiled with -D options (DECODE_LOADS, DECODE_THREADS).
+Variants (VARIANTS) are other template arguments or -D options of the bf16 D128 kernel.
 Notes and results: benchmarks/NOTES_decode.md.
 """
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -23,34 +22,17 @@ import cupy  # noqa: E402
 import ml_dtypes  # noqa: E402
 
 import cupy_gqa  # noqa: E402
-from cupy_gqa import _compile, _plan, _specs  # noqa: E402
-
-_get_kernel, _variant_kernels = _plan.get_kernel, {}
-
-
-def _variant_get_kernel(spec):
-    """_plan's get_kernel, plus variants: the same name compiled with other -D options."""
-    if not spec.options:
-        return _get_kernel(spec)
-    key = (spec.name, spec.options)
-    if key not in _variant_kernels:
-        module = cupy.RawModule(
-            code=_compile.source(spec.source), options=_compile.compile_options(spec), name_expressions=[spec.name]
-        )
-        _variant_kernels[key] = module.get_function(spec.name)
-    return _variant_kernels[key]
-
-
-_plan.get_kernel = _variant_get_kernel
+from cupy_gqa import _plan, _specs  # noqa: E402
 
 REPS = 30
 FLUSH = cupy.empty(256 * 2**20 // 4, dtype=cupy.int32)
-VARIANTS = {  # name -> (extra NVRTC options, threads)
-    "base": ((), 128),
-    "loads2": (("-DDECODE_LOADS=2",), 128),
-    "loads4_3cta": (("-DDECODE_MIN_BLOCKS=3",), 128),
-    "eager": (("-DDECODE_RESCALE_THRESHOLD=0.0f",), 128),
-    "t256_loads2": (("-DDECODE_THREADS=256", "-DDECODE_LOADS=2"), 256),
+VARIANTS = {  # name -> the bf16 D128 decode spec it times (the table's spec: "base")
+    "base": lambda: _specs.decode_spec("bfloat16", 128, 4),
+    "mma_s2": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=2),
+    "mma_s4": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=4),
+    "mma_w8_s2": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=2, warps=8),
+    "mma_bn32_s2": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=2, block_n=32),
+    "cuda_core": lambda: _specs.decode_cuda_core_spec("bfloat16", 128, 4),  # decode.cu v2, 4 rows per CTA
 }
 
 
@@ -81,10 +63,7 @@ def kv_gbs(k, ms) -> float:
 
 def variant_launch(q, k, v, out, variant, num_splits):
     problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=1 / np.sqrt(q.shape[3]))
-    launch = _plan.plan_decode(problem, _plan._layout(q, k, v, out), 1, num_splits)
-    options, threads = VARIANTS[variant]
-    spec = dataclasses.replace(launch.spec, threads=threads, options=options)
-    launch = dataclasses.replace(launch, spec=spec)
+    launch = _plan.plan_decode(problem, _plan._layout(q, k, v, out), 1, num_splits, VARIANTS[variant]())
     return lambda: launch(q, k, v, out, None, None), launch
 
 
@@ -103,7 +82,7 @@ def main() -> int:
         ref = out.astype(cupy.float32)  # checked against float64 by tests/test_gpu_decode.py
         problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=1 / np.sqrt(128))
         spec = _specs.decode_spec("bfloat16", 128, 4)
-        slots = _plan._resident_slots(spec.name, 0)
+        slots = _plan._resident_slots(spec, 0)
         chosen = _plan.plan_decode(problem, _plan._layout(q, k, v, out), slots).num_splits
         floor = 2 * k.nbytes / 4240e9 * 1e3
         say(f"{name}: auto {auto:.4f} ms {kv_gbs(k, auto):.0f} GB/s (splits {chosen}, slots {slots}); floor {floor:.4f} ms")
@@ -120,11 +99,13 @@ def main() -> int:
                 ms = median_ms(fn)
                 rows.append(dict(case=name, variant=variant, splits=ns, ms=ms, gbs=kv_gbs(k, ms)))
                 line.append(f"{ns}:{ms:.4f}/{kv_gbs(k, ms):.0f}")
-            regs = _variant_get_kernel(launch.spec).num_regs
-            say(f"  {name} {variant:<10} regs {regs:3d}  splits:ms/GBs  " + "  ".join(line))
+            kern = _plan.get_kernel(launch.spec)
+            per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                kern.kernel.ptr, launch.spec.threads, launch.spec.smem)
+            say(f"  {name} {variant:<11} regs {kern.num_regs:3d} CTAs/SM {per_sm}  splits:ms/GBs  " + "  ".join(line))
 
     # decode vs tiled as seqlen_q * group_size grows (D1's cache)
-    for seqlen_q, num_q_heads in ((1, 8), (1, 16), (1, 32), (1, 64), (2, 32), (4, 32)):
+    for seqlen_q, num_q_heads in ((1, 8), (1, 32), (2, 32), (4, 32), (8, 32), (16, 32), (16, 64)):
         q, k, v = inputs(16, seqlen_q, 8192, num_q_heads, 8, 128)
         res = {}
         for kernel in ("decode", "tiled"):

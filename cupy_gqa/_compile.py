@@ -70,7 +70,7 @@ def get_kernel(spec: Spec):
     """The ``cupy.RawKernel`` for ``spec`` on the current device, compiled once."""
     import cupy
 
-    key = (spec.name, cupy.cuda.Device().id)
+    key = (spec.name, spec.options, cupy.cuda.Device().id)
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:

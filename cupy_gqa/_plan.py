@@ -254,26 +254,30 @@ class DecodeLaunch:
         kernel = get_kernel(self.spec)
         threads = (self.spec.threads,)
         ns = self._num_splits_arg
+        smem = self.spec.smem
         if self.num_splits == 1:
-            kernel(self.grid, threads, (q, k, v, out, lse, seqlens_k, self._params_arg, None, None, ns))
+            kernel(self.grid, threads, (q, k, v, out, lse, seqlens_k, self._params_arg, None, None, ns), shared_mem=smem)
             return
         import cupy
 
         n_o = self.workspace_rows * self.num_splits * self.spec.head_dim
         work = cupy.empty(n_o + self.workspace_rows * self.num_splits, dtype=cupy.float32)
         part_o, part_lse = work[:n_o], work[n_o:]
-        kernel(self.grid, threads, (q, k, v, out, lse, seqlens_k, self._params_arg, part_o, part_lse, ns))
+        kernel(self.grid, threads, (q, k, v, out, lse, seqlens_k, self._params_arg, part_o, part_lse, ns), shared_mem=smem)
         get_kernel(self.combine)(
             self.combine_grid, (self.combine.threads,), (out, lse, seqlens_k, self._params_arg, part_o, part_lse, ns)
         )
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_decode(problem: Problem, layout: tuple, slots: int, num_splits: int | None = None) -> DecodeLaunch:
+def plan_decode(
+    problem: Problem, layout: tuple, slots: int, num_splits: int | None = None, spec: _specs.Spec | None = None
+) -> DecodeLaunch:
     """``slots``: SMs x resident CTAs of the decode kernel per SM. ``num_splits``
-    overrides the choice of decode_num_splits (benchmarks/decode_dev.py)."""
+    overrides the choice of decode_num_splits, ``spec`` the table's kernel
+    (benchmarks/decode_dev.py times variants)."""
     rows = problem.seqlen_q * problem.group_size
-    spec = _specs.decode_spec(problem.dtype, problem.head_dim, rows)
+    spec = spec or _specs.decode_spec(problem.dtype, problem.head_dim, rows)
     row_blocks = math.ceil(rows / spec.block_m)
     if num_splits is None:
         num_splits = decode_num_splits(problem, row_blocks, slots)
@@ -288,12 +292,11 @@ def plan_decode(problem: Problem, layout: tuple, slots: int, num_splits: int | N
 
 
 @functools.lru_cache(maxsize=64)
-def _resident_slots(spec_name: str, device: int) -> int:
-    """SMs x CTAs of the decode kernel that fit on one SM at a time, on ``device``."""
+def _resident_slots(spec: _specs.Spec, device: int) -> int:
+    """SMs x CTAs of the decode kernel ``spec`` that fit on one SM at a time, on ``device``."""
     import cupy
     from cupy.cuda import driver
 
-    spec = next(s for s in _specs.DECODE.values() if s.name == spec_name)
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(get_kernel(spec).kernel.ptr, spec.threads, spec.smem)
     return max(1, per_sm) * cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
@@ -306,7 +309,7 @@ def launch_decode(
     if reason is not None:
         raise ValueError(f"kernel: 'decode' does not support this call: {reason}; use kernel='auto' or 'rowwise'")
     spec = _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size)
-    slots = _resident_slots(spec.name, q.device.id)
+    slots = _resident_slots(spec, q.device.id)
     plan_decode(problem, _layout(q, k, v, out), slots, num_splits)(q, k, v, out, lse, seqlens_k)
 
 
@@ -314,14 +317,15 @@ def launch_decode(
 LAUNCH = {"rowwise": launch_rowwise, "tiled": launch_tiled, "decode": launch_decode}
 
 # "auto" takes the decode kernel up to this many packed rows (seqlen_q * group_size)
-# per (batch, KV head); beyond, its CUDA-core dot products lose to the tensor cores.
-DECODE_AUTO_MAX_ROWS = 4  # H200: decode wins at 1, 2, 4 rows, tiled from 8 (benchmarks/NOTES_decode.md)
+# per (batch, KV head), by dtype; beyond, the tiled kernel is faster (H200,
+# benchmarks/NOTES_decode.md). float32's CUDA-core dot products lose from 8 rows.
+DECODE_AUTO_MAX_ROWS = {"float32": 4, "float16": 16, "bfloat16": 16}
 
 
 def choose_kernel(problem: Problem, q, k, v, out) -> str:
     """The kernel ``kernel="auto"`` runs for this call: the decode kernel for a
     few query rows per KV head, else the tensor-core kernel whenever it
     supports the call, else the rowwise kernel, which runs anything."""
-    if problem.seqlen_q * problem.group_size <= DECODE_AUTO_MAX_ROWS and decode_unsupported(problem, q, k, v, out) is None:
+    if problem.seqlen_q * problem.group_size <= DECODE_AUTO_MAX_ROWS.get(problem.dtype, 0) and decode_unsupported(problem, q, k, v, out) is None:
         return "decode"
     return "tiled" if tiled_unsupported(problem, q, k, v, out) is None else "rowwise"

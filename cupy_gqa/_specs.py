@@ -188,18 +188,62 @@ def tiled_head_dims(dtype: str) -> tuple:
 
 
 # --- decode: split-KV, a few query tokens against a long KV cache --------------
-# One CTA takes DECODE_ROWS[i] packed rows (seqlen_q * group_size of them, in
-# row blocks beyond the largest) of one (batch, KV head) and one key range
-# (kernels/decode.cu); a second kernel merges the key ranges. 8 dims of each
-# row per lane keep q and the accumulator in registers (ptxas: no spills).
+# One CTA takes block_m packed rows (seqlen_q * group_size of them, in row
+# blocks beyond that) of one (batch, KV head) and one key range
+# (kernels/decode.cu); a second kernel merges the key ranges.
+#   fp16 / bf16: tensor cores (decode_mma_attention), 16 rows per CTA, each of
+#     DECODE_MMA_WARPS warps streaming its own key tiles of DECODE_MMA_BN keys
+#     through a cp.async pipeline of DECODE_MMA_STAGES[head_dim] stages.
+#   float32: CUDA cores (decode_attention), DECODE_ROWS rows per CTA; 8 dims of
+#     each row per lane keep q and the accumulator in registers (no spills).
 DECODE_DTYPES = ("float16", "bfloat16", "float32")
 DECODE_HEAD_DIMS = (64, 128, 256)
+DECODE_MAX_SEQLEN_Q = 16
 DECODE_ROWS = (1, 2, 4, 8)
 DECODE_THREADS = 128  # kernels/decode.cu: DECODE_THREADS
-DECODE_MAX_SEQLEN_Q = 16
+DECODE_MMA_DTYPES = ("float16", "bfloat16")
+DECODE_MMA_ROWS = 16
+DECODE_MMA_WARPS = 4  # kernels/decode.cu: DECODE_MMA_WARPS
+DECODE_MMA_BN = 16  # kernels/decode.cu: DECODE_MMA_BN
+DECODE_MMA_STAGES = {64: 3, 128: 3, 256: 2}  # per warp; 2 CTAs per SM at D128, 1 at D256
 
-DECODE = {
-    (dtype, head_dim, rows): Spec(
+
+def decode_mma_smem(head_dim: int, stages: int, warps: int = DECODE_MMA_WARPS, block_n: int = DECODE_MMA_BN) -> int:
+    """Dynamic shared memory of decode_mma_attention: the Q tile, then each
+    warp's stages of a K and a V tile (rows padded by 8 elements, 2 bytes), or,
+    when larger, the fp32 (m, l, o) of every warp's rows that replace them."""
+    row = (head_dim + 8) * 2
+    stages_bytes = warps * stages * 2 * block_n * row
+    merge_bytes = warps * DECODE_MMA_ROWS * (head_dim + 2) * 4
+    return DECODE_MMA_ROWS * row + max(stages_bytes, merge_bytes)
+
+
+def decode_mma_spec(dtype: str, head_dim: int, stages: int | None = None, warps: int = DECODE_MMA_WARPS,
+                    block_n: int = DECODE_MMA_BN) -> Spec:
+    """The tensor-core decode kernel; the keywords override the table
+    (benchmarks/decode_dev.py times variants)."""
+    stages = DECODE_MMA_STAGES[head_dim] if stages is None else stages
+    options = tuple(
+        f"-D{name}={value}"
+        for name, value, default in (("DECODE_MMA_WARPS", warps, DECODE_MMA_WARPS), ("DECODE_MMA_BN", block_n, DECODE_MMA_BN))
+        if value != default
+    )
+    return Spec(
+        family="decode",
+        source="decode.cu",
+        name=f"decode_mma_attention<{CTYPES[dtype]}, {head_dim}, {stages}>",
+        dtype=dtype,
+        head_dim=head_dim,
+        threads=warps * 32,
+        block_m=DECODE_MMA_ROWS,
+        smem=decode_mma_smem(head_dim, stages, warps, block_n),
+        options=options,
+    )
+
+
+def decode_cuda_core_spec(dtype: str, head_dim: int, rows: int) -> Spec:
+    """decode_attention (CUDA cores) for ``rows`` packed rows per CTA."""
+    return Spec(
         family="decode",
         source="decode.cu",
         name=f"decode_attention<{CTYPES[dtype]}, {head_dim}, {rows}>",
@@ -208,9 +252,16 @@ DECODE = {
         threads=DECODE_THREADS,
         block_m=rows,
     )
-    for dtype in DECODE_DTYPES
-    for head_dim in DECODE_HEAD_DIMS
-    for rows in DECODE_ROWS
+
+
+DECODE = {
+    **{
+        (dtype, head_dim, DECODE_MMA_ROWS): decode_mma_spec(dtype, head_dim)
+        for dtype in DECODE_MMA_DTYPES
+        for head_dim in DECODE_HEAD_DIMS
+    },
+    **{("float32", head_dim, rows): decode_cuda_core_spec("float32", head_dim, rows)
+       for head_dim in DECODE_HEAD_DIMS for rows in DECODE_ROWS},
 }
 DECODE_COMBINE = {
     dtype: Spec(
@@ -226,7 +277,9 @@ DECODE_COMBINE = {
 
 
 def decode_spec(dtype: str, head_dim: int, rows: int) -> Spec:
-    """The decode_attention instantiation for ``rows`` = seqlen_q * group_size packed rows."""
+    """The decode kernel for ``rows`` = seqlen_q * group_size packed rows."""
+    if dtype in DECODE_MMA_DTYPES:
+        return DECODE[dtype, head_dim, DECODE_MMA_ROWS]
     fit = next((r for r in DECODE_ROWS if r >= rows), DECODE_ROWS[-1])
     return DECODE[dtype, head_dim, fit]
 

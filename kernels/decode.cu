@@ -103,13 +103,6 @@ __device__ __forceinline__ void merge_weights(float m, float m_b, float& m_new, 
     wb = exp2f(m_b - m_ref);
 }
 
-// 2^x in one MUFU.EX2 (ex2.approx: 2^-inf = 0, NaN stays NaN; 2 ulp).
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 // K and V chunks of the U keys j, j + NUM_GROUPS, ... of a key group (zeros past k_end).
 template <typename T, int U, int C, int NUM_GROUPS, int LANES>
 __device__ __forceinline__ void load_step(uint4 (&kr)[U][C], uint4 (&vr)[U][C], const T* k_ptr, const T* v_ptr,
@@ -200,6 +193,51 @@ __device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4
 #pragma unroll
                 for (int d = 0; d < DL; ++d) o[i][d] = fmaf(pu, vf[u][d], o[i][d]);
             }
+        }
+    }
+}
+
+// The CTA's result for its ROWS packed rows of row block rb. Each of NW warps
+// left its (m, l, o) per row in shared memory: m_w[w * ROWS + i], l_w[same],
+// o_w[(w * ROWS + i) * HEAD_DIM + d], with o and l relative to 2^m (log2
+// domain). One thread per (row, dim) merges the warps and writes out = o / l
+// and lse (num_splits == 1), or this split's normalised partial and its log2
+// lse to the workspace (see the top).
+template <typename T, int HEAD_DIM, int ROWS, int NW, int THREADS>
+__device__ __forceinline__ void write_cta_result(const float* m_w, const float* l_w, const float* o_w, T* out,
+                                                 float* lse, const AttnParams& p, int b, int kv_head, int rb, int split,
+                                                 int num_splits, int len, float* part_o, float* part_lse) {
+    const float NEG_INF = neg_inf<float>();
+    const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
+    for (int x = threadIdx.x; x < ROWS * HEAD_DIM; x += THREADS) {
+        const int i = x / HEAD_DIM, d = x % HEAD_DIM;
+        const int r = rb * ROWS + i;
+        if (r >= rows_total) break;  // rows are the slow index: the rest are idle too
+        float mm = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) mm = fmaxf(mm, m_w[w * ROWS + i]);
+        const float m_ref = mm == NEG_INF ? 0.f : mm;
+        float ls = 0.f, os = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            const float wt = exp2f(m_w[w * ROWS + i] - m_ref);
+            ls = fmaf(l_w[w * ROWS + i], wt, ls);
+            os = fmaf(o_w[(w * ROWS + i) * HEAD_DIM + d], wt, os);
+        }
+        // a row that saw no key (of this split): 0 and lse = -inf
+        const float res = ls == 0.f ? 0.f : os / ls;
+        const float lse2 = ls == 0.f ? NEG_INF : mm + log2f(ls);
+        if (num_splits == 1) {
+            const int t = r / group_size, g = r % group_size;
+            const int q_head = q_head_of(kv_head, g, group_size);
+            const bool bad = len < 0;
+            out[b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2] + d] = from_acc<T>(bad ? quiet_nan() : res);
+            if (lse != nullptr && d == 0)
+                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = bad ? quiet_nan() : lse2 * LN2;
+        } else {
+            const index_t prow = ((index_t)b * p.num_kv_heads + kv_head) * rows_total + r;
+            part_o[(prow * num_splits + split) * HEAD_DIM + d] = res;
+            if (d == 0) part_lse[prow * num_splits + split] = lse2;
         }
     }
 }
@@ -343,38 +381,267 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
     }
     __syncthreads();
 
-    // one thread per (row, dim): the CTA's result for that element
-    for (int x = threadIdx.x; x < ROWS * HEAD_DIM; x += DECODE_THREADS) {
-        const int i = x / HEAD_DIM, d = x % HEAD_DIM;
+    write_cta_result<T, HEAD_DIM, ROWS, NUM_WARPS, DECODE_THREADS>(&sm_m[0][0], &sm_l[0][0], &sm_o[0][0][0], out, lse, p, b,
+                                                                   kv_head, rb, split, num_splits, len, part_o, part_lse);
+}
+
+// ---- decode_mma_attention: fp16 / bf16 on tensor cores -----------------------
+// The same work split as decode_attention (CTA = (b, kv_head, row block of
+// ROWS = 16 packed rows, split)), but the products run on mma.sync m16n8k16
+// as in tiled.cu: the 16 packed rows are the M dimension, so one tensor-core
+// tile serves every row of a GQA group and every query token at once, and an
+// instruction stream of ~8 mma per 8 keys replaces ~600 CUDA-core
+// instructions. The warps of a CTA stream disjoint key tiles of DECODE_MMA_BN
+// keys: tile u = 0, 1, .. of the CTA's range goes to warp u % NW, and each warp
+// runs its own STAGES-deep cp.async pipeline in its own shared memory (no CTA
+// barrier in the loop). Per tile a warp computes S = Q K^T (16 x 16, fp32),
+// masks it when the tile crosses a row's causal end or the range end, updates
+// its online softmax (lazy rescale, as in tiled.cu) and adds P V. At the end
+// the warps' (m, l, o) go through shared memory to write_cta_result.
+//
+// Shared memory (dynamic; rows padded by 8 elements, as in tiled.cu):
+//   [ Q: ROWS x (HEAD_DIM + 8) | warp 0: stage 0 K, V | stage 1 K, V | ... | warp 1 ... ]
+//   then, reusing the stages once every warp is done: m, l [NW][ROWS], o [NW][ROWS][HEAD_DIM] fp32.
+#ifndef DECODE_MMA_WARPS
+#define DECODE_MMA_WARPS 4
+#endif
+#ifndef DECODE_MMA_BN
+#define DECODE_MMA_BN 16
+#endif
+
+template <typename T, int HEAD_DIM, int STAGES>
+__global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)
+{
+    using namespace decode_detail;
+    constexpr int NW = DECODE_MMA_WARPS, THREADS = NW * 32;
+    constexpr int ROWS = 16, BN = DECODE_MMA_BN;
+    constexpr int D = HEAD_DIM, ROW = D + 8;        // padded smem row, elements
+    constexpr int CH = D / 8;                       // 16-byte chunks per row
+    constexpr int KD = D / 16;                      // k16 steps of Q K^T
+    constexpr int NT = BN / 8;                      // n8 tiles of S
+    constexpr int DT = D / 8;                       // n8 tiles of O
+    constexpr int TILE = BN * ROW;                  // elements of one K (or V) tile
+    constexpr int RPP = 32 / CH;                    // key rows a warp copies per pass
+    constexpr bool Q_REGS = D <= 128;               // Q fragments in registers (D 256: from smem)
+    static_assert(sizeof(T) == 2, "fp16 / bf16 only");
+    static_assert(D % 16 == 0 && CH <= 32 && 32 % CH == 0 && BN % 16 == 0 && BN % RPP == 0, "tile shapes");
+    const float NEG_INF = neg_inf<float>();
+    const float scale_log2 = (float)p.scale_log2;
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw);
+    T* sKV = sQ + ROWS * ROW;
+
+    // --- which work: (b, kv_head, row block, split) -------------------------
+    const int group_size = p.group_size;
+    const int rows_total = p.seqlen_q * group_size;
+    const int row_blocks = (rows_total + ROWS - 1) / ROWS;
+    index_t idx = blockIdx.x;
+    const int split = (int)(idx % num_splits);    idx /= num_splits;
+    const int rb = (int)(idx % row_blocks);       idx /= row_blocks;
+    const int kv_head = (int)(idx % p.num_kv_heads);
+    const int b = (int)(idx / p.num_kv_heads);
+    const int len = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // -1: bad seqlens_k[b]
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    // --- Q tile (zero past the last row) and the rows' visible keys -----------
+    for (int c = threadIdx.x; c < ROWS * CH; c += THREADS) {
+        const int i = c / CH, ch = c % CH, r = rb * ROWS + i;
+        const bool live = r < rows_total && len >= 0;
+        const int t = r / group_size, g = r % group_size;
+        const T* src = live ? q + b * p.q_stride[0] + t * p.q_stride[1] + q_head_of(kv_head, g, group_size) * p.q_stride[2] + ch * 8 : q;
+        cp_async_16(smem_addr(sQ + i * ROW + ch * 8), src, live);
+    }
+    cp_async_commit();
+    int n_max = 0, n_min = 1 << 30;  // over the CTA's live rows
+    int n_vis[2];                    // of this lane's rows lane / 4 and lane / 4 + 8
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
         const int r = rb * ROWS + i;
-        if (r >= rows_total) break;  // rows are the slow index: the rest are idle too
-        float mm = NEG_INF;
+        const bool live = r < rows_total && len >= 0;
+        const int n = live ? visible_keys(r / group_size, p.seqlen_q, len, p.causal != 0) : 0;
+        if (live) { n_max = max(n_max, n); n_min = min(n_min, n); }
+        if (i == lane / 4) n_vis[0] = n;
+        if (i == lane / 4 + 8) n_vis[1] = n;
+    }
+
+    // --- this split's keys [k_begin, k_end), in tiles of BN -----------------
+    const int chunk = ((max(len, 0) + num_splits - 1) / num_splits + BN - 1) / BN * BN;
+    const int k_begin = split * chunk;
+    const int k_end = min(min(k_begin + chunk, max(len, 0)), n_max);
+    const int k_free = min(k_end, n_min);  // keys below it are seen by every live row: no mask
+    const int num_tiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
+    const int my_tiles = num_tiles > warp ? (num_tiles - warp + NW - 1) / NW : 0;  // tiles warp, warp + NW, ..
+    const int lim[2] = {min(k_end, n_vis[0]), min(k_end, n_vis[1])};
+
+    // lane copies 16-byte chunk lane % CH of key rows lane / CH + RPP * i of a tile
+    const int ld_r = lane / CH, ld_ch = lane % CH;
+    const index_t ks = p.k_stride[1], vs = p.v_stride[1];
+    const T* k_lane = k + b * p.k_stride[0] + kv_head * p.k_stride[2] + ld_r * ks + ld_ch * 8;
+    const T* v_lane = v + b * p.v_stride[0] + kv_head * p.v_stride[2] + ld_r * vs + ld_ch * 8;
+    T* sW = sKV + warp * STAGES * 2 * TILE;  // this warp's stages: [STAGES][K, V][BN][ROW]
+    const unsigned sW_lane = smem_addr(sW + ld_r * ROW + ld_ch * 8);
+    auto load_tile = [&](int u, int stage) {  // keys k_begin + u * BN .. + BN (zero past k_end)
+        const int key0 = k_begin + u * BN;
+        const unsigned dst = sW_lane + stage * 2 * TILE * 2;
 #pragma unroll
-        for (int w = 0; w < NUM_WARPS; ++w) mm = fmaxf(mm, sm_m[w][i]);
-        const float m_ref = mm == NEG_INF ? 0.f : mm;
-        float ls = 0.f, os = 0.f;
-#pragma unroll
-        for (int w = 0; w < NUM_WARPS; ++w) {
-            const float wt = exp2f(sm_m[w][i] - m_ref);
-            ls = fmaf(sm_l[w][i], wt, ls);
-            os = fmaf(sm_o[w][i][d], wt, os);
+        for (int i = 0; i < BN / RPP; ++i) {
+            const int key = key0 + ld_r + i * RPP;
+            const bool ok = key < k_end;
+            const index_t row = key0 + i * RPP;
+            cp_async_16(dst + i * RPP * ROW * 2, ok ? (const void*)(k_lane + row * ks) : (const void*)k, ok);
+            cp_async_16(dst + (TILE + i * RPP * ROW) * 2, ok ? (const void*)(v_lane + row * vs) : (const void*)v, ok);
         }
-        // a row that saw no key (of this split): 0 and lse = -inf
-        const float res = ls == 0.f ? 0.f : os / ls;
-        const float lse2 = ls == 0.f ? NEG_INF : mm + log2f(ls);
-        if (num_splits == 1) {
-            const int t = r / group_size, g = r % group_size;
-            const int q_head = q_head_of(kv_head, g, group_size);
-            const bool bad = len < 0;
-            out[b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2] + d] = from_acc<T>(bad ? quiet_nan() : res);
-            if (lse != nullptr && d == 0)
-                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = bad ? quiet_nan() : lse2 * LN2;
-        } else {
-            const index_t prow = ((index_t)b * p.num_kv_heads + kv_head) * rows_total + r;
-            part_o[(prow * num_splits + split) * HEAD_DIM + d] = res;
-            if (d == 0) part_lse[prow * num_splits + split] = lse2;
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < my_tiles) load_tile(warp + s * NW, s);
+        cp_async_commit();
+    }
+
+    // ldmatrix lane offsets (elements), as in tiled.cu:
+    //  A (Q) and B-trans (V): matrices {rows 0-7,k 0-7},{rows 8-15,k 0-7},{rows 0-7,k 8-15},{rows 8-15,k 8-15}
+    //  B (K):                 matrices {keys 0-7,d 0-7},{keys 0-7,d 8-15},{keys 8-15,d 0-7},{keys 8-15,d 8-15}
+    const int a_off = (((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + (lane >> 4) * 8;
+    const int k_off = ((lane >> 4) * 8 + (lane & 7)) * ROW + ((lane >> 3) & 1) * 8;
+    const unsigned sQ_lane = smem_addr(sQ + a_off);
+    cp_async_wait<STAGES - 1>();  // the Q group, for this thread ..
+    __syncthreads();              // .. and for all
+    unsigned q_frag[Q_REGS ? KD : 1][4];
+    if constexpr (Q_REGS) {
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd) ldmatrix_x4(q_frag[kd], sQ_lane + kd * 32);
+    }
+
+    float o[DT][4], m_run[2], l_run[2];  // rows lane / 4 (+ 8): m in log2 units, o and l relative to 2^m
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
+    m_run[0] = m_run[1] = NEG_INF;
+    l_run[0] = l_run[1] = 0.f;
+
+    for (int i = 0; i < my_tiles; ++i) {
+        cp_async_wait<STAGES - 2>();  // tile i landed, for this lane ..
+        __syncwarp();                 // .. and the warp; stage (i - 1) % STAGES is free again
+        if (i + STAGES - 1 < my_tiles) load_tile(warp + (i + STAGES - 1) * NW, (i + STAGES - 1) % STAGES);
+        cp_async_commit();
+        const unsigned sK_st = smem_addr(sW + (i % STAGES) * 2 * TILE);
+        const int key0 = k_begin + (warp + i * NW) * BN;
+
+        // S = Q K^T
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd) {
+            unsigned qa[4];
+            if constexpr (Q_REGS) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) qa[e] = q_frag[kd][e];
+            } else {
+                ldmatrix_x4(qa, sQ_lane + kd * 32);
+            }
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                unsigned kb[4];
+                ldmatrix_x4(kb, sK_st + (k_off + np * 16 * ROW + kd * 16) * 2);
+                mma_16816<T>(s[2 * np], qa, kb[0], kb[1]);
+                mma_16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
+            }
+        }
+        // mask keys past a row's causal end or past the range (lane holds keys
+        // key0 + 8 nt + 2 (lane % 4) + {0, 1} of rows lane / 4 (e < 2) and + 8)
+        if (key0 + BN > k_free) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (key0 + nt * 8 + (lane & 3) * 2 + (e & 1) >= lim[e >> 1]) s[nt][e] = NEG_INF;
+        }
+        // online softmax, log2 domain; rescale only when some row's max grows
+        // by more than DECODE_RESCALE_THRESHOLD over its reference m (warp-uniform)
+        float mxs[2];
+        bool grow = false;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mxs[hf] = mx * scale_log2;
+            grow |= mxs[hf] > m_run[hf] + DECODE_RESCALE_THRESHOLD;
+        }
+        if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const float m_new = fmaxf(m_run[hf], mxs[hf]);
+                const float alpha = fast_exp2(m_run[hf] - (m_new == NEG_INF ? 0.f : m_new));  // 0 while m = -inf
+                m_run[hf] = m_new;
+                l_run[hf] *= alpha;
+#pragma unroll
+                for (int dt = 0; dt < DT; ++dt) {
+                    o[dt][2 * hf] *= alpha;
+                    o[dt][2 * hf + 1] *= alpha;
+                }
+            }
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const float m_ref = m_run[hf] == NEG_INF ? 0.f : m_run[hf];  // no (-inf) - (-inf)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
+                    s[nt][e] = fast_exp2(fmaf(s[nt][e], scale_log2, -m_ref));
+                    l_run[hf] += s[nt][e];
+                }
+        }
+        // O += P V: the C fragments of S, paired, are the A fragment of P
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const unsigned pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                    pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; ++dp) {
+                unsigned vb[4];
+                ldmatrix_x4_trans(vb, sK_st + (TILE + a_off + kk * 16 * ROW + dp * 16) * 2);
+                mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
+                mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+            }
         }
     }
+
+    // --- merge the warps (write_cta_result), through the freed stages ------------
+    cp_async_wait<0>();
+    __syncthreads();
+    float* m_w = reinterpret_cast<float*>(sKV);
+    float* l_w = m_w + NW * ROWS;
+    float* o_w = l_w + NW * ROWS;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        float l = l_run[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int i = lane / 4 + 8 * hf;
+        if (lane % 4 == 0) {
+            m_w[warp * ROWS + i] = m_run[hf];
+            l_w[warp * ROWS + i] = l;
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+            *reinterpret_cast<float2*>(o_w + (warp * ROWS + i) * D + dt * 8 + (lane % 4) * 2) =
+                make_float2(o[dt][2 * hf], o[dt][2 * hf + 1]);
+    }
+    __syncthreads();
+    write_cta_result<T, HEAD_DIM, ROWS, NW, THREADS>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, split, num_splits,
+                                                      len, part_o, part_lse);
 }
 
 // Merge the num_splits partial results of each packed row (see the top).
