@@ -28,10 +28,11 @@ REPS = 30
 FLUSH = cupy.empty(256 * 2**20 // 4, dtype=cupy.int32)
 VARIANTS = {  # name -> the bf16 D128 decode spec it times (the table's spec: "base")
     "base": lambda: _specs.decode_spec("bfloat16", 128, 4),
-    "mma_s2": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=2),
-    "mma_s4": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=4),
-    "mma_w8_s2": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=2, warps=8),
-    "mma_bn32_s2": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=2, block_n=32),
+    "pad": lambda: _specs.decode_mma_spec("bfloat16", 128, options=("-DDECODE_MMA_SWIZZLE=0",)),
+    "pf0": lambda: _specs.decode_mma_spec("bfloat16", 128, options=("-DDECODE_MMA_L2_PREFETCH=0",)),
+    "s4": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=4),
+    "w8_s2": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=2, warps=8),
+    "w8_s3": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=3, warps=8),
     "cuda_core": lambda: _specs.decode_cuda_core_spec("bfloat16", 128, 4),  # decode.cu v2, 4 rows per CTA
 }
 

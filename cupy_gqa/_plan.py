@@ -293,12 +293,14 @@ def plan_decode(
 
 @functools.lru_cache(maxsize=64)
 def _resident_slots(spec: _specs.Spec, device: int) -> int:
-    """SMs x CTAs of the decode kernel ``spec`` that fit on one SM at a time, on ``device``."""
+    """SMs x CTAs of the decode kernel ``spec`` per SM that the split rule fills on
+    ``device``: those that fit at a time, at most _specs.DECODE_WAVE_CTAS."""
     import cupy
     from cupy.cuda import driver
 
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(get_kernel(spec).kernel.ptr, spec.threads, spec.smem)
-    return max(1, per_sm) * cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+    wave = _specs.DECODE_WAVE_CTAS[spec.dtype]
+    return max(1, min(per_sm, wave or per_sm)) * cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
 def launch_decode(
@@ -319,7 +321,7 @@ LAUNCH = {"rowwise": launch_rowwise, "tiled": launch_tiled, "decode": launch_dec
 # "auto" takes the decode kernel up to this many packed rows (seqlen_q * group_size)
 # per (batch, KV head), by dtype; beyond, the tiled kernel is faster (H200,
 # benchmarks/NOTES_decode.md). float32's CUDA-core dot products lose from 8 rows.
-DECODE_AUTO_MAX_ROWS = {"float32": 4, "float16": 16, "bfloat16": 16}
+DECODE_AUTO_MAX_ROWS = {"float32": 4, "float16": 32, "bfloat16": 32}
 
 
 def choose_kernel(problem: Problem, q, k, v, out) -> str:

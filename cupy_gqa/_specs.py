@@ -206,20 +206,27 @@ DECODE_MMA_ROWS = 16
 DECODE_MMA_WARPS = 4  # kernels/decode.cu: DECODE_MMA_WARPS
 DECODE_MMA_BN = 16  # kernels/decode.cu: DECODE_MMA_BN
 DECODE_MMA_STAGES = {64: 3, 128: 3, 256: 2}  # per warp; 2 CTAs per SM at D128, 1 at D256
+# CTAs per SM that the split rule (_plan.decode_num_splits) fills: one CTA of
+# the tensor-core kernel keeps ~64 KB in flight, enough for the SM's share of
+# HBM, and every extra split costs the combine (H200, benchmarks/NOTES_decode.md);
+# the CUDA-core kernel needs all its resident CTAs (None) to hide its issue time.
+DECODE_WAVE_CTAS = {"float16": 1, "bfloat16": 1, "float32": None}
 
 
-def decode_mma_smem(head_dim: int, stages: int, warps: int = DECODE_MMA_WARPS, block_n: int = DECODE_MMA_BN) -> int:
-    """Dynamic shared memory of decode_mma_attention: the Q tile, then each
-    warp's stages of a K and a V tile (rows padded by 8 elements, 2 bytes), or,
-    when larger, the fp32 (m, l, o) of every warp's rows that replace them."""
-    row = (head_dim + 8) * 2
-    stages_bytes = warps * stages * 2 * block_n * row
+def decode_mma_smem(head_dim: int, stages: int, warps: int = DECODE_MMA_WARPS, block_n: int = DECODE_MMA_BN,
+                    swizzle: bool = True) -> int:
+    """Dynamic shared memory of decode_mma_attention: the Q tile (rows padded by
+    8 elements), then each warp's stages of a K and a V tile (swizzled rows of
+    head_dim elements), or, when larger, the fp32 (m, l, o) of every warp's rows
+    that replace them."""
+    kv_row = head_dim if swizzle else head_dim + 8
+    stages_bytes = warps * stages * 2 * block_n * kv_row * 2
     merge_bytes = warps * DECODE_MMA_ROWS * (head_dim + 2) * 4
-    return DECODE_MMA_ROWS * row + max(stages_bytes, merge_bytes)
+    return DECODE_MMA_ROWS * (head_dim + 8) * 2 + max(stages_bytes, merge_bytes)
 
 
 def decode_mma_spec(dtype: str, head_dim: int, stages: int | None = None, warps: int = DECODE_MMA_WARPS,
-                    block_n: int = DECODE_MMA_BN) -> Spec:
+                    block_n: int = DECODE_MMA_BN, options: tuple = ()) -> Spec:
     """The tensor-core decode kernel; the keywords override the table
     (benchmarks/decode_dev.py times variants)."""
     stages = DECODE_MMA_STAGES[head_dim] if stages is None else stages
@@ -227,7 +234,7 @@ def decode_mma_spec(dtype: str, head_dim: int, stages: int | None = None, warps:
         f"-D{name}={value}"
         for name, value, default in (("DECODE_MMA_WARPS", warps, DECODE_MMA_WARPS), ("DECODE_MMA_BN", block_n, DECODE_MMA_BN))
         if value != default
-    )
+    ) + options
     return Spec(
         family="decode",
         source="decode.cu",
@@ -236,7 +243,7 @@ def decode_mma_spec(dtype: str, head_dim: int, stages: int | None = None, warps:
         head_dim=head_dim,
         threads=warps * 32,
         block_m=DECODE_MMA_ROWS,
-        smem=decode_mma_smem(head_dim, stages, warps, block_n),
+        smem=decode_mma_smem(head_dim, stages, warps, block_n, "-DDECODE_MMA_SWIZZLE=0" not in options),
         options=options,
     )
 

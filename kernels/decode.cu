@@ -399,7 +399,8 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
 // its online softmax (lazy rescale, as in tiled.cu) and adds P V. At the end
 // the warps' (m, l, o) go through shared memory to write_cta_result.
 //
-// Shared memory (dynamic; rows padded by 8 elements, as in tiled.cu):
+// Shared memory (dynamic; Q rows padded by 8 elements as in tiled.cu, K/V
+// rows swizzled, see kv_at):
 //   [ Q: ROWS x (HEAD_DIM + 8) | warp 0: stage 0 K, V | stage 1 K, V | ... | warp 1 ... ]
 //   then, reusing the stages once every warp is done: m, l [NW][ROWS], o [NW][ROWS][HEAD_DIM] fp32.
 #ifndef DECODE_MMA_WARPS
@@ -408,6 +409,37 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
 #ifndef DECODE_MMA_BN
 #define DECODE_MMA_BN 16
 #endif
+#ifndef DECODE_MMA_L2_PREFETCH  // 0, 64, 128 or 256: the L2 prefetch size hint of the K/V copies (H200: 128 is ~2% faster than 0 or 256)
+#define DECODE_MMA_L2_PREFETCH 128
+#endif
+
+namespace decode_detail {
+// cp_async_16 with DECODE_MMA_L2_PREFETCH's hint.
+__device__ __forceinline__ void copy_16(unsigned dst, const void* src, bool pred) {
+#if DECODE_MMA_L2_PREFETCH == 0
+    cp_async_16(dst, src, pred);
+#else
+#define DECODE_STR2(x) #x
+#define DECODE_STR(x) DECODE_STR2(x)
+    asm volatile("cp.async.cg.shared.global.L2::" DECODE_STR(DECODE_MMA_L2_PREFETCH) "B [%0], [%1], 16, %2;\n"
+                 ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
+#endif
+}
+
+// Element offset of 16-byte chunk c of row r (r % 8 == swz) in a K/V tile.
+// DECODE_MMA_SWIZZLE 1: rows of exactly HEAD_DIM elements, chunk c stored at
+// c ^ (r % 8), so the 8 row addresses of an ldmatrix hit 8 different bank
+// groups and each 128-byte piece of a row lands in one aligned 128-byte piece
+// of shared memory (a padded row of HEAD_DIM + 8 splits most such copies in
+// two: twice the L2 requests). 0: padded rows, no swizzle.
+#ifndef DECODE_MMA_SWIZZLE
+#define DECODE_MMA_SWIZZLE 1
+#endif
+template <int KV_ROW>
+__device__ __forceinline__ int kv_at(int r, int c, int swz) {
+    return r * KV_ROW + (DECODE_MMA_SWIZZLE ? (c ^ swz) : c) * 8;
+}
+}  // namespace decode_detail
 
 template <typename T, int HEAD_DIM, int STAGES>
 __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention(
@@ -423,11 +455,12 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     constexpr int KD = D / 16;                      // k16 steps of Q K^T
     constexpr int NT = BN / 8;                      // n8 tiles of S
     constexpr int DT = D / 8;                       // n8 tiles of O
-    constexpr int TILE = BN * ROW;                  // elements of one K (or V) tile
+    constexpr int KV_ROW = DECODE_MMA_SWIZZLE ? D : ROW;  // K/V tile row, elements
+    constexpr int TILE = BN * KV_ROW;               // elements of one K (or V) tile
     constexpr int RPP = 32 / CH;                    // key rows a warp copies per pass
     constexpr bool Q_REGS = D <= 128;               // Q fragments in registers (D 256: from smem)
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
-    static_assert(D % 16 == 0 && CH <= 32 && 32 % CH == 0 && BN % 16 == 0 && BN % RPP == 0, "tile shapes");
+    static_assert(D % 16 == 0 && CH >= 8 && CH <= 32 && 32 % CH == 0 && BN % 16 == 0 && BN % RPP == 0, "tile shapes");
     const float NEG_INF = neg_inf<float>();
     const float scale_log2 = (float)p.scale_log2;
 
@@ -482,18 +515,18 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     const index_t ks = p.k_stride[1], vs = p.v_stride[1];
     const T* k_lane = k + b * p.k_stride[0] + kv_head * p.k_stride[2] + ld_r * ks + ld_ch * 8;
     const T* v_lane = v + b * p.v_stride[0] + kv_head * p.v_stride[2] + ld_r * vs + ld_ch * 8;
-    T* sW = sKV + warp * STAGES * 2 * TILE;  // this warp's stages: [STAGES][K, V][BN][ROW]
-    const unsigned sW_lane = smem_addr(sW + ld_r * ROW + ld_ch * 8);
+    T* sW = sKV + warp * STAGES * 2 * TILE;  // this warp's stages: [STAGES][K, V][BN][KV_ROW]
+    const unsigned sW_addr = smem_addr(sW);
     auto load_tile = [&](int u, int stage) {  // keys k_begin + u * BN .. + BN (zero past k_end)
         const int key0 = k_begin + u * BN;
-        const unsigned dst = sW_lane + stage * 2 * TILE * 2;
 #pragma unroll
         for (int i = 0; i < BN / RPP; ++i) {
             const int key = key0 + ld_r + i * RPP;
             const bool ok = key < k_end;
             const index_t row = key0 + i * RPP;
-            cp_async_16(dst + i * RPP * ROW * 2, ok ? (const void*)(k_lane + row * ks) : (const void*)k, ok);
-            cp_async_16(dst + (TILE + i * RPP * ROW) * 2, ok ? (const void*)(v_lane + row * vs) : (const void*)v, ok);
+            const unsigned d = sW_addr + (stage * 2 * TILE + kv_at<KV_ROW>(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7)) * 2;
+            copy_16(d, ok ? (const void*)(k_lane + row * ks) : (const void*)k, ok);
+            copy_16(d + TILE * 2, ok ? (const void*)(v_lane + row * vs) : (const void*)v, ok);
         }
     };
 #pragma unroll
@@ -505,9 +538,12 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     // ldmatrix lane offsets (elements), as in tiled.cu:
     //  A (Q) and B-trans (V): matrices {rows 0-7,k 0-7},{rows 8-15,k 0-7},{rows 0-7,k 8-15},{rows 8-15,k 8-15}
     //  B (K):                 matrices {keys 0-7,d 0-7},{keys 0-7,d 8-15},{keys 8-15,d 0-7},{keys 8-15,d 8-15}
+    //  (in the K/V tiles, the row of every address is lane & 7 modulo 8: its swizzle)
     const int a_off = (((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + (lane >> 4) * 8;
-    const int k_off = ((lane >> 4) * 8 + (lane & 7)) * ROW + ((lane >> 3) & 1) * 8;
     const unsigned sQ_lane = smem_addr(sQ + a_off);
+    const int k_row = (lane >> 4) * 8 + (lane & 7), k_ch = (lane >> 3) & 1;  // + 16 np, + 2 kd
+    const int v_row = ((lane >> 3) & 1) * 8 + (lane & 7), v_ch = lane >> 4;  // + 16 kk, + 2 dp
+    const int swz = lane & 7;
     cp_async_wait<STAGES - 1>();  // the Q group, for this thread ..
     __syncthreads();              // .. and for all
     unsigned q_frag[Q_REGS ? KD : 1][4];
@@ -550,7 +586,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np) {
                 unsigned kb[4];
-                ldmatrix_x4(kb, sK_st + (k_off + np * 16 * ROW + kd * 16) * 2);
+                ldmatrix_x4(kb, sK_st + kv_at<KV_ROW>(k_row + np * 16, k_ch + 2 * kd, swz) * 2);
                 mma_16816<T>(s[2 * np], qa, kb[0], kb[1]);
                 mma_16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
             }
@@ -611,7 +647,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
                 unsigned vb[4];
-                ldmatrix_x4_trans(vb, sK_st + (TILE + a_off + kk * 16 * ROW + dp * 16) * 2);
+                ldmatrix_x4_trans(vb, sK_st + (TILE + kv_at<KV_ROW>(v_row + kk * 16, v_ch + 2 * dp, swz)) * 2);
                 mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
                 mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
             }
