@@ -133,10 +133,28 @@ def test_unsupported_calls_are_refused():
         cupy_gqa.attention(q, k, v, kernel="decode")
 
 
-def test_auto_picks_decode_for_decode_shapes():
-    q, k, v = (cupy.asarray(x) for x in random_qkv(2, 1, 64, 32, 8, 128, "bfloat16"))
-    problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=1.0)
-    assert _plan.choose_kernel(problem, q, k, v, cupy.empty_like(q)) == "decode"
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_auto_picks_decode_up_to_its_row_limit(dtype):
+    """auto: decode up to DECODE_AUTO_MAX_ROWS packed rows (seqlen_q * group_size), tiled beyond."""
+    limit = _plan.DECODE_AUTO_MAX_ROWS[dtype]
+    for seqlen_q, expect in ((1, "decode"), (limit // 4, "decode"), (limit // 4 + 1, "tiled")):
+        q, k, v = (cupy.asarray(x) for x in random_qkv(2, seqlen_q, 64, 32, 8, 128, dtype))
+        problem = _plan.Problem.of(q, k, dtype=dtype, causal=True, softmax_scale=1.0)
+        assert _plan.choose_kernel(problem, q, k, v, cupy.empty_like(q)) == expect, (seqlen_q, limit)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("growth", ["none", "rising"])
+def test_large_and_rising_scores(dtype, growth):
+    """The tensor-core kernel's lazy rescale: scores of +-30 and more, and a
+    running max that keeps rising along the cache (a rescale every few tiles),
+    split and unsplit."""
+    q, k, v = random_qkv(2, 3, 5000, 16, 2, 128, dtype, seed=11, scale=2.5)
+    if growth == "rising":  # key j leans towards the queries by a factor growing with j
+        ramp = np.linspace(0.0, 1.0, k.shape[1])[None, :, None, None]
+        k = (k.astype(np.float64) + 1.5 * ramp * q[:, :1, ::8].astype(np.float64)).astype(k.dtype)
+    for num_splits in (None, 1, 5):
+        check(q, k, v, num_splits=num_splits, what=f"growth={growth} splits={num_splits}")
 
 
 def test_torch_seqlens_k():
