@@ -65,8 +65,8 @@
  */
 #include "common.cuh"
 
-// ---- A/B switches (benchmarks/tf32_ab.py --variants); each default is the
-// code as it was, so the default build is unchanged. -----------------------------
+// ---- A/B switches (benchmarks/tf32_ab.py --variants); the defaults are the
+// measured choice (TF32_FAST_SPLIT on, the rest off). -----------------------------
 // TF32_FAST_SPLIT 1: round to TF32 with integer ops, (bits + 0x1000) with the low
 //   13 bits masked where the value itself is needed (x - big): 4 instructions
 //   per split element instead of the 7 that cvt.rna.tf32 + sub + cvt.rna become
@@ -85,8 +85,8 @@
 //   at PRESPLIT 1 (benchmarks/tf32_ab.py: variant_smem).
 // TF32_LOAD_INC 1: K/V tile loads from one row pointer per thread and tile plus
 //   constant row steps, instead of a 64-bit index per copy.
-#ifndef TF32_FAST_SPLIT
-#define TF32_FAST_SPLIT 0
+#ifndef TF32_FAST_SPLIT  // on: F1 -11%, F2 -6% (H200, benchmarks/NOTES.md item 11)
+#define TF32_FAST_SPLIT 1
 #endif
 #ifndef TF32_EX2
 #define TF32_EX2 0
