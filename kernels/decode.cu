@@ -591,6 +591,11 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
                 mma_16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
             }
         }
+        // to log2 units first, so that a mask of -inf stays -inf for any scale (0 too)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
         // mask keys past a row's causal end or past the range (lane holds keys
         // key0 + 8 nt + 2 (lane % 4) + {0, 1} of rows lane / 4 (e < 2) and + 8)
         if (key0 + BN > k_free) {
@@ -611,7 +616,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
             for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mxs[hf] = mx * scale_log2;
+            mxs[hf] = mx;
             grow |= mxs[hf] > m_run[hf] + DECODE_RESCALE_THRESHOLD;
         }
         if (__any_sync(0xffffffffu, grow)) {
@@ -635,7 +640,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
-                    s[nt][e] = fast_exp2(fmaf(s[nt][e], scale_log2, -m_ref));
+                    s[nt][e] = fast_exp2(s[nt][e] - m_ref);
                     l_run[hf] += s[nt][e];
                 }
         }

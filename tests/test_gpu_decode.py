@@ -201,3 +201,15 @@ def test_device_seqlens_k_for_cpu_inputs():
 def test_host_seqlens_k_checked_for_gpu_inputs():
     with pytest.raises(ValueError, match=r"seqlens_k: expected values in \[0, 100\] \(0 to seqlen_k\), got 101 at batch 1"):
         cupy_gqa.attention(*_qkv_gpu(), seqlens_k=[100, 101])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seqlen_k", [1, 17])
+def test_softmax_scale_zero(dtype, seqlen_k):
+    """softmax_scale 0: every visible key weighs the same, keys masked in a
+    partial tile included (0 * -inf must not turn into NaN)."""
+    q, k, v = random_qkv(1, 1, seqlen_k, 4, 1, 64, dtype, seed=seqlen_k)
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), softmax_scale=0.0, out=out, kernel="decode")
+    ref, _ = reference_attention(q, k, v, causal=True, softmax_scale=0.0)
+    assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"decode {dtype} scale 0")
