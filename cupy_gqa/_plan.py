@@ -163,8 +163,8 @@ def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
         return f"dtype {problem.dtype} (it takes {', '.join(_specs.TILED_DTYPES + ('float32',))})"
     if problem.head_dim not in head_dims:
         return f"head_dim {problem.head_dim} (it takes {', '.join(map(str, head_dims))} in {problem.dtype})"
-    if not problem.softmax_scale > 0:
-        return f"softmax_scale {problem.softmax_scale} (it takes positive scales)"
+    if not np.float32(problem.softmax_scale * math.log2(math.e)) > 0:  # the kernels scale in float32
+        return f"softmax_scale {problem.softmax_scale} (it takes scales whose float32 scale * log2(e) is positive)"
     if problem.seqlen_q * problem.group_size >= 2**31:  # packed rows are 32-bit in the kernel
         return f"seqlen_q * group_size = {problem.seqlen_q * problem.group_size} (it takes < 2**31)"
     return _vector_issue(_layout(q, k, v, out), (q, k, v, out))
