@@ -131,6 +131,9 @@ CASES: tuple[Case, ...] = (
     _prefill("H3", 16, 512, 128, "fp16"),
     _prefill("H4", 4, 2048, 64, "bf16"),
     _prefill("N1", 4, 4096, 128, "bf16", causal=False),
+    _prefill("H5", 4, 2048, 80, "bf16"),  # head dims of real models beyond 64 / 128
+    _prefill("H6", 4, 2048, 192, "bf16"),
+    _prefill("H7", 4, 2048, 256, "bf16"),
     Case("D1", 16, 1, 8192, 32, 8, 128, "bf16", True, "decode"),  # one new token against a cache
     Case("D2", 64, 1, 2048, 32, 8, 128, "bf16", True, "decode"),
     _prefill("M1", 1, 32768, 128, "fp32", kind="memory"),

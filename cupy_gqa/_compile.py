@@ -107,13 +107,17 @@ def _ptxas_number(log: str, pattern: str) -> int | None:
 
 
 def compile_offline(spec: Spec, arch: str) -> CompileReport:
-    """Compile ``spec`` for ``arch`` (e.g. ``sm_90``) with NVRTC and read ptxas' report."""
+    """Compile ``spec`` for ``arch`` (e.g. ``sm_90``) with NVRTC and read ptxas' report.
+
+    A spec built for one target (``spec.arch``, e.g. sm_90a) compiles for that target."""
     from cupy.cuda import nvrtc
 
     prog = nvrtc.createProgram(source(spec.source), spec.source, [], [])
     try:
         nvrtc.addNameExpression(prog, spec.name)
-        options = [f"--gpu-architecture={arch}", "-Xptxas", "-v", *compile_options(spec)]
+        # a spec built for one target names it in its own options (-arch=sm_90a)
+        target = [] if spec.arch else [f"--gpu-architecture={arch}"]
+        options = [*target, "-Xptxas", "-v", *compile_options(spec)]
         try:
             nvrtc.compileProgram(prog, options)
             ok = True

@@ -163,11 +163,7 @@ def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
         return f"dtype {problem.dtype} (it takes {', '.join(_specs.TILED_DTYPES + ('float32',))})"
     if problem.head_dim not in head_dims:
         return f"head_dim {problem.head_dim} (it takes {', '.join(map(str, head_dims))} in {problem.dtype})"
-    if not np.float32(problem.softmax_scale * math.log2(math.e)) > 0:  # the kernels scale in float32
-        return f"softmax_scale {problem.softmax_scale} (it takes scales whose float32 scale * log2(e) is positive)"
-    if problem.seqlen_q * problem.group_size >= 2**31:  # packed rows are 32-bit in the kernel
-        return f"seqlen_q * group_size = {problem.seqlen_q * problem.group_size} (it takes < 2**31)"
-    return _vector_issue(_layout(q, k, v, out), (q, k, v, out))
+    return _scale_issue(problem) or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -189,6 +185,55 @@ def launch_tiled(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked
     if reason is not None:
         raise ValueError(f"kernel: 'tiled' does not support this call: {reason}; use kernel='auto' or 'rowwise'")
     plan_tiled(problem, _layout(q, k, v, out))(q, k, v, out, lse, seqlens_k)
+
+
+@functools.lru_cache(maxsize=64)
+def compute_capability(device: int) -> tuple[int, int]:
+    """(major, minor) of CUDA device ``device``."""
+    import cupy
+
+    cc = cupy.cuda.Device(device).compute_capability  # e.g. "90"
+    return int(cc[:-1]), int(cc[-1])
+
+
+def _scale_issue(problem: Problem) -> str | None:
+    """The tensor-core kernels scale scores in float32 and take the row max
+    before scaling, so they need a float32 scale * log2(e) that is positive."""
+    if not np.float32(problem.softmax_scale * math.log2(math.e)) > 0:
+        return f"softmax_scale {problem.softmax_scale} (it takes scales whose float32 scale * log2(e) is positive)"
+    if problem.seqlen_q * problem.group_size >= 2**31:  # packed rows are 32-bit in the kernels
+        return f"seqlen_q * group_size = {problem.seqlen_q * problem.group_size} (it takes < 2**31)"
+    return None
+
+
+def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
+    """Why kernels/hopper.cu cannot run this call, or None if it can."""
+    if problem.dtype not in _specs.HOPPER_DTYPES:
+        return f"dtype {problem.dtype} (it takes {', '.join(_specs.HOPPER_DTYPES)})"
+    if problem.head_dim % 8:
+        return f"head_dim {problem.head_dim} (it takes multiples of 8 up to {_specs.MAX_HEAD_DIM})"
+    cc = compute_capability(q.device.id)
+    if cc != (9, 0):
+        return f"a device of compute capability {cc[0]}.{cc[1]} (it runs on 9.0, Hopper)"
+    return _scale_issue(problem) or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_hopper(problem: Problem, layout: tuple) -> Launch:
+    spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
+    num_m_tiles = math.ceil(problem.seqlen_q * problem.group_size / spec.block_m)
+    blocks = num_m_tiles * problem.batch * problem.num_kv_heads
+    if blocks > MAX_GRID_X:
+        raise ValueError(f"q: too many query rows for one launch ({blocks} blocks > {MAX_GRID_X})")
+    return Launch(spec, (blocks,), make_params(problem, layout))
+
+
+def launch_hopper(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False) -> None:
+    """``checked``: choose_kernel has already found that hopper_unsupported is None."""
+    reason = None if checked else hopper_unsupported(problem, q, k, v, out)
+    if reason is not None:
+        raise ValueError(f"kernel: 'hopper' does not support this call: {reason}; use kernel='auto', 'tiled' or 'rowwise'")
+    plan_hopper(problem, _layout(q, k, v, out))(q, k, v, out, lse, seqlens_k)
 
 
 def decode_unsupported(problem: Problem, q, k, v, out) -> str | None:
@@ -316,7 +361,7 @@ def launch_decode(
 
 
 # The GPU kernel families, in the order the public ``kernel=`` lists them.
-LAUNCH = {"rowwise": launch_rowwise, "tiled": launch_tiled, "decode": launch_decode}
+LAUNCH = {"rowwise": launch_rowwise, "tiled": launch_tiled, "hopper": launch_hopper, "decode": launch_decode}
 
 # "auto" takes the decode kernel up to this many packed rows (seqlen_q * group_size)
 # per (batch, KV head), by dtype; beyond, the tiled kernel is faster (H200,
@@ -326,8 +371,11 @@ DECODE_AUTO_MAX_ROWS = {"float32": 4, "float16": 32, "bfloat16": 32}
 
 def choose_kernel(problem: Problem, q, k, v, out) -> str:
     """The kernel ``kernel="auto"`` runs for this call: the decode kernel for a
-    few query rows per KV head, else the tensor-core kernel whenever it
-    supports the call, else the rowwise kernel, which runs anything."""
+    few query rows per KV head, else the Hopper kernel on sm_90, else the
+    mma.sync tensor-core kernel, each when it supports the call, else the
+    rowwise kernel, which runs anything."""
     if problem.seqlen_q * problem.group_size <= DECODE_AUTO_MAX_ROWS.get(problem.dtype, 0) and decode_unsupported(problem, q, k, v, out) is None:
         return "decode"
+    if hopper_unsupported(problem, q, k, v, out) is None:
+        return "hopper"
     return "tiled" if tiled_unsupported(problem, q, k, v, out) is None else "rowwise"

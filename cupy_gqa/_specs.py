@@ -35,6 +35,7 @@ class Spec:
     block_m: int = 0  # tiled, decode: packed query rows per CTA
     smem: int = 0  # dynamic shared memory per block, bytes
     options: tuple = ()  # extra NVRTC options
+    arch: str | None = None  # the one target it is built for (e.g. "sm_90a"); None: the device's own
 
 
 # --- rowwise: one query row per thread (team) ----------------------------------
@@ -187,6 +188,49 @@ def tiled_head_dims(dtype: str) -> tuple:
     return tuple(TILED_F32_TILES) if dtype == "float32" else tuple(TILED_TILES) if dtype in TILED_DTYPES else ()
 
 
+# --- hopper: wgmma prefill for sm_90, fp16 / bf16 (kernels/hopper.cu) ---------
+# Padded head dim -> (BLOCK_M packed rows per CTA, 64 per warpgroup; BLOCK_N
+# keys per K/V tile; CTAs per SM the registers are capped for). head_dim is
+# padded to the next of these (any multiple of 8 up to 256 runs).
+HOPPER_TILES = {
+    64: (128, 128, 1),
+    128: (128, 128, 1),
+    192: (128, 96, 1),
+    256: (128, 64, 1),
+}
+HOPPER_DTYPES = ("float16", "bfloat16")
+HOPPER_ARCH = "sm_90a"
+
+
+def hopper_head_dim_pad(head_dim: int) -> int:
+    """The padded head dim of the hopper kernel that serves ``head_dim``."""
+    return next(d for d in HOPPER_TILES if d >= head_dim)
+
+
+def hopper_smem(head_dim_pad: int, block_m: int, block_n: int) -> int:
+    """Dynamic shared memory of kernels/hopper.cu (HopperSmem::BYTES): the Q tile,
+    two K and two V stages, 2-byte elements, and 1024 bytes of alignment slack."""
+    return (block_m + 4 * block_n) * head_dim_pad * 2 + 1024
+
+
+HOPPER = {
+    (dtype, dpad, causal): Spec(
+        family="hopper",
+        source="hopper.cu",
+        name=f"hopper_attention<{CTYPES[dtype]}, {dpad}, {bm}, {bn}, {min_blocks}, {str(causal).lower()}>",
+        dtype=dtype,
+        head_dim=dpad,
+        threads=bm // 64 * 128,
+        block_m=bm,
+        smem=hopper_smem(dpad, bm, bn),
+        options=(f"-arch={HOPPER_ARCH}",),
+        arch=HOPPER_ARCH,
+    )
+    for dtype in HOPPER_DTYPES
+    for dpad, (bm, bn, min_blocks) in HOPPER_TILES.items()
+    for causal in (True, False)
+}
+
 # --- decode: split-KV, a few query tokens against a long KV cache --------------
 # One CTA takes block_m packed rows (seqlen_q * group_size of them, in row
 # blocks beyond that) of one (batch, KV head) and one key range
@@ -292,5 +336,5 @@ def decode_spec(dtype: str, head_dim: int, rows: int) -> Spec:
 
 
 SPECS: tuple[Spec, ...] = (
-    *ROWWISE.values(), *TILED.values(), *TILED_F32.values(), *DECODE.values(), *DECODE_COMBINE.values()
+    *ROWWISE.values(), *TILED.values(), *TILED_F32.values(), *HOPPER.values(), *DECODE.values(), *DECODE_COMBINE.values()
 )

@@ -124,6 +124,9 @@ EXPECTED_CASES = {
     "H3": (16, 512, 512, 32, 8, 128, "fp16", True, "prefill"),
     "H4": (4, 2048, 2048, 32, 8, 64, "bf16", True, "prefill"),
     "N1": (4, 4096, 4096, 32, 8, 128, "bf16", False, "prefill"),
+    "H5": (4, 2048, 2048, 32, 8, 80, "bf16", True, "prefill"),
+    "H6": (4, 2048, 2048, 32, 8, 192, "bf16", True, "prefill"),
+    "H7": (4, 2048, 2048, 32, 8, 256, "bf16", True, "prefill"),
     "D1": (16, 1, 8192, 32, 8, 128, "bf16", True, "decode"),
     "D2": (64, 1, 2048, 32, 8, 128, "bf16", True, "decode"),
     "M1": (1, 32768, 32768, 32, 8, 128, "fp32", True, "memory"),
@@ -142,7 +145,7 @@ def test_parse_cases_selects_subset_in_order():
     assert [c.name for c in bench.parse_cases(" m1 , s0h,M1")] == ["M1", "S0h"]
 
 
-@pytest.mark.parametrize("text", ["S0,X9", "H5", ",", "S0h2"])
+@pytest.mark.parametrize("text", ["S0,X9", "H9", ",", "S0h2"])
 def test_parse_cases_rejects_unknown(text):
     with pytest.raises(Exception) as info:
         bench.parse_cases(text)

@@ -8,6 +8,8 @@ import pytest
 pytest.importorskip("cupy")
 
 from cupy_gqa.__main__ import main  # noqa: E402
+from cupy_gqa._compile import KERNEL_DIR, compile_offline  # noqa: E402
+from cupy_gqa._gen_wgmma import header  # noqa: E402
 from cupy_gqa._specs import SPECS  # noqa: E402
 
 
@@ -15,10 +17,26 @@ from cupy_gqa._specs import SPECS  # noqa: E402
 def test_compile_command_covers_every_specialization(arch, capsys):
     assert main(["compile", "--arch", arch]) == 0
     printed = capsys.readouterr().out
-    for spec in SPECS:
+    # a spec built for one target (the Hopper kernels: sm_90a) belongs to that architecture only
+    specs = [s for s in SPECS if s.arch is None or s.arch == arch + "a"]
+    for spec in specs:
         assert spec.name in printed
-    assert f"{len(SPECS)}/{len(SPECS)} specializations compiled for {arch}" in printed
+    assert f"{len(specs)}/{len(specs)} specializations compiled for {arch}" in printed
     assert "FAILED" not in printed
+    if arch == "sm_80":
+        assert not any(s.family == "hopper" and s.name in printed for s in SPECS)
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.family == "hopper"], ids=lambda s: s.name)
+def test_hopper_kernels_have_no_spills(spec):
+    report = compile_offline(spec, "sm_90")
+    assert report.ok, report.log
+    assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+
+
+def test_wgmma_header_is_generated():
+    """kernels/wgmma.cuh is the output of cupy_gqa._gen_wgmma, unedited."""
+    assert (KERNEL_DIR / "wgmma.cuh").read_text() == header()
 
 
 def test_compile_command_fails_on_a_bad_arch(capsys):

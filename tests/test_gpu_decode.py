@@ -70,7 +70,7 @@ def test_forced_splits(num_splits, dtype):
     check(q, k, v, num_splits=num_splits, seqlens_k=np.array([3000, 1, 1789]), what=f"num_splits={num_splits}")
 
 
-@pytest.mark.parametrize("kernel", ["decode", "tiled", "rowwise", "auto"])
+@pytest.mark.parametrize("kernel", ["decode", "tiled", "hopper", "rowwise", "auto"])
 @pytest.mark.parametrize("lens_on", ["host", "device"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("seqlen_q", [1, 4, 16])
@@ -135,9 +135,11 @@ def test_unsupported_calls_are_refused():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_auto_picks_decode_up_to_its_row_limit(dtype):
-    """auto: decode up to DECODE_AUTO_MAX_ROWS packed rows (seqlen_q * group_size), tiled beyond."""
+    """auto: decode up to DECODE_AUTO_MAX_ROWS packed rows (seqlen_q * group_size),
+    beyond that the Hopper kernel on sm_90 (fp16 / bf16), else tiled."""
     limit = _plan.DECODE_AUTO_MAX_ROWS[dtype]
-    for seqlen_q, expect in ((1, "decode"), (limit // 4, "decode"), (limit // 4 + 1, "tiled")):
+    hopper = cupy.cuda.Device().compute_capability == "90" and dtype in ("float16", "bfloat16")
+    for seqlen_q, expect in ((1, "decode"), (limit // 4, "decode"), (limit // 4 + 1, "hopper" if hopper else "tiled")):
         q, k, v = (cupy.asarray(x) for x in random_qkv(2, seqlen_q, 64, 32, 8, 128, dtype))
         problem = _plan.Problem.of(q, k, dtype=dtype, causal=True, softmax_scale=1.0)
         assert _plan.choose_kernel(problem, q, k, v, cupy.empty_like(q)) == expect, (seqlen_q, limit)

@@ -28,7 +28,7 @@ def calls(draw):
         seqlen_k=draw(st.integers(1, 300)),
         num_kv_heads=num_kv_heads,
         num_q_heads=num_kv_heads * draw(st.integers(1, 8)),
-        head_dim=draw(st.sampled_from([1, 8, 24, 32, 40, 64, 96, 128, 256])),
+        head_dim=draw(st.sampled_from([1, 8, 24, 32, 40, 64, 72, 96, 128, 200, 256])),
         dtype=draw(st.sampled_from(list(NP_DTYPES))),
         layout=draw(st.sampled_from(LAYOUTS)),
         causal=draw(st.booleans()),
