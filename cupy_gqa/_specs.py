@@ -189,14 +189,14 @@ def tiled_head_dims(dtype: str) -> tuple:
 
 
 # --- hopper: wgmma prefill for sm_90, fp16 / bf16 (kernels/hopper.cu) ---------
-# Padded head dim -> (BLOCK_M packed rows per CTA, 64 per warpgroup; BLOCK_N
-# keys per K/V tile; CTAs per SM the registers are capped for). head_dim is
+# Padded head dim -> (BLOCK_M packed rows per CTA, 64 per consumer warpgroup;
+# BLOCK_N keys per K/V tile; STAGES of K/V in the producer's ring). head_dim is
 # padded to the next of these (any multiple of 8 up to 256 runs).
 HOPPER_TILES = {
-    64: (128, 128, 1),
-    128: (128, 128, 1),
-    192: (128, 96, 1),
-    256: (128, 64, 1),
+    64: (128, 128, 4),
+    128: (128, 128, 3),
+    192: (128, 96, 2),
+    256: (128, 64, 2),
 }
 HOPPER_DTYPES = ("float16", "bfloat16")
 HOPPER_ARCH = "sm_90a"
@@ -207,27 +207,31 @@ def hopper_head_dim_pad(head_dim: int) -> int:
     return next(d for d in HOPPER_TILES if d >= head_dim)
 
 
-def hopper_smem(head_dim_pad: int, block_m: int, block_n: int) -> int:
-    """Dynamic shared memory of kernels/hopper.cu (HopperSmem::BYTES): the Q tile,
-    two K and two V stages, 2-byte elements, and 1024 bytes of alignment slack."""
-    return (block_m + 4 * block_n) * head_dim_pad * 2 + 1024
+def hopper_smem(head_dim_pad: int, block_m: int, block_n: int, stages: int) -> int:
+    """Dynamic shared memory of kernels/hopper.cu, HopperSmem::BYTES (the kernel
+    static_asserts that the two agree): the Q tile and STAGES K and V tiles,
+    2-byte elements, 8-byte mbarriers, 1024 bytes of alignment slack."""
+    return (block_m + 2 * stages * block_n) * head_dim_pad * 2 + 8 * (1 + 2 * stages) + 1024
 
 
 HOPPER = {
     (dtype, dpad, causal): Spec(
         family="hopper",
         source="hopper.cu",
-        name=f"hopper_attention<{CTYPES[dtype]}, {dpad}, {bm}, {bn}, {min_blocks}, {str(causal).lower()}>",
+        name=(
+            f"hopper_attention<{CTYPES[dtype]}, {dpad}, {bm}, {bn}, {stages}, {str(causal).lower()}, "
+            f"{hopper_smem(dpad, bm, bn, stages)}>"
+        ),
         dtype=dtype,
         head_dim=dpad,
-        threads=bm // 64 * 128,
+        threads=bm // 64 * 128 + 128,  # consumer warpgroups and one producer warpgroup
         block_m=bm,
-        smem=hopper_smem(dpad, bm, bn),
+        smem=hopper_smem(dpad, bm, bn, stages),
         options=(f"-arch={HOPPER_ARCH}",),
         arch=HOPPER_ARCH,
     )
     for dtype in HOPPER_DTYPES
-    for dpad, (bm, bn, min_blocks) in HOPPER_TILES.items()
+    for dpad, (bm, bn, stages) in HOPPER_TILES.items()
     for causal in (True, False)
 }
 

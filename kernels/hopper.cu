@@ -88,49 +88,90 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 // cp.async writes reach the tensor cores' (async) proxy only after this fence.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// ---- mbarriers (shared memory, CTA scope) --------------------------------------
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Wait until the phase of the given parity has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// Register budget per warpgroup role (needs a register cap at entry: __launch_bounds__(.., 1)).
+template <int N> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// Named barrier for the 128 threads of one warpgroup (ids 1.., 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+
+constexpr int PRODUCER_REGS = 40;   // 128 x 40 + 256 x 232 <= 65536
+constexpr int CONSUMER_REGS = 232;
+
 }  // namespace hopper_detail
 
-template <int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N>
+
+// Shared-memory layout, one definition for the kernel and for cupy_gqa/_specs.py
+// (hopper_smem), which passes its byte count as SMEM_BYTES: a static_assert
+// in the kernel holds the two together.
+template <int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES>
 struct HopperSmem {
     static constexpr int SLABS = HEAD_DIM_PAD / 64;
     static constexpr int Q_SLAB = BLOCK_M * 128;   // bytes of one 64-column slab of the Q tile
     static constexpr int KV_SLAB = BLOCK_N * 128;  // ... of a K or V tile
     static constexpr int Q_BYTES = SLABS * Q_SLAB;
     static constexpr int KV_BYTES = SLABS * KV_SLAB;
-    static constexpr int BYTES = Q_BYTES + 4 * KV_BYTES + 1024;  // + alignment slack
+    static constexpr int STAGE_BYTES = 2 * KV_BYTES;  // K then V
+    static constexpr int BARRIERS = 1 + 2 * STAGES;   // q_full, full[STAGES], empty[STAGES]
+    // tiles from a 1024-aligned base, then the barriers; + 1024 slack for the alignment
+    static constexpr int BYTES = Q_BYTES + STAGES * STAGE_BYTES + 8 * BARRIERS + 1024;
 };
 
-template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int MIN_BLOCKS, bool CAUSAL>
-__global__ void __launch_bounds__(BLOCK_M / 64 * 128, MIN_BLOCKS)
+template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
 hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p) {
     using namespace hopper_detail;
     static_assert(HEAD_DIM_PAD % 64 == 0 && HEAD_DIM_PAD <= 256, "head dims are padded to 64, 128, 192 or 256");
     static_assert(BLOCK_M % 64 == 0 && BLOCK_N % 16 == 0, "wgmma tiles: 64 rows per warpgroup, 16 keys per step");
-    using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N>;
-    constexpr int NTHREADS = BLOCK_M / 64 * 128;
+    using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES>;
+    static_assert(SMEM_BYTES == L::BYTES, "cupy_gqa/_specs.py: hopper_smem disagrees with HopperSmem");
+    static_assert(STAGES >= 2, "the producer marks tile j full after issuing tile j + 1");
     constexpr int CHP = HEAD_DIM_PAD / 8;      // 16-byte chunks per padded row
     constexpr int KD = HEAD_DIM_PAD / 16;      // k-steps of Q K^T
     constexpr int NS = BLOCK_N / 2;            // S accumulators per thread
     constexpr int NO = HEAD_DIM_PAD / 2;       // O accumulators per thread
+    constexpr int CONSUMERS = BLOCK_M / 64 * 128;
 
-    const float scale_log2 = (float)p.scale_log2;
     const int batch = p.batch, seqlen_q = p.seqlen_q, num_q_heads = p.num_q_heads, num_kv_heads = p.num_kv_heads;
-    const int head_dim = p.head_dim;
-    const int ch_used = head_dim / 8;          // chunks that hold data; the rest are zero
 
     extern __shared__ unsigned char smem_raw[];
     const unsigned raw = smem_addr(smem_raw);
     const unsigned base = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
     unsigned char* const smem = smem_raw + (base - raw);
     const unsigned sQ = base;
-    const unsigned sK = sQ + L::Q_BYTES;       // stages 0, 1
-    const unsigned sV = sK + 2 * L::KV_BYTES;  // stages 0, 1
+    const unsigned sKV = sQ + L::Q_BYTES;      // stage s: K at sKV + s * STAGE_BYTES, V KV_BYTES after it
+    const unsigned bars = sKV + STAGES * L::STAGE_BYTES;
+    const unsigned q_full = bars;              // the Q tile has landed
+    auto full = [&](int s) { return bars + 8 * (1 + s); };            // K/V stage s has landed
+    auto empty = [&](int s) { return bars + 8 * (1 + STAGES + s); };  // ... and has been consumed
 
     const int tid = threadIdx.x;
-    const int wg = tid / 128;                  // warpgroup: rows [64 wg, 64 wg + 64) of the tile
-    const int lane = tid & 31;
-    const int warp_in_wg = (tid / 32) & 3;
+    if (tid == 0) {
+        mbar_init(q_full, 128);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 128);           // every producer thread arrives
+            mbar_init(empty(s), CONSUMERS);    // every consumer thread arrives
+        }
+    }
+    __syncthreads();
 
     const int group = num_q_heads / num_kv_heads;
     const int packed_rows = seqlen_q * group;
@@ -151,12 +192,17 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     }
     const int num_n = (n_end + BLOCK_N - 1) / BLOCK_N;
 
-    // ---- loads: 16-byte cp.async chunks into the swizzled slabs ----------------
-    // Chunk c of a tile of R rows is row c / CHP, column chunk c % CHP; rows
-    // past the data and the padding columns are zero-filled.
-    {
-        constexpr int TOTAL = BLOCK_M * CHP;
-        for (int c = tid; c < TOTAL; c += NTHREADS) {
+    if (tid >= CONSUMERS) {
+        // =========================== producer warpgroup ===========================
+        // 16-byte cp.async chunks into the swizzled slabs: chunk c of a tile of R
+        // rows is row c / CHP, column chunk c % CHP; rows past the data and the
+        // padding columns are zero-filled. Tile j goes to stage j % STAGES once
+        // the consumers have released that stage; when tile j+1 is in flight,
+        // tile j is complete: fence it into the async proxy and mark it full.
+        regs_dec<PRODUCER_REGS>();
+        const int pt = tid - CONSUMERS;
+        const int ch_used = p.head_dim / 8;    // chunks that hold data; the rest are zero
+        for (int c = pt; c < BLOCK_M * CHP; c += 128) {
             const int r = c / CHP, ch = c % CHP;
             const int pr = row0 + r;
             const bool ok = pr < packed_rows && ch < ch_used;
@@ -166,66 +212,86 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                               : q;
             cp_async_16(sQ + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
         }
-    }
-    const T* const kbase = k + (index_t)b * p.k_stride[0] + (index_t)kvh * p.k_stride[2];
-    const T* const vbase = v + (index_t)b * p.v_stride[0] + (index_t)kvh * p.v_stride[2];
-    const index_t k_stride_s = p.k_stride[1], v_stride_s = p.v_stride[1];
-    auto load_kv = [&](int j, int stage) {
-        constexpr int TOTAL = BLOCK_N * CHP;
-        const unsigned dK = sK + stage * L::KV_BYTES, dV = sV + stage * L::KV_BYTES;
+        const T* const kbase = k + (index_t)b * p.k_stride[0] + (index_t)kvh * p.k_stride[2];
+        const T* const vbase = v + (index_t)b * p.v_stride[0] + (index_t)kvh * p.v_stride[2];
+        const index_t k_stride_s = p.k_stride[1], v_stride_s = p.v_stride[1];
+        for (int j = 0; j < num_n; ++j) {
+            const int stage = j % STAGES;
+            if (j >= STAGES) mbar_wait(empty(stage), ((j / STAGES) + 1) & 1);
+            const unsigned dK = sKV + stage * L::STAGE_BYTES, dV = dK + L::KV_BYTES;
 #pragma unroll 4
-        for (int c = tid; c < TOTAL; c += NTHREADS) {
-            const int r = c / CHP, ch = c % CHP;
-            const int key = j * BLOCK_N + r;
-            const bool ok = key < seqlen_k && ch < ch_used;
-            const unsigned off = (ch / 8) * L::KV_SLAB + swizzle128(r, ch % 8);
-            cp_async_16(dK + off, ok ? (const void*)(kbase + (index_t)key * k_stride_s + ch * 8) : (const void*)k, ok);
-            cp_async_16(dV + off, ok ? (const void*)(vbase + (index_t)key * v_stride_s + ch * 8) : (const void*)v, ok);
+            for (int c = pt; c < BLOCK_N * CHP; c += 128) {
+                const int r = c / CHP, ch = c % CHP;
+                const int key = j * BLOCK_N + r;
+                const bool ok = key < seqlen_k && ch < ch_used;
+                const unsigned off = (ch / 8) * L::KV_SLAB + swizzle128(r, ch % 8);
+                cp_async_16(dK + off, ok ? (const void*)(kbase + (index_t)key * k_stride_s + ch * 8) : (const void*)k, ok);
+                cp_async_16(dV + off, ok ? (const void*)(vbase + (index_t)key * v_stride_s + ch * 8) : (const void*)v, ok);
+            }
+            cp_async_commit();                 // group j (group 0 also holds Q)
+            if (j >= 1) {
+                cp_async_wait<1>();            // tile j - 1 (and Q) landed
+                fence_proxy_async();
+                if (j == 1) mbar_arrive(q_full);
+                mbar_arrive(full((j - 1) % STAGES));
+            }
         }
-    };
-    if (num_n > 0) load_kv(0, 0);
-    cp_async_commit();                         // group: Q and K/V tile 0
+        cp_async_commit();
+        cp_async_wait<0>();
+        fence_proxy_async();
+        if (num_n <= 1) mbar_arrive(q_full);
+        if (num_n >= 1) mbar_arrive(full((num_n - 1) % STAGES));
+        return;
+    }
 
-    // ---- per-thread state: rows 16 warp + lane/4 (+8) of the warpgroup --------
+    // ============================ consumer warpgroups ============================
+    regs_inc<CONSUMER_REGS>();
+    const float scale_log2 = (float)p.scale_log2;
+    const int wg = tid / 128;                  // rows [64 wg, 64 wg + 64) of the tile
+    const int lane = tid & 31;
+    const int my_row = wg * 64 + ((tid / 32) & 3) * 16 + (lane >> 2);  // + 8 h, h = 0, 1
+
     float o[NO];
 #pragma unroll
     for (int i = 0; i < NO; ++i) o[i] = 0.f;
     float m_run[2] = {__int_as_float(0xff800000), __int_as_float(0xff800000)};  // running max, log2 domain
     float l_run[2] = {0.f, 0.f};               // per-thread partial row sums
-    const int my_row = wg * 64 + warp_in_wg * 16 + (lane >> 2);  // + 8 h, h = 0, 1
+    unsigned pa[BLOCK_N / 16][4];              // P of the previous tile as wgmma A fragments
 
-    // descriptors of this warpgroup's Q rows and of stage 0's K and V
     const unsigned long long desc_q = make_smem_desc(sQ + wg * 64 * 128, 16, 1024);
-    const unsigned long long desc_k0 = make_smem_desc(sK, 16, 1024);
-    const unsigned long long desc_v0 = make_smem_desc(sV, L::KV_SLAB, 1024);
+    const unsigned long long desc_k0 = make_smem_desc(sKV, 16, 1024);
+    const unsigned long long desc_v0 = make_smem_desc(sKV + L::KV_BYTES, L::KV_SLAB, 1024);
     // a k-step of Q K^T moves 32 bytes inside a slab, then to the next slab
     auto kstep = [](int kd, int slab_bytes) { return (unsigned long long)(((kd / 4) * slab_bytes + (kd % 4) * 32) >> 4); };
+    auto stage_off = [](int j) { return (unsigned long long)(((j % STAGES) * L::STAGE_BYTES) >> 4); };
 
-    for (int j = 0; j < num_n; ++j) {
-        const int stage = j & 1;
-        cp_async_wait<0>();                    // tile j (and Q) landed for this thread
-        fence_proxy_async();                   // ... visible to wgmma
-        __syncthreads();                       // ... for all threads; the other stage is free
-        if (j + 1 < num_n) load_kv(j + 1, stage ^ 1);
-        cp_async_commit();
+    // O += P V_j for the P in pa (asynchronous: committed, not waited for)
+    auto issue_pv = [&](int jv) {
+        const unsigned long long desc_v = desc_v0 + stage_off(jv);
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            Wgmma<T, HEAD_DIM_PAD>::rs(o, pa[kk], desc_v + (unsigned long long)((kk * 16 * 128) >> 4), 1);
+        wgmma_commit();
+    };
 
-        // ---- S = Q K_j^T ------------------------------------------------------
-        float s[NS];
-        const unsigned long long desc_k = desc_k0 + (unsigned long long)((stage * L::KV_BYTES) >> 4);
-        wgmma_fence();
+    // S = Q K_j^T (asynchronous: committed, not waited for)
+    auto issue_qk = [&](float (&s)[NS], int j) {
+        const unsigned long long desc_k = desc_k0 + stage_off(j);
 #pragma unroll
         for (int kd = 0; kd < KD; ++kd)
             Wgmma<T, BLOCK_N>::ss(s, desc_q + kstep(kd, L::Q_SLAB), desc_k + kstep(kd, L::KV_SLAB), kd);
         wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(s);
+    };
 
-        // ---- scale, then mask (tiles crossing the diagonal or the end) ----------
+    // Scale and mask S of tile j, update the running max; P = exp2(S - m) in
+    // place, its row sums in rs. Returns whether the warp raised its max
+    // (alpha = exp2(m_old - m_new) then holds the factor for O and l).
+    auto softmax = [&](float (&s)[NS], int j, float (&alpha)[2], float (&rs)[2]) {
         // s[4 nt + e]: row my_row + 8 (e / 2), key n0 + 8 nt + 2 (lane % 4) + e % 2
 #pragma unroll
-        for (int i = 0; i < NS; ++i) s[i] *= scale_log2;
+        for (int i = 0; i < NS; ++i) s[i] *= scale_log2;  // scale, then mask
         const int n0 = j * BLOCK_N;
-        if (n0 + BLOCK_N > n_free) {
+        if (n0 + BLOCK_N > n_free) {           // only tiles crossing the diagonal or the end
             int key_limit[2];                  // last visible key of each of the thread's rows
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -238,8 +304,6 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                 if (key > key_limit[(i / 2) & 1]) s[i] = __int_as_float(0xff800000);
             }
         }
-
-        // ---- online softmax ------------------------------------------------------
         float mx[2];
         bool grow = false;
 #pragma unroll
@@ -252,39 +316,48 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             mx[h] = m;
             grow |= m > m_run[h] + RESCALE_THRESHOLD;
         }
-        if (__any_sync(0xffffffffu, grow)) {   // warp-uniform lazy rescale
+        const bool rescale = __any_sync(0xffffffffu, grow);  // warp-uniform lazy rescale
+        if (rescale) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const float m_new = fmaxf(m_run[h], mx[h]);
-                // online softmax: O *= exp2(m_old - m_new), l *= exp2(m_old - m_new); 0 while m_old = -inf
-                const float alpha = fast_exp2(m_run[h] - (m_new == __int_as_float(0xff800000) ? 0.f : m_new));
+                // exp2(m_old - m_new): 0 while m_old = -inf
+                alpha[h] = fast_exp2(m_run[h] - (m_new == __int_as_float(0xff800000) ? 0.f : m_new));
                 m_run[h] = m_new;
-                l_run[h] *= alpha;
-#pragma unroll
-                for (int nt = 0; nt < NO / 4; ++nt) {
-                    o[4 * nt + 2 * h] *= alpha;
-                    o[4 * nt + 2 * h + 1] *= alpha;
-                }
             }
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float m_use = m_run[h] == __int_as_float(0xff800000) ? 0.f : m_run[h];
-            float rs = 0.f;
+            rs[h] = 0.f;
 #pragma unroll
             for (int nt = 0; nt < NS / 4; ++nt) {
-                // P = exp2(S - m)
                 const float p0 = fast_exp2(s[4 * nt + 2 * h] - m_use);
                 const float p1 = fast_exp2(s[4 * nt + 2 * h + 1] - m_use);
                 s[4 * nt + 2 * h] = p0;
                 s[4 * nt + 2 * h + 1] = p1;
-                rs += p0 + p1;
+                rs[h] += p0 + p1;
             }
-            l_run[h] += rs;
         }
+        return rescale;
+    };
 
-        // ---- O += P V_j: the S fragment of keys 16 kk .. is P's A fragment ---------
-        unsigned pa[BLOCK_N / 16][4];
+    // online softmax: O *= exp2(m_old - m_new), l = l exp2(m_old - m_new) + rowsum P;
+    // then P becomes the A fragments (the S fragment of keys 16 kk .. is P's).
+    auto fold = [&](float (&s)[NS], bool rescale, const float (&alpha)[2], const float (&rs)[2]) {
+        if (rescale) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                l_run[h] *= alpha[h];
+#pragma unroll
+                for (int nt = 0; nt < NO / 4; ++nt) {
+                    o[4 * nt + 2 * h] *= alpha[h];
+                    o[4 * nt + 2 * h + 1] *= alpha[h];
+                }
+            }
+        }
+        l_run[0] += rs[0];
+        l_run[1] += rs[1];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
             pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);  // row r,     keys 16 kk + 2c, +1
@@ -292,19 +365,46 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);  // row r,     keys 16 kk + 8 + 2c, +1
             pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);  // row r + 8
         }
-        const unsigned long long desc_v = desc_v0 + (unsigned long long)((stage * L::KV_BYTES) >> 4);
+    };
+
+    mbar_wait(q_full, 0);
+    if (num_n > 0) {
+        // tile 0: S, softmax, P
+        float s[NS], alpha[2] = {1.f, 1.f}, rs[2];
+        mbar_wait(full(0), 0);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            Wgmma<T, HEAD_DIM_PAD>::rs(o, pa[kk], desc_v + (unsigned long long)((kk * 16 * 128) >> 4), 1);
-        wgmma_commit();
+        issue_qk(s, 0);
+        wgmma_wait<0>();
+        fence_regs(s);
+        const bool rescale = softmax(s, 0, alpha, rs);
+        fold(s, rescale, alpha, rs);
+    }
+    for (int j = 1; j < num_n; ++j) {
+        // S_j = Q K_j^T, then O += P_{j-1} V_{j-1} behind it on the tensor cores;
+        // the softmax of S_j runs while P V does
+        float s[NS], alpha[2] = {1.f, 1.f}, rs[2];
+        mbar_wait(full(j % STAGES), (j / STAGES) & 1);
+        wgmma_fence();
+        issue_qk(s, j);
+        issue_pv(j - 1);
+        wgmma_wait<1>();                       // S_j is ready
+        fence_regs(s);
+        const bool rescale = softmax(s, j, alpha, rs);
+        wgmma_wait<0>();                       // P_{j-1} V_{j-1} is done: release its stage
+        fence_regs(o);
+        mbar_arrive(empty((j - 1) % STAGES));
+        fold(s, rescale, alpha, rs);
+    }
+    if (num_n > 0) {                           // the last tile's P V
+        wgmma_fence();
+        issue_pv(num_n - 1);
         wgmma_wait<0>();
         fence_regs(o);
+        mbar_arrive(empty((num_n - 1) % STAGES));
     }
-    cp_async_wait<0>();                        // nothing in flight (also when num_n == 0)
-    __syncthreads();                           // every warpgroup is done with Q: its space stages O
 
-    // ---- epilogue: O / l into the swizzled Q space, then 16-byte rows out -------------
+    // ---- epilogue: O / l into this warpgroup's rows of the Q tile, then out ----------
+    // (only this warpgroup's wgmmas read those rows, and they are done)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float l = l_run[h];
@@ -330,9 +430,10 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             }
         }
     }
-    __syncthreads();
-    for (int c = tid; c < BLOCK_M * ch_used; c += NTHREADS) {
-        const int r = c / ch_used, ch = c - (c / ch_used) * ch_used;
+    warpgroup_sync(1 + wg);
+    const int ch_used = p.head_dim / 8;
+    for (int c = tid - wg * 128; c < 64 * ch_used; c += 128) {
+        const int r = wg * 64 + c / ch_used, ch = c - (c / ch_used) * ch_used;
         const int pr = row0 + r;
         if (pr < packed_rows) {
             const int t = pr / group, g = pr - (pr / group) * group;

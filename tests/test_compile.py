@@ -32,6 +32,8 @@ def test_hopper_kernels_have_no_spills(spec):
     report = compile_offline(spec, "sm_90")
     assert report.ok, report.log
     assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+    # ptxas serializes every wgmma of a kernel whose pipeline it cannot prove (C7514 and kin)
+    assert "Potential Performance Loss" not in report.log, report.log
 
 
 def test_wgmma_header_is_generated():

@@ -115,6 +115,8 @@ def test_device_seqlens_k_out_of_range_gives_nan_rows(kernel, dtype):
     """Device values are not checked on the host; every kernel marks a bad batch with NaN."""
     q, k, v = (cupy.asarray(x) for x in random_qkv(3, 2, 100, 8, 2, 64, dtype))
     lens = cupy.asarray([100, 101, -1], dtype=cupy.int32)
+    if kernel == "hopper" and (dtype == "float32" or cupy.cuda.Device().compute_capability != "90"):
+        pytest.skip("hopper: fp16 / bf16 on sm_90 only")
     out, lse = cupy_gqa.attention(q, k, v, return_lse=True, kernel=kernel, seqlens_k=lens)
     out, lse = cupy.asnumpy(out).astype(np.float32), cupy.asnumpy(lse)
     assert np.isfinite(out[0]).all() and np.isfinite(lse[0]).all()
