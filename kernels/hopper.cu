@@ -85,7 +85,8 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// cp.async writes reach the tensor cores' (async) proxy only after this fence.
+// Shared memory written through the generic proxy (cp.async, st.shared) is
+// ordered before this thread's later wgmma reads (async proxy) by this fence.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // ---- mbarriers (shared memory, CTA scope) --------------------------------------
@@ -105,6 +106,13 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     } while (!done);
 }
 
+// The mbarrier receives one arrival when all of this thread's earlier cp.async
+// copies have landed (.noinc: the arrival is one of the counted ones).
+__device__ __forceinline__ void cp_async_arrive(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 // Register budget per warpgroup role (needs a register cap at entry: __launch_bounds__(.., 1)).
 template <int N> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
@@ -112,8 +120,8 @@ template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setm
 // Named barrier for the 128 threads of one warpgroup (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 
-constexpr int PRODUCER_REGS = 40;   // 128 x 40 + 256 x 232 <= 65536
-constexpr int CONSUMER_REGS = 232;
+constexpr int PRODUCER_REGS = 56;   // 56 + 2 x 224 = 3 x 168: what the producer frees, the consumers take
+constexpr int CONSUMER_REGS = 224;
 
 }  // namespace hopper_detail
 
@@ -143,7 +151,7 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     static_assert(BLOCK_M % 64 == 0 && BLOCK_N % 16 == 0, "wgmma tiles: 64 rows per warpgroup, 16 keys per step");
     using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES>;
     static_assert(SMEM_BYTES == L::BYTES, "cupy_gqa/_specs.py: hopper_smem disagrees with HopperSmem");
-    static_assert(STAGES >= 2, "the producer marks tile j full after issuing tile j + 1");
+    static_assert(STAGES >= 2, "the consumers hold tile j - 1 (P V) while tile j arrives");
     constexpr int CHP = HEAD_DIM_PAD / 8;      // 16-byte chunks per padded row
     constexpr int KD = HEAD_DIM_PAD / 16;      // k-steps of Q K^T
     constexpr int NS = BLOCK_N / 2;            // S accumulators per thread
@@ -197,8 +205,9 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         // 16-byte cp.async chunks into the swizzled slabs: chunk c of a tile of R
         // rows is row c / CHP, column chunk c % CHP; rows past the data and the
         // padding columns are zero-filled. Tile j goes to stage j % STAGES once
-        // the consumers have released that stage; when tile j+1 is in flight,
-        // tile j is complete: fence it into the async proxy and mark it full.
+        // the consumers have released that stage; each thread's copies of it
+        // arrive on full[stage] when they land (cp.async.mbarrier.arrive), so
+        // the producer only ever waits for free stages.
         regs_dec<PRODUCER_REGS>();
         const int pt = tid - CONSUMERS;
         const int ch_used = p.head_dim / 8;    // chunks that hold data; the rest are zero
@@ -212,12 +221,13 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                               : q;
             cp_async_16(sQ + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
         }
+        cp_async_arrive(q_full);
         const T* const kbase = k + (index_t)b * p.k_stride[0] + (index_t)kvh * p.k_stride[2];
         const T* const vbase = v + (index_t)b * p.v_stride[0] + (index_t)kvh * p.v_stride[2];
         const index_t k_stride_s = p.k_stride[1], v_stride_s = p.v_stride[1];
         for (int j = 0; j < num_n; ++j) {
             const int stage = j % STAGES;
-            if (j >= STAGES) mbar_wait(empty(stage), ((j / STAGES) + 1) & 1);
+            if (j >= STAGES) mbar_wait(empty(stage), ((j / STAGES) + 1) & 1);  // tile j - STAGES consumed
             const unsigned dK = sKV + stage * L::STAGE_BYTES, dV = dK + L::KV_BYTES;
 #pragma unroll 4
             for (int c = pt; c < BLOCK_N * CHP; c += 128) {
@@ -228,19 +238,9 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                 cp_async_16(dK + off, ok ? (const void*)(kbase + (index_t)key * k_stride_s + ch * 8) : (const void*)k, ok);
                 cp_async_16(dV + off, ok ? (const void*)(vbase + (index_t)key * v_stride_s + ch * 8) : (const void*)v, ok);
             }
-            cp_async_commit();                 // group j (group 0 also holds Q)
-            if (j >= 1) {
-                cp_async_wait<1>();            // tile j - 1 (and Q) landed
-                fence_proxy_async();
-                if (j == 1) mbar_arrive(q_full);
-                mbar_arrive(full((j - 1) % STAGES));
-            }
+            cp_async_arrive(full(stage));
         }
-        cp_async_commit();
-        cp_async_wait<0>();
-        fence_proxy_async();
-        if (num_n <= 1) mbar_arrive(q_full);
-        if (num_n >= 1) mbar_arrive(full((num_n - 1) % STAGES));
+        cp_async_wait_all();                   // nothing in flight when the warpgroup exits
         return;
     }
 
@@ -368,10 +368,12 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     };
 
     mbar_wait(q_full, 0);
+    fence_proxy_async();                       // cp.async (generic proxy) writes -> wgmma reads
     if (num_n > 0) {
         // tile 0: S, softmax, P
         float s[NS], alpha[2] = {1.f, 1.f}, rs[2];
         mbar_wait(full(0), 0);
+        fence_proxy_async();
         wgmma_fence();
         issue_qk(s, 0);
         wgmma_wait<0>();
@@ -384,6 +386,7 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         // the softmax of S_j runs while P V does
         float s[NS], alpha[2] = {1.f, 1.f}, rs[2];
         mbar_wait(full(j % STAGES), (j / STAGES) & 1);
+        fence_proxy_async();
         wgmma_fence();
         issue_qk(s, j);
         issue_pv(j - 1);

@@ -32,6 +32,9 @@ def test_hopper_kernels_have_no_spills(spec):
     report = compile_offline(spec, "sm_90")
     assert report.ok, report.log
     assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+    # setmaxnreg moves registers between warpgroups inside the CTA's launch allocation
+    # (kernels/hopper.cu: PRODUCER_REGS + 2 CONSUMER_REGS = 3 x 168): it must be 168
+    assert report.registers == 168, report.log
     # ptxas serializes every wgmma of a kernel whose pipeline it cannot prove (C7514 and kin)
     assert "Potential Performance Loss" not in report.log, report.log
 
