@@ -23,6 +23,8 @@ _INSTALL_HINT = (
     'or ".[cuda13]" (driver >= 580); the "CUDA Version" that nvidia-smi prints is the highest the driver supports'
 )
 
+_CHECK_VISIBLE = "check that nvidia-smi lists a GPU and that CUDA_VISIBLE_DEVICES does not hide it"
+
 
 def _cuda_version(v: int) -> str:
     return f"{v // 1000}.{v % 1000 // 10}"
@@ -45,7 +47,7 @@ def gpu_status() -> tuple[str | None, str]:
     except Exception as e:  # CUDARuntimeError: no driver, a driver too old for CuPy's runtime, no device
         return None, f"{e}. {_driver_advice(runtime)}"
     if count == 0:
-        return None, "no CUDA device found; check that nvidia-smi lists a GPU and that CUDA_VISIBLE_DEVICES does not hide it"
+        return None, f"no CUDA device found; {_CHECK_VISIBLE}"
     try:
         device = runtime.getDevice()
         props = runtime.getDeviceProperties(device)
@@ -78,14 +80,12 @@ def _driver_advice(runtime) -> str:
             f"The driver supports CUDA up to {_cuda_version(driver)}, but CuPy uses the CUDA {_cuda_version(needed)} "
             f"runtime: update the driver, or {_INSTALL_HINT}."
         )
-    return (
-        f"The driver supports CUDA up to {_cuda_version(driver)}; check that nvidia-smi lists a GPU and that "
-        "CUDA_VISIBLE_DEVICES does not hide it."
-    )
+    return f"The driver supports CUDA up to {_cuda_version(driver)}; {_CHECK_VISIBLE}."
 
 
 def demo() -> int:
-    """The seed's shape: batch 2, seqlen 80, 8 query heads, 2 KV heads, head_dim 32, fp32, causal."""
+    """A small call on the GPU, checked against the NumPy backend: batch 2, seqlen 80,
+    8 query heads, 2 KV heads, head_dim 32, fp32, causal."""
     rng = np.random.default_rng(0)
     shape_q, shape_kv = (2, 80, 8, 32), (2, 80, 2, 32)
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in (shape_q, shape_kv, shape_kv))
@@ -128,7 +128,8 @@ def arch_issue(arch: str) -> str | None:
         archs = tuple(supported())
         if int(m.group(1)) not in archs:
             version = ".".join(map(str, nvrtc.getVersion()))
-            return f"--arch: NVRTC {version} does not compile for {arch} (it takes {', '.join(f'sm_{a}' for a in archs)})"
+            takes = ", ".join(f"sm_{a}" for a in archs)
+            return f"--arch: NVRTC {version} does not compile for {arch} (it takes {takes})"
     return None
 
 
@@ -158,11 +159,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cupy_gqa", description=__doc__)
     parser.add_argument("--version", action="version", version=f"cupy_gqa {__version__}")
     sub = parser.add_subparsers(dest="command")
-    sub.add_parser("demo", help="run the seed shape and check it (the default)")
+    sub.add_parser("demo", help="run a small call on the GPU and check it against the NumPy backend (the default)")
     comp = sub.add_parser("compile", help="compile every kernel specialization with NVRTC (no GPU needed)")
-    comp.add_argument(
-        "--arch", default="sm_90", help=f"target architecture, sm_XX with XX in {', '.join(map(str, KNOWN_ARCHS))} (default: sm_90)"
-    )
+    known = ", ".join(map(str, KNOWN_ARCHS))
+    comp.add_argument("--arch", default="sm_90", help=f"target architecture, sm_XX with XX in {known} (default: sm_90)")
     args = parser.parse_args(argv)
     if args.command == "compile":
         return compile_all(args.arch)

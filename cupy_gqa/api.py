@@ -197,7 +197,8 @@ def _check_shapes_and_dtypes(q, k, v, bhsd: bool = False) -> str:
     q_axes, kv_axes = _AXES["bhsd" if bhsd else "bshd"]
     for name, x in (("q", q), ("k", k), ("v", v)):
         if len(x.shape) != 4:
-            raise ValueError(f"{name}: expected 4 dimensions {q_axes if name == 'q' else kv_axes}, got shape {tuple(x.shape)}")
+            axes = q_axes if name == "q" else kv_axes
+            raise ValueError(f"{name}: expected 4 dimensions {axes}, got shape {tuple(x.shape)}")
     dtype = _interop.dtype_name(q)
     if dtype not in DTYPES:
         raise TypeError(f"q: expected dtype in {DTYPES}, got {dtype}")

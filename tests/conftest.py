@@ -1,5 +1,7 @@
 """Shared test helpers: random inputs, the error measure, and the GPU marker."""
 import functools
+import importlib.util
+import os
 
 import ml_dtypes
 import numpy as np
@@ -24,6 +26,29 @@ def gpu_available() -> bool:
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:
         return False
+
+
+def pytest_report_header(config):
+    """Say at the start where the time goes: NVRTC compiles each kernel specialization once."""
+    from cupy_gqa.__main__ import gpu_status
+
+    name, reason = gpu_status()
+    cache = os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
+    lines = []
+    if gpu_available():
+        lines.append(f"cupy_gqa: GPU tests run on {name or reason}")
+        lines.append(
+            "cupy_gqa: each kernel specialization compiles with NVRTC at its first use (about a second), "
+            f"then loads from CuPy's cache {cache}; the first GPU tests of a fresh cache are the slow ones"
+        )
+    else:
+        lines.append(f"cupy_gqa: GPU tests skip: {reason}")
+    if importlib.util.find_spec("cupy") is not None:
+        lines.append(
+            "cupy_gqa: test_compile.py compiles every kernel specialization with NVRTC for sm_80 and sm_90 "
+            "(no GPU needed; most of a CPU-only run's time)"
+        )
+    return lines
 
 
 def pytest_collection_modifyitems(config, items):

@@ -54,8 +54,9 @@ def test_numpy_backend_without_cupy(tmp_path):
         "bf16": random_qkv(1, 7, 7, 4, 1, 32, "bfloat16", seed=2),
         "f64": random_qkv(2, 5, 3, 6, 3, 8, "float64", seed=3),
     }
-    for name, (q, k, v) in inputs.items():
-        np.save(tmp_path / f"{name}_q.npy", q), np.save(tmp_path / f"{name}_k.npy", k), np.save(tmp_path / f"{name}_v.npy", v)
+    for name, qkv in inputs.items():
+        for x, a in zip("qkv", qkv):
+            np.save(tmp_path / f"{name}_{x}.npy", a)
     code = f"""
 import pathlib, sys
 import ml_dtypes, numpy as np
