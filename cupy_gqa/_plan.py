@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from cupy.cuda import function as cupy_function
 
 from . import _specs
 from ._compile import get_kernel
@@ -84,8 +83,20 @@ def make_params(problem: Problem, layout: tuple, total_threads: int = 0) -> np.n
 # CuPy passes a 1-element NumPy array by value, reading its address through
 # __array_interface__ at every launch, which for a structured dtype costs
 # several microseconds; CuPy's own wrapper for that argument, made once per
-# launch plan, skips it. (Older CuPy without it: the array itself.)
-_by_value = getattr(cupy_function, "CNumpyArray", lambda array: array)
+# launch plan, skips it. (Older CuPy without it: the array itself.) CuPy is
+# imported at the first plan, so that the NumPy backend runs without it; with
+# no CuPy at all, plans can still be made (tests), just not launched.
+@functools.cache
+def _by_value_wrapper():
+    try:
+        from cupy.cuda import function as cupy_function
+    except ImportError:
+        cupy_function = None
+    return getattr(cupy_function, "CNumpyArray", lambda array: array)
+
+
+def _by_value(array):
+    return _by_value_wrapper()(array)
 
 
 @dataclass(frozen=True, eq=False)

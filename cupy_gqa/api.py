@@ -13,6 +13,13 @@ from .cpu import attention_cpu
 
 KERNELS = tuple(_plan.LAUNCH)  # the GPU kernel families, e.g. ("rowwise",)
 _KERNEL_CHOICES = ("auto", *KERNELS)
+LAYOUTS = ("bshd", "bhsd")  # axis orders of q, k, v and out
+_BHSD_TO_BSHD = (0, 2, 1, 3)  # the axes of a "bhsd" array, seen as "bshd"
+# The axes of q and of k, v as each layout orders them, for messages.
+_AXES = {
+    "bshd": ("(batch, seqlen_q, num_q_heads, head_dim)", "(batch, seqlen_k, num_kv_heads, head_dim)"),
+    "bhsd": ("(batch, num_q_heads, seqlen_q, head_dim)", "(batch, num_kv_heads, seqlen_k, head_dim)"),
+}
 
 
 def attention(
@@ -27,6 +34,7 @@ def attention(
     kernel="auto",
     precision="highest",
     seqlens_k=None,
+    layout="bshd",
 ):
     """Causal grouped-query attention: ``softmax(scale * q k^T + mask) v`` per query head.
 
@@ -35,11 +43,13 @@ def attention(
     q : (batch, seqlen_q, num_q_heads, head_dim)
     k : (batch, seqlen_k, num_kv_heads, head_dim)
     v : (batch, seqlen_k, num_kv_heads, head_dim)
-        CuPy arrays, PyTorch tensors (CUDA or CPU), NumPy arrays, or any CUDA
-        array exporting ``__dlpack__`` (JAX, ...), all of one framework and
-        device. dtype float32, float16, bfloat16 or float64, the same for all
-        three; 1 <= head_dim <= 256. Any non-negative strides (slices of a
-        packed QKV tensor, transposed views): nothing is copied.
+        In this axis order for ``layout="bshd"``; ``layout="bhsd"`` swaps the
+        sequence and head axes. CuPy arrays, PyTorch tensors (CUDA or CPU),
+        NumPy arrays, or any CUDA array exporting ``__dlpack__`` (JAX, ...),
+        all of one framework and device. dtype float32, float16, bfloat16 or
+        float64, the same for all three; 1 <= head_dim <= 256. Any
+        non-negative strides (slices of a packed QKV tensor, transposed
+        views): nothing is copied.
     causal : bool, default True
         Mask aligned to the bottom-right corner: query ``i`` sees keys
         ``j <= i + seqlen_k - seqlen_q``. With seqlen_q == seqlen_k this is the
@@ -59,8 +69,8 @@ def attention(
         log of the softmax denominator of the scaled scores, -inf for a row that
         sees no key.
     out : array like q, optional
-        Preallocated result (same framework, device, shape and dtype as q; any
-        non-negative strides; must not overlap q, k or v).
+        Preallocated result (same framework, device, shape, layout and dtype as
+        q; any non-negative strides; must not overlap q, k or v).
     kernel : {"auto", "rowwise", "tiled", "decode"}
         "rowwise" is one thread (or a small team) per query row with an online
         softmax, and runs every call. "tiled" is the tensor-core kernel for
@@ -74,9 +84,10 @@ def attention(
         ``batch * num_q_heads * seqlen_q * num_splits * (head_dim + 1)`` values
         from CuPy's memory pool for the duration of the call. "tiled" and
         "decode" raise ValueError for a call they don't support. "auto" picks
-        "decode" when seqlen_q * group_size <= 4 and it applies, else "tiled"
-        when it applies, else "rowwise". NumPy and CPU torch inputs run the
-        NumPy backend and take "auto" only.
+        "decode" when it applies and seqlen_q * group_size is at most 32 for
+        float16 and bfloat16 or 4 for float32 (``_plan.DECODE_AUTO_MAX_ROWS``),
+        else "tiled" when it applies, else "rowwise". NumPy and CPU torch
+        inputs run the NumPy backend and take "auto" only.
     precision : {"highest", "tf32"}, default "highest"
         float32 only (no effect on other dtypes). "highest" is fp32-accurate
         (relative error around 1e-7 to 1e-6): the tiled kernel multiplies on
@@ -100,10 +111,20 @@ def attention(
         host, since that would wait for the device: every kernel instead gives
         NaN rows (out and lse) for a batch whose value is out of range, and
         reads no key of it. Pass a host array to have the values checked.
+    layout : {"bshd", "bhsd"}, default "bshd"
+        The axis order of q, k, v and out. "bshd" is (batch, seqlen, heads,
+        head_dim), as above (FlashAttention's order). "bhsd" is (batch, heads,
+        seqlen, head_dim), the order of torch's
+        ``scaled_dot_product_attention``: q (batch, num_q_heads, seqlen_q,
+        head_dim), k and v (batch, num_kv_heads, seqlen_k, head_dim). Either
+        way the kernels read the arrays in place through their strides (a
+        "bhsd" array is seen as a transposed "bshd" view), so nothing is
+        copied; the result is in the same layout, and lse is (batch,
+        num_q_heads, seqlen_q) in both.
 
     Returns
     -------
-    out : like q, in q's framework (or ``(out, lse)`` with ``return_lse``).
+    out : like q, in q's framework and layout (or ``(out, lse)`` with ``return_lse``).
 
     Notes
     -----
@@ -121,16 +142,19 @@ def attention(
         raise ValueError(f"kernel: expected one of {_KERNEL_CHOICES}, got {kernel!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     for name, flag in (("causal", causal), ("return_lse", return_lse)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name}: expected a bool, got {type(flag).__name__} {flag!r}")
 
     named = {"q": q, "k": k, "v": v} if out is None else {"q": q, "k": k, "v": v, "out": out}
     frame = _interop.frame_of(named)
-    dtype = _check_shapes_and_dtypes(q, k, v)
-    head_dim = q.shape[3]
+    bhsd = layout == "bhsd"
+    dtype = _check_shapes_and_dtypes(q, k, v, bhsd)
+    batch, seqlen_q, num_q_heads, head_dim = (q.shape[0], q.shape[2], q.shape[1], q.shape[3]) if bhsd else q.shape
     softmax_scale = _check_scale(softmax_scale, head_dim)
-    lens = _check_seqlens_k(seqlens_k, frame, q.shape[0], k.shape[1])
+    lens = _check_seqlens_k(seqlens_k, frame, batch, k.shape[2 if bhsd else 1])
     if kernel != "auto" and not frame.on_gpu:
         raise ValueError(f"kernel: {kernel!r} runs on CUDA arrays; CPU inputs use the NumPy backend, kernel='auto'")
 
@@ -139,13 +163,15 @@ def attention(
         for name, a in (("q", qb), ("k", kb), ("v", vb)):
             _check_strides(name, a)
         if out is None:
-            out, outb = _interop.empty(tuple(q.shape), q, frame)
+            out, outb = _interop.empty(tuple(q.shape), q, frame)  # contiguous in the caller's layout
         else:
             outb = _interop.to_backend(out, frame)
-            _check_out(out, outb, qb, kb, vb, dtype)
+            _check_out(out, outb, tuple(q.shape), qb, kb, vb, dtype)
+        if bhsd:  # from here on (batch, seqlen, heads, head_dim): transposed views, nothing copied
+            qb, kb, vb, outb = (a.transpose(_BHSD_TO_BSHD) for a in (qb, kb, vb, outb))
         lse, lseb = (None, None)
         if return_lse:
-            lse, lseb = _interop.empty((q.shape[0], q.shape[2], q.shape[1]), q, frame, float32=True)
+            lse, lseb = _interop.empty((batch, num_q_heads, seqlen_q), q, frame, float32=True)
 
         lensb = _seqlens_k_backend(lens, frame)  # the last check, then the host array's copy
         problem = _plan.Problem.of(
@@ -166,11 +192,13 @@ def attention(
     return (out, lse) if return_lse else out
 
 
-def _check_shapes_and_dtypes(q, k, v) -> str:
+def _check_shapes_and_dtypes(q, k, v, bhsd: bool = False) -> str:
+    """The dtype of q, k, v after checking their dtypes and shapes, in the caller's layout."""
+    q_axes, kv_axes = _AXES["bhsd" if bhsd else "bshd"]
     for name, x in (("q", q), ("k", k), ("v", v)):
         if len(x.shape) != 4:
-            layout = "(batch, seqlen_q, num_q_heads, head_dim)" if name == "q" else "(batch, seqlen_k, num_kv_heads, head_dim)"
-            raise ValueError(f"{name}: expected 4 dimensions {layout}, got shape {tuple(x.shape)}")
+            axes = q_axes if name == "q" else kv_axes
+            raise ValueError(f"{name}: expected 4 dimensions {axes}, got shape {tuple(x.shape)}")
     dtype = _interop.dtype_name(q)
     if dtype not in DTYPES:
         raise TypeError(f"q: expected dtype in {DTYPES}, got {dtype}")
@@ -178,16 +206,15 @@ def _check_shapes_and_dtypes(q, k, v) -> str:
         if _interop.dtype_name(x) != dtype:
             raise TypeError(f"{name}: expected dtype {dtype} (that of q), got {_interop.dtype_name(x)}")
 
-    batch, _, num_q_heads, head_dim = q.shape
-    _, seqlen_k, num_kv_heads, _ = k.shape
-    expected_kv = (batch, seqlen_k, num_kv_heads, head_dim)
+    heads = 1 if bhsd else 2  # the axis of the heads
+    batch, num_q_heads, head_dim = q.shape[0], q.shape[heads], q.shape[3]
+    num_kv_heads = k.shape[heads]
     if k.shape[0] != batch or k.shape[3] != head_dim:
         raise ValueError(
-            f"k: expected shape (batch, seqlen_k, num_kv_heads, head_dim) with batch={batch} and "
-            f"head_dim={head_dim} from q, got {tuple(k.shape)}"
+            f"k: expected shape {kv_axes} with batch={batch} and head_dim={head_dim} from q, got {tuple(k.shape)}"
         )
-    if tuple(v.shape) != expected_kv:
-        raise ValueError(f"v: expected shape {expected_kv} (that of k), got {tuple(v.shape)}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v: expected shape {tuple(k.shape)} (that of k), got {tuple(v.shape)}")
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"q: expected head_dim in [1, {MAX_HEAD_DIM}], got {head_dim}")
     if num_kv_heads < 1 or num_q_heads < 1 or num_q_heads % num_kv_heads:
@@ -294,9 +321,9 @@ def _stride_issue(strides: tuple, itemsize: int) -> str | None:
     return None
 
 
-def _check_out(out, outb, qb, kb, vb, dtype: str) -> None:
-    if tuple(out.shape) != tuple(qb.shape):
-        raise ValueError(f"out: expected shape {tuple(qb.shape)} (that of q), got {tuple(out.shape)}")
+def _check_out(out, outb, q_shape: tuple, qb, kb, vb, dtype: str) -> None:
+    if tuple(out.shape) != q_shape:
+        raise ValueError(f"out: expected shape {q_shape} (that of q), got {tuple(out.shape)}")
     if _interop.dtype_name(out) != dtype:
         raise TypeError(f"out: expected dtype {dtype} (that of q), got {_interop.dtype_name(out)}")
     if outb.size == 0:

@@ -1,5 +1,7 @@
 """Shared test helpers: random inputs, the error measure, and the GPU marker."""
 import functools
+import importlib.util
+import os
 
 import ml_dtypes
 import numpy as np
@@ -24,6 +26,29 @@ def gpu_available() -> bool:
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:
         return False
+
+
+def pytest_report_header(config):
+    """Say at the start where the time goes: NVRTC compiles each kernel specialization once."""
+    from cupy_gqa.__main__ import gpu_status
+
+    name, reason = gpu_status()
+    cache = os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
+    lines = []
+    if gpu_available():
+        lines.append(f"cupy_gqa: GPU tests run on {name or reason}")
+        lines.append(
+            "cupy_gqa: each kernel specialization compiles with NVRTC at its first use (about a second), "
+            f"then loads from CuPy's cache {cache}; the first GPU tests of a fresh cache are the slow ones"
+        )
+    else:
+        lines.append(f"cupy_gqa: GPU tests skip: {reason}")
+    if importlib.util.find_spec("cupy") is not None:
+        lines.append(
+            "cupy_gqa: test_compile.py compiles every kernel specialization with NVRTC for sm_80 and sm_90 "
+            "(no GPU needed; most of a CPU-only run's time)"
+        )
+    return lines
 
 
 def pytest_collection_modifyitems(config, items):
@@ -64,21 +89,24 @@ def strided_view(layout, rng, dtype, batch, seqlen, heads, head_dim, to_array=la
     return draw((batch, seqlen, heads, head_dim))
 
 
-def relative_error(out, ref) -> float:
+def relative_error(out, ref, norm=None) -> float:
+    """||out - ref|| / ||ref||, or / ``norm`` when given."""
     out = np.asarray(out).astype(np.float64)
-    denom = np.linalg.norm(ref)
+    denom = np.linalg.norm(ref) if norm is None else norm
     return float(np.linalg.norm(out - ref) / (denom if denom > 0 else 1.0))
 
 
-def assert_close(out, ref, tol, what=""):
-    """Relative error within tol and no NaN; on failure say where and how much."""
+def assert_close(out, ref, tol, what="", norm=None):
+    """Relative error within tol and no NaN; on failure say where and how much.
+
+    ``norm`` replaces ||ref|| as the scale of the error."""
     out = np.asarray(out).astype(np.float64)
     assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
     bad = np.isnan(out) & ~np.isnan(ref)
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         raise AssertionError(f"{what}: {int(bad.sum())} NaN elements (unwritten?), first at {idx}")
-    err = relative_error(out, ref)
+    err = relative_error(out, ref, norm)
     if not err <= tol:
         diff = np.abs(out - ref)
         idx = tuple(int(i) for i in np.unravel_index(np.argmax(diff), diff.shape))
