@@ -200,6 +200,10 @@ HOPPER_TILES = {
 }
 HOPPER_DTYPES = ("float16", "bfloat16")
 HOPPER_ARCH = "sm_90a"
+# Padded head dims at which kernel="auto" prefers hopper to tiled when both
+# apply, as measured on the H200 (benchmarks/NOTES_hopper.md); where tiled
+# does not apply (head_dim 80, 160, 192, ...), auto takes hopper anyway.
+HOPPER_AUTO_OVER_TILED = {64: False, 128: False, 192: True, 256: True}
 
 
 def hopper_head_dim_pad(head_dim: int) -> int:

@@ -71,22 +71,27 @@ def attention(
     out : array like q, optional
         Preallocated result (same framework, device, shape, layout and dtype as
         q; any non-negative strides; must not overlap q, k or v).
-    kernel : {"auto", "rowwise", "tiled", "decode"}
+    kernel : {"auto", "rowwise", "tiled", "hopper", "decode"}
         "rowwise" is one thread (or a small team) per query row with an online
         softmax, and runs every call. "tiled" is the tensor-core kernel for
         float16, bfloat16 and float32 (split TF32, see ``precision``) with
         head_dim 32, 64, 96, 128 or 256, a unit-stride
-        head_dim axis, 16-byte aligned rows and softmax_scale > 0. "decode" is
+        head_dim axis, 16-byte aligned rows and softmax_scale > 0. "hopper" is
+        the prefill kernel for Hopper GPUs (compute capability 9.0: H100,
+        H200) on warpgroup tensor cores, float16 and bfloat16, any head_dim
+        that is a multiple of 8, with the same stride, alignment and scale
+        rules as "tiled". "decode" is
         the split-KV kernel for a few query tokens against a long KV cache:
         float16, bfloat16 or float32, head_dim 64, 128 or 256, seqlen_q <= 16,
         a unit-stride head_dim axis and 16-byte aligned rows; with the keys cut
         into several ranges it takes a float32 workspace of
         ``batch * num_q_heads * seqlen_q * num_splits * (head_dim + 1)`` values
-        from CuPy's memory pool for the duration of the call. "tiled" and
-        "decode" raise ValueError for a call they don't support. "auto" picks
-        "decode" when it applies and seqlen_q * group_size is at most 32 for
-        float16 and bfloat16 or 4 for float32 (``_plan.DECODE_AUTO_MAX_ROWS``),
-        else "tiled" when it applies, else "rowwise". NumPy and CPU torch
+        from CuPy's memory pool for the duration of the call. "tiled", "hopper"
+        and "decode" raise ValueError for a call they don't support. "auto"
+        picks "decode" when it applies and seqlen_q * group_size is at most 32
+        for float16 and bfloat16 or 4 for float32
+        (``_plan.DECODE_AUTO_MAX_ROWS``), else "hopper" when it applies, else
+        "tiled" when it applies, else "rowwise". NumPy and CPU torch
         inputs run the NumPy backend and take "auto" only.
     precision : {"highest", "tf32"}, default "highest"
         float32 only (no effect on other dtypes). "highest" is fp32-accurate

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 if gpu_available():
     import cupy
 
-    from cupy_gqa import _plan
+    from cupy_gqa import _plan, _specs
 
 DTYPES = ["bfloat16", "float16", "float32"]
 GROUPS = {"MHA": (8, 8), "GQA4": (8, 2), "GQA8": (16, 2), "GQA16": (16, 1)}
@@ -138,9 +138,11 @@ def test_unsupported_calls_are_refused():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_auto_picks_decode_up_to_its_row_limit(dtype):
     """auto: decode up to DECODE_AUTO_MAX_ROWS packed rows (seqlen_q * group_size),
-    beyond that the Hopper kernel on sm_90 (fp16 / bf16), else tiled."""
+    beyond that the Hopper kernel on sm_90 where the table prefers it at
+    head_dim 128 (fp16 / bf16), else tiled."""
     limit = _plan.DECODE_AUTO_MAX_ROWS[dtype]
     hopper = cupy.cuda.Device().compute_capability == "90" and dtype in ("float16", "bfloat16")
+    hopper = hopper and _specs.HOPPER_AUTO_OVER_TILED[128]
     for seqlen_q, expect in ((1, "decode"), (limit // 4, "decode"), (limit // 4 + 1, "hopper" if hopper else "tiled")):
         q, k, v = (cupy.asarray(x) for x in random_qkv(2, seqlen_q, 64, 32, 8, 128, dtype))
         problem = _plan.Problem.of(q, k, dtype=dtype, causal=True, softmax_scale=1.0)
