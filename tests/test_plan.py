@@ -137,3 +137,41 @@ class _FakeArray:
     def __init__(self, layout):
         self.shape, self.strides, self.itemsize = layout
         self.data = type("Ptr", (), {"ptr": 0})()
+
+
+class _FakeDeviceArray(_FakeArray):
+    device = type("Device", (), {"id": 0})()
+
+
+@pytest.mark.parametrize("cc", [(9, 0), (8, 0), (8, 9)])
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 160, 192, 256])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_auto_prefill_choice(monkeypatch, cc, head_dim, dtype):
+    """auto (prefill): hopper only on compute capability 9.0 and fp16 / bf16, where
+    tiled does not apply or the table says it is faster; else tiled, else rowwise."""
+    monkeypatch.setattr(_plan, "compute_capability", lambda device: cc)
+    problem = _plan.Problem(2, 500, 500, 32, 8, head_dim, dtype, True, head_dim**-0.5)
+    itemsize = np.dtype(np.float32).itemsize if dtype == "float32" else 2
+    shape = (2, 500, 32, head_dim)
+    strides = tuple(int(np.prod(shape[i + 1 :])) * itemsize for i in range(4))
+    arrays = (_FakeDeviceArray((shape, strides, itemsize)),) * 4
+    tiled = head_dim in _specs.tiled_head_dims(dtype)
+    if cc == (9, 0) and dtype == "bfloat16" and (not tiled or _specs.HOPPER_AUTO_OVER_TILED[_specs.hopper_head_dim_pad(head_dim)]):
+        expected = "hopper"
+    else:
+        expected = "tiled" if tiled else "rowwise"
+    assert _plan.choose_kernel(problem, *arrays) == expected
+
+
+def test_hopper_refuses_other_architectures(monkeypatch):
+    monkeypatch.setattr(_plan, "compute_capability", lambda device: (8, 9))
+    problem = _plan.Problem(1, 10, 10, 4, 1, 64, "float16", True, 0.125)
+    layout = ((1, 10, 4, 64), (10 * 4 * 64 * 2, 4 * 64 * 2, 64 * 2, 2), 2)
+    reason = _plan.hopper_unsupported(problem, *(_FakeDeviceArray(layout),) * 4)
+    assert reason == "a device of compute capability 8.9 (it runs on 9.0, Hopper)"
+
+
+def test_hopper_smem_fits_and_head_dims_pad():
+    assert [_specs.hopper_head_dim_pad(d) for d in (8, 64, 72, 128, 136, 192, 200, 256)] == [64, 64, 128, 128, 192, 192, 256, 256]
+    for spec in _specs.HOPPER.values():
+        assert spec.smem <= 227 * 1024, spec.name  # sm_90's largest dynamic shared memory per block
