@@ -317,6 +317,25 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             grow |= m > m_run[h] + RESCALE_THRESHOLD;
         }
         const bool rescale = __any_sync(0xffffffffu, grow);  // warp-uniform lazy rescale
+        auto exponentials = [&]() {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float m_use = m_run[h] == __int_as_float(0xff800000) ? 0.f : m_run[h];
+                rs[h] = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NS / 4; ++nt) {
+                    // P = exp2(S - m)
+                    const float p0 = fast_exp2(s[4 * nt + 2 * h] - m_use);
+                    const float p1 = fast_exp2(s[4 * nt + 2 * h + 1] - m_use);
+                    s[4 * nt + 2 * h] = p0;
+                    s[4 * nt + 2 * h + 1] = p1;
+                    rs[h] += p0 + p1;
+                }
+            }
+        };
+        // The exponentials sit inside both branches on purpose: ptxas schedules
+        // within a basic block, and in the block after the branches it would
+        // hoist the caller's wait for P V above them, losing the overlap.
         if (rescale) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -325,19 +344,9 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                 alpha[h] = fast_exp2(m_run[h] - (m_new == __int_as_float(0xff800000) ? 0.f : m_new));
                 m_run[h] = m_new;
             }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float m_use = m_run[h] == __int_as_float(0xff800000) ? 0.f : m_run[h];
-            rs[h] = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < NS / 4; ++nt) {
-                const float p0 = fast_exp2(s[4 * nt + 2 * h] - m_use);
-                const float p1 = fast_exp2(s[4 * nt + 2 * h + 1] - m_use);
-                s[4 * nt + 2 * h] = p0;
-                s[4 * nt + 2 * h + 1] = p1;
-                rs[h] += p0 + p1;
-            }
+            exponentials();
+        } else {
+            exponentials();
         }
         return rescale;
     };
@@ -389,6 +398,7 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         fence_proxy_async();
         wgmma_fence();
         issue_qk(s, j);
+        wgmma_fence();                         // P V is a pipeline stage of its own
         issue_pv(j - 1);
         wgmma_wait<1>();                       // S_j is ready
         fence_regs(s);

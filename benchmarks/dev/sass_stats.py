@@ -1,6 +1,10 @@
 """Compile kernel specializations to cubin with NVRTC and count instructions in
 their SASS (needs nvdisasm on PATH or NVDISASM=...): matrix instructions
-(HGMMA, HMMA), local-memory traffic (LDL/STL) and totals.
+(HGMMA, HMMA), local-memory traffic (LDL/STL) and totals. For the hopper
+family also the exponentials (MUFU.EX2) between the wait for S
+(WARPGROUP.DEPBAR.LE gsb0, 0x1) and the wait for P V (0x0) that follows it:
+the softmax that overlaps P V. ptxas reorders within a basic block, so this
+is the number to check after touching the consumer loop.
 
     python benchmarks/dev/sass_stats.py hopper [--arch sm_90] [--dump NAME_SUBSTRING]
 """
@@ -19,14 +23,27 @@ from cupy_gqa._specs import SPECS
 
 
 def cubin(spec, arch):
+    """The specialization's cubin from NVRTC; with PTXAS=path/to/ptxas set, from
+    NVRTC's PTX assembled by that ptxas instead (for an nvdisasm newer than
+    NVRTC, which may not read NVRTC's own cubin)."""
+    target = spec.arch or arch
     prog = nvrtc.createProgram(source(spec.source), spec.source, [], [])
     try:
         nvrtc.addNameExpression(prog, spec.name)
-        target = [] if spec.arch else [f"--gpu-architecture={arch}"]
-        nvrtc.compileProgram(prog, [*target, *compile_options(spec)])
-        return nvrtc.getCUBIN(prog)
+        options = [o for o in compile_options(spec) if not o.startswith("-arch")]
+        ptxas = os.environ.get("PTXAS")
+        nvrtc.compileProgram(prog, [f"--gpu-architecture={target.replace('sm_', 'compute_') if ptxas else target}", *options])
+        if not ptxas:
+            return nvrtc.getCUBIN(prog)
+        ptx = nvrtc.getPTX(prog).rstrip(b"\0")
     finally:
         nvrtc.destroyProgram(prog)
+    with tempfile.TemporaryDirectory() as d:
+        with open(f"{d}/k.ptx", "wb") as f:
+            f.write(ptx)
+        subprocess.run([ptxas, f"-arch={target}", f"{d}/k.ptx", "-o", f"{d}/k.cubin"], check=True)
+        with open(f"{d}/k.cubin", "rb") as f:
+            return f.read()
 
 
 def sass(binary):
@@ -49,7 +66,13 @@ def main():
         ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", text, re.M))
         total = sum(ops.values())
         keys = ("HGMMA", "HMMA", "WARPGROUP", "LDL", "STL", "MUFU", "LDGSTS", "BAR", "SHFL")
-        print(f"{spec.name:<64} total {total:6d} " + " ".join(f"{k} {ops.get(k, 0)}" for k in keys))
+        line = f"{spec.name:<64} total {total:6d} " + " ".join(f"{k} {ops.get(k, 0)}" for k in keys)
+        lines = text.splitlines()
+        wait1 = next((i for i, t in enumerate(lines) if "DEPBAR.LE gsb0, 0x1" in t), None)
+        if wait1 is not None:
+            wait0 = next(i for i in range(wait1, len(lines)) if "DEPBAR.LE gsb0, 0x0" in lines[i])
+            line += f" EX2_overlapping_PV {sum('MUFU.EX2' in t for t in lines[wait1:wait0])}"
+        print(line)
         if args.dump and args.dump in spec.name:
             sys.stdout.write(text)
 
