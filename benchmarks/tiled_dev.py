@@ -36,11 +36,7 @@ DEFAULT_TABLE = {
     256: (64, 32, 4, ()),
 }
 
-QREGS = ("-DTILED_Q_IN_REGS=1",)
-QREGS_1B = ("-DTILED_Q_IN_REGS=1", "-DTILED_MIN_BLOCKS_8W=1")
-
 # variants timed per head dim: (BLOCK_M, BLOCK_N, NUM_WARPS, defines)
-NOLAZY = ("-DTILED_RESCALE_THRESHOLD=0",)
 BENCH_VARIANTS = {
     128: [(128, 64, 4, ()), (256, 64, 8, ()), (128, 32, 4, ())],
     64: [(128, 64, 4, ()), (128, 128, 4, ()), (128, 32, 4, ()), (128, 64, 8, ()), (256, 64, 8, ()), (64, 64, 4, ())],

@@ -153,12 +153,11 @@ def tiled_f32_smem(head_dim: int, block_m: int, block_n: int, presplit: int) -> 
     return tiles * (head_dim + 4) * 4
 
 
-def tiled_f32_spec(head_dim: int, causal: bool, precision: str, presplit: int | None = None) -> Spec:
-    """The float32 tiled kernel for one (head_dim, causal, precision); ``presplit``
-    overrides the table's mode (benchmarks/tf32_ab.py times the modes)."""
-    bm, bn, warps, table_presplit = TILED_F32_TILES[head_dim]
+def tiled_f32_spec(head_dim: int, causal: bool, precision: str) -> Spec:
+    """The float32 tiled kernel for one (head_dim, causal, precision)."""
+    bm, bn, warps, presplit = TILED_F32_TILES[head_dim]
     split = precision == "highest"
-    presplit = (table_presplit if presplit is None else presplit) if split else 0
+    presplit = presplit if split else 0
     return Spec(
         family="tiled",
         source="tiled_tf32.cu",
@@ -213,38 +212,28 @@ DECODE_MMA_STAGES = {64: 3, 128: 3, 256: 2}  # per warp; 2 CTAs per SM at D128, 
 DECODE_WAVE_CTAS = {"float16": 1, "bfloat16": 1, "float32": None}
 
 
-def decode_mma_smem(head_dim: int, stages: int, warps: int = DECODE_MMA_WARPS, block_n: int = DECODE_MMA_BN,
-                    swizzle: bool = True) -> int:
+def decode_mma_smem(head_dim: int, stages: int) -> int:
     """Dynamic shared memory of decode_mma_attention: the Q tile (rows padded by
     8 elements), then each warp's stages of a K and a V tile (swizzled rows of
     head_dim elements), or, when larger, the fp32 (m, l, o) of every warp's rows
     that replace them."""
-    kv_row = head_dim if swizzle else head_dim + 8
-    stages_bytes = warps * stages * 2 * block_n * kv_row * 2
-    merge_bytes = warps * DECODE_MMA_ROWS * (head_dim + 2) * 4
+    stages_bytes = DECODE_MMA_WARPS * stages * 2 * DECODE_MMA_BN * head_dim * 2
+    merge_bytes = DECODE_MMA_WARPS * DECODE_MMA_ROWS * (head_dim + 2) * 4
     return DECODE_MMA_ROWS * (head_dim + 8) * 2 + max(stages_bytes, merge_bytes)
 
 
-def decode_mma_spec(dtype: str, head_dim: int, stages: int | None = None, warps: int = DECODE_MMA_WARPS,
-                    block_n: int = DECODE_MMA_BN, options: tuple = ()) -> Spec:
-    """The tensor-core decode kernel; the keywords override the table
-    (benchmarks/decode_dev.py times variants)."""
-    stages = DECODE_MMA_STAGES[head_dim] if stages is None else stages
-    options = tuple(
-        f"-D{name}={value}"
-        for name, value, default in (("DECODE_MMA_WARPS", warps, DECODE_MMA_WARPS), ("DECODE_MMA_BN", block_n, DECODE_MMA_BN))
-        if value != default
-    ) + options
+def decode_mma_spec(dtype: str, head_dim: int) -> Spec:
+    """The tensor-core decode kernel for one (dtype, head_dim)."""
+    stages = DECODE_MMA_STAGES[head_dim]
     return Spec(
         family="decode",
         source="decode.cu",
         name=f"decode_mma_attention<{CTYPES[dtype]}, {head_dim}, {stages}>",
         dtype=dtype,
         head_dim=head_dim,
-        threads=warps * 32,
+        threads=DECODE_MMA_WARPS * 32,
         block_m=DECODE_MMA_ROWS,
-        smem=decode_mma_smem(head_dim, stages, warps, block_n, "-DDECODE_MMA_SWIZZLE=0" not in options),
-        options=options,
+        smem=decode_mma_smem(head_dim, stages),
     )
 
 

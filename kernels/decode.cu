@@ -64,21 +64,14 @@
 // aligned pointers and strides.
 #include "common.cuh"
 
-// Tuning knobs, overridable with -D (benchmarks/decode_dev.py times variants):
-// threads per CTA, 16-byte K loads (as many V loads) per lane per step, and
-// the CTAs per SM that __launch_bounds__ asks registers for.
-#ifndef DECODE_THREADS
-#define DECODE_THREADS 128
-#endif
-#ifndef DECODE_LOADS
-#define DECODE_LOADS 4
-#endif
-#ifndef DECODE_RESCALE_THRESHOLD  // see attend_step; 0: rescale whenever the max grows
-#define DECODE_RESCALE_THRESHOLD 8.0f
-#endif
-#ifndef DECODE_MIN_BLOCKS  // __launch_bounds__' CTAs per SM for ROWS <= 4 (caps the registers)
-#define DECODE_MIN_BLOCKS 3
-#endif
+// Constants are enumerators: NVRTC would emit a namespace-scope constexpr
+// variable as an (unused) global in every cubin.
+enum : int {
+    DECODE_THREADS = 128,           // threads per CTA (cupy_gqa/_specs.py: DECODE_THREADS)
+    DECODE_LOADS = 4,               // 16-byte K loads (as many V loads) per lane per step
+    DECODE_RESCALE_THRESHOLD = 8,   // of the lazy rescale, log2 units (see attend_step)
+    DECODE_MIN_BLOCKS = 3,          // __launch_bounds__' CTAs per SM for ROWS <= 4 (caps the registers)
+};
 
 namespace decode_detail {
 
@@ -403,41 +396,27 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
 // rows swizzled, see kv_at):
 //   [ Q: ROWS x (HEAD_DIM + 8) | warp 0: stage 0 K, V | stage 1 K, V | ... | warp 1 ... ]
 //   then, reusing the stages once every warp is done: m, l [NW][ROWS], o [NW][ROWS][HEAD_DIM] fp32.
-#ifndef DECODE_MMA_WARPS
-#define DECODE_MMA_WARPS 4
-#endif
-#ifndef DECODE_MMA_BN
-#define DECODE_MMA_BN 16
-#endif
-#ifndef DECODE_MMA_L2_PREFETCH  // 0, 64, 128 or 256: the L2 prefetch size hint of the K/V copies (H200: 2% faster than 0 with padded rows, the same once swizzled)
-#define DECODE_MMA_L2_PREFETCH 128
-#endif
+enum : int {
+    DECODE_MMA_WARPS = 4,  // warps per CTA (cupy_gqa/_specs.py: DECODE_MMA_WARPS)
+    DECODE_MMA_BN = 16,    // keys per K/V tile (cupy_gqa/_specs.py: DECODE_MMA_BN)
+};
 
 namespace decode_detail {
-// cp_async_16 with DECODE_MMA_L2_PREFETCH's hint.
+// cp_async_16 with an L2::128B prefetch size hint (H200: 2% faster than none
+// with padded K/V rows, the same once they are swizzled).
 __device__ __forceinline__ void copy_16(unsigned dst, const void* src, bool pred) {
-#if DECODE_MMA_L2_PREFETCH == 0
-    cp_async_16(dst, src, pred);
-#else
-#define DECODE_STR2(x) #x
-#define DECODE_STR(x) DECODE_STR2(x)
-    asm volatile("cp.async.cg.shared.global.L2::" DECODE_STR(DECODE_MMA_L2_PREFETCH) "B [%0], [%1], 16, %2;\n"
-                 ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
-#endif
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
 }
 
-// Element offset of 16-byte chunk c of row r (r % 8 == swz) in a K/V tile.
-// DECODE_MMA_SWIZZLE 1: rows of exactly HEAD_DIM elements, chunk c stored at
-// c ^ (r % 8), so the 8 row addresses of an ldmatrix hit 8 different bank
-// groups and each 128-byte piece of a row lands in one aligned 128-byte piece
-// of shared memory (a padded row of HEAD_DIM + 8 splits most such copies in
-// two: twice the L2 requests). 0: padded rows, no swizzle.
-#ifndef DECODE_MMA_SWIZZLE
-#define DECODE_MMA_SWIZZLE 1
-#endif
-template <int KV_ROW>
+// Element offset of 16-byte chunk c of row r (r % 8 == swz) in a K/V tile:
+// rows of exactly HEAD_DIM elements, chunk c stored at c ^ (r % 8), so the 8
+// row addresses of an ldmatrix hit 8 different bank groups and each 128-byte
+// piece of a row lands in one aligned 128-byte piece of shared memory (a row
+// padded to HEAD_DIM + 8 would split most such copies in two: twice the L2
+// requests).
+template <int HEAD_DIM>
 __device__ __forceinline__ int kv_at(int r, int c, int swz) {
-    return r * KV_ROW + (DECODE_MMA_SWIZZLE ? (c ^ swz) : c) * 8;
+    return r * HEAD_DIM + (c ^ swz) * 8;
 }
 }  // namespace decode_detail
 
@@ -455,8 +434,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     constexpr int KD = D / 16;                      // k16 steps of Q K^T
     constexpr int NT = BN / 8;                      // n8 tiles of S
     constexpr int DT = D / 8;                       // n8 tiles of O
-    constexpr int KV_ROW = DECODE_MMA_SWIZZLE ? D : ROW;  // K/V tile row, elements
-    constexpr int TILE = BN * KV_ROW;               // elements of one K (or V) tile
+    constexpr int TILE = BN * D;                    // elements of one K (or V) tile (rows of D, kv_at)
     constexpr int RPP = 32 / CH;                    // key rows a warp copies per pass
     constexpr bool Q_REGS = D <= 128;               // Q fragments in registers (D 256: from smem)
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
@@ -515,7 +493,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     const index_t ks = p.k_stride[1], vs = p.v_stride[1];
     const T* k_lane = k + b * p.k_stride[0] + kv_head * p.k_stride[2] + ld_r * ks + ld_ch * 8;
     const T* v_lane = v + b * p.v_stride[0] + kv_head * p.v_stride[2] + ld_r * vs + ld_ch * 8;
-    T* sW = sKV + warp * STAGES * 2 * TILE;  // this warp's stages: [STAGES][K, V][BN][KV_ROW]
+    T* sW = sKV + warp * STAGES * 2 * TILE;  // this warp's stages: [STAGES][K, V][BN][D]
     const unsigned sW_addr = smem_addr(sW);
     auto load_tile = [&](int u, int stage) {  // keys k_begin + u * BN .. + BN (zero past k_end)
         const int key0 = k_begin + u * BN;
@@ -524,7 +502,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
             const int key = key0 + ld_r + i * RPP;
             const bool ok = key < k_end;
             const index_t row = key0 + i * RPP;
-            const unsigned d = sW_addr + (stage * 2 * TILE + kv_at<KV_ROW>(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7)) * 2;
+            const unsigned d = sW_addr + (stage * 2 * TILE + kv_at<D>(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7)) * 2;
             copy_16(d, ok ? (const void*)(k_lane + row * ks) : (const void*)k, ok);
             copy_16(d + TILE * 2, ok ? (const void*)(v_lane + row * vs) : (const void*)v, ok);
         }
@@ -586,7 +564,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np) {
                 unsigned kb[4];
-                ldmatrix_x4(kb, sK_st + kv_at<KV_ROW>(k_row + np * 16, k_ch + 2 * kd, swz) * 2);
+                ldmatrix_x4(kb, sK_st + kv_at<D>(k_row + np * 16, k_ch + 2 * kd, swz) * 2);
                 mma_16816<T>(s[2 * np], qa, kb[0], kb[1]);
                 mma_16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
             }
@@ -652,7 +630,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
                 unsigned vb[4];
-                ldmatrix_x4_trans(vb, sK_st + (TILE + kv_at<KV_ROW>(v_row + kk * 16, v_ch + 2 * dp, swz)) * 2);
+                ldmatrix_x4_trans(vb, sK_st + (TILE + kv_at<D>(v_row + kk * 16, v_ch + 2 * dp, swz)) * 2);
                 mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
                 mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
             }

@@ -58,27 +58,23 @@ namespace tiled_detail {
 // Packed row r of a CTA that owns kv head kvh is query position r / group of
 // query head q_head_of(kvh, r % group) (common.cuh: the one GQA mapping).
 
-// Lazy rescaling: the running max m is only raised when some row of the warp
-// sees a score more than TILED_RESCALE_THRESHOLD (log2 units) above it; until
-// then P = exp2(S*scale - m) <= 2^threshold (fine in fp16/bf16 and fp32 l, O)
-// and the O *= exp2(m_old - m_new) pass is skipped.  0 disables it.
-#ifndef TILED_RESCALE_THRESHOLD
-#define TILED_RESCALE_THRESHOLD 8
-#endif
-
-// Registers: 8-warp tiles (16 rows per warp) are capped at 128 registers so
-// that two CTAs fit on an SM; 4-warp tiles may use up to 255.
-#ifndef TILED_MIN_BLOCKS_8W
-#define TILED_MIN_BLOCKS_8W 2
-#endif
-#ifndef TILED_Q_IN_REGS
-#define TILED_Q_IN_REGS 0  /* 1: keep Q fragments in registers when WR == 16 and D <= 128 */
-#endif
+// Constants are enumerators: NVRTC would emit a namespace-scope constexpr
+// variable as an (unused) global in every cubin.
+enum : int {
+    // Lazy rescaling: the running max m is only raised when some row of the
+    // warp sees a score more than RESCALE_THRESHOLD (log2 units) above it; until
+    // then P = exp2(S*scale - m) <= 2^threshold (fine in fp16/bf16 and fp32 l,
+    // O) and the O *= exp2(m_old - m_new) pass is skipped.
+    RESCALE_THRESHOLD = 8,
+    // Registers: 8-warp tiles (16 rows per warp) are capped at 128 registers so
+    // that two CTAs fit on an SM; 4-warp tiles may use up to 255.
+    MIN_BLOCKS_8W = 2,
+};
 
 }  // namespace tiled_detail
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NUM_WARPS * 32, ((NUM_WARPS >= 8 && BLOCK_M / NUM_WARPS == 16) ? TILED_MIN_BLOCKS_8W : 1))
+__global__ void __launch_bounds__(NUM_WARPS * 32, ((NUM_WARPS >= 8 && BLOCK_M / NUM_WARPS == 16) ? tiled_detail::MIN_BLOCKS_8W : 1))
 tiled_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out,
@@ -103,7 +99,6 @@ tiled_attention(
     constexpr int NT = BLOCK_N / 8;            // n8 tiles of S
     constexpr int DT = D / 8;                  // n8 tiles of O
     constexpr int CH = D / 8;                  // 16-byte chunks per row
-    constexpr bool Q_REGS = TILED_Q_IN_REGS && MT == 1 && D <= 128;
     static_assert(D % 16 == 0 && BLOCK_N % 16 == 0, "tile shapes");
     static_assert(WR % 16 == 0 && MT >= 1 && MT <= 2, "16 or 32 rows per warp");
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
@@ -223,19 +218,12 @@ tiled_attention(
     const int k_off = ((lane >> 4) * 8 + (lane & 7)) * ROW + ((lane >> 3) & 1) * 8;
     const unsigned sQ_warp = smem_addr(sQ + warp_row0 * ROW + a_off);
 
-    unsigned q_frag[Q_REGS ? KD : 1][4];
-
     for (int j = 0; j < num_n; ++j) {
         const int stage = j & 1;
         cp_async_wait<0>();                    // tile j (and Q) landed for this thread
         __syncthreads();                       // ... for all threads; stage j+1's old data is consumed
         if (j + 1 < num_n) load_kv(j + 1, stage ^ 1);
         cp_async_commit();
-
-        if (Q_REGS && j == 0) {
-#pragma unroll
-            for (int kd = 0; kd < (Q_REGS ? KD : 0); ++kd) ldmatrix_x4(q_frag[kd], sQ_warp + kd * 32);
-        }
 
         const unsigned sK_lane = smem_addr(sK + stage * BLOCK_N * ROW + k_off);
         const unsigned sV_lane = smem_addr(sV + stage * BLOCK_N * ROW + a_off);
@@ -252,14 +240,7 @@ tiled_attention(
         for (int kd = 0; kd < KD; ++kd) {
             unsigned qa[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                if constexpr (Q_REGS) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) qa[mt][e] = q_frag[kd][e];
-                } else {
-                    ldmatrix_x4(qa[mt], sQ_warp + (mt * 16 * ROW + kd * 16) * 2);
-                }
-            }
+            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[mt], sQ_warp + (mt * 16 * ROW + kd * 16) * 2);
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np) {
                 unsigned kb[4];
@@ -311,10 +292,10 @@ tiled_attention(
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 mxs[mt][hf] = mx * scale_log2;
-                grow |= mxs[mt][hf] > m_run[mt][hf] + (float)TILED_RESCALE_THRESHOLD;
+                grow |= mxs[mt][hf] > m_run[mt][hf] + (float)RESCALE_THRESHOLD;
             }
         // warp-uniform: rescale only if some row's max grew past the threshold
-        const bool rescale = (TILED_RESCALE_THRESHOLD == 0) || __any_sync(0xffffffffu, grow);
+        const bool rescale = __any_sync(0xffffffffu, grow);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -8,9 +8,11 @@ leaves the generated code alone (or by how much it changes it). No GPU needed.
 For every spec in cupy_gqa._specs.SPECS and architecture, NVRTC compiles the
 kernel as cupy_gqa/_compile.py's compile_offline does, and the JSON records:
   cubin     sha256 of the cubin (nvrtc getCUBIN): identical means identical code
-  ptx       sha256 of the PTX without its header comment and with the kernel's
-            mangled name replaced by "KERNEL": identical means the same code
-            under another template name
+  ptx       sha256 of the PTX without its header comment, with the kernel's
+            mangled name replaced by "KERNEL" and the per-process part of the
+            names of internal-linkage globals dropped: identical means the same
+            code under another template name (a cubin with such a global, e.g. a
+            namespace-scope constexpr variable, differs from run to run)
   regs, spill_stores, spill_loads   from ptxas -v
   sass      (with --ptxas and --cuobjdump, or both on PATH) the PTX assembled by
             that ptxas and listed by cuobjdump -sass: sha256 of the instruction
@@ -41,11 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from cupy_gqa import _compile, _specs  # noqa: E402
 
 _SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
+# NVRTC names a namespace-scope variable of internal linkage (a constexpr one,
+# say) _ZN<len>_INTERNAL_<...>_<file>_cu_<hash>_<pid><name>: new in every process
+_INTERNAL = re.compile(r"_ZN\d+_INTERNAL_\w+?_cu_[0-9a-f]+_\d+")
 
 
 def _normalize_ptx(ptx: str, lowered: str) -> str:
     body = ptx[ptx.index(".version"):]  # drop the compiler's header comment
-    return body.replace(lowered, "KERNEL")
+    return _INTERNAL.sub("_ZN_INTERNAL_", body.replace(lowered, "KERNEL"))
 
 
 def _sass(ptx: str, arch: str, lowered: str, ptxas: str, cuobjdump: str) -> dict:
