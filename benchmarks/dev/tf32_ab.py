@@ -3,7 +3,7 @@
 warp in registers, 1 K/V once per CTA, 2 also Q), and other BLOCK_M, BLOCK_N,
 NUM_WARPS. Picks the table in cupy_gqa/_specs.py.
 
-    python benchmarks/tf32_ab.py [--cases F1,F2] [--modes 0,1,2,t] [--shapes table,w8,...]
+    python benchmarks/dev/tf32_ab.py [--cases F1,F2] [--modes 0,1,2,t] [--shapes table,w8,...]
 
 Mode "t" is the table's mode for the case's head dim (1 at D128, 2 at D64).
 A shape is "table" (the table's tile for the case's head dim) or a name from
@@ -23,7 +23,7 @@ import cupy
 import numpy as np
 from cupyx.profiler import benchmark
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cupy_gqa import _compile, _plan, _specs  # noqa: E402
 

@@ -3,7 +3,7 @@
 backends on D1 (and D2), inside a profiler range, for Nsight Compute:
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
-        --section LaunchStats --section MemoryWorkloadAnalysis python3 benchmarks/profile_decode.py
+        --section LaunchStats --section MemoryWorkloadAnalysis python3 benchmarks/dev/profile_decode.py
 
 Everything is compiled and warmed up before the range starts. Notes:
 benchmarks/NOTES_decode.md.

@@ -5,7 +5,7 @@ Compiles tiled_attention<...> instantiations with cupy.RawModule (NVRTC),
 checks them against a float64 reference and times them next to torch SDPA
 (flash and cuDNN backends).
 
-    python benchmarks/tiled_dev.py --check --bench [--out DIR]
+    python benchmarks/dev/tiled_dev.py --check --bench [--out DIR]
 
 Compilation of many instantiations is pre-warmed in parallel (spawned
 processes fill CuPy's on-disk kernel cache; the main process then hits it).
@@ -42,7 +42,7 @@ BENCH_VARIANTS = {
     64: [(128, 64, 4, ()), (128, 128, 4, ()), (128, 32, 4, ()), (128, 64, 8, ()), (256, 64, 8, ()), (64, 64, 4, ())],
 }
 
-# name, dtype, causal, B, S, Hq, Hkv, D, torch_flash reference ms (from the brief)
+# name, dtype, causal, B, S, Hq, Hkv, D
 BENCH_SHAPES = [
     ("H1", "bf16", True, 4, 4096, 32, 8, 128),
     ("H2", "bf16", True, 1, 16384, 32, 8, 128),
@@ -68,7 +68,7 @@ _KERNELS = {}
 def _src():
     global _SRC
     if _SRC is None:  # tiled.cu with its local includes inlined, as the package compiles it
-        sys.path.insert(0, os.path.join(HERE, ".."))
+        sys.path.insert(0, os.path.join(HERE, "..", ".."))
         from cupy_gqa._compile import source
 
         _SRC = source("tiled.cu")

@@ -2,7 +2,7 @@
 """Dev harness for kernels/decode.cu: time D1 / D2 over split counts and kernel
 variants, and decode against tiled as seqlen_q grows (for choose_kernel).
 
-    python benchmarks/decode_dev.py [--out DIR]
+    python benchmarks/dev/decode_dev.py [--out DIR]
 
 Timing: CuPy events around each call, a 256 MB buffer zeroed before every
 repetition (no input stays in L2), median of REPS. GB/s counts K and V bytes.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import cupy  # noqa: E402
 import ml_dtypes  # noqa: E402
