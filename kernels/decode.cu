@@ -392,8 +392,9 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
 // its online softmax (lazy rescale, as in tiled.cu) and adds P V. At the end
 // the warps' (m, l, o) go through shared memory to write_cta_result.
 //
-// Shared memory (dynamic; Q rows padded by 8 elements as in tiled.cu, K/V
-// rows swizzled, see kv_at):
+// Shared memory (dynamic; decode_detail::MmaSmem is the one definition, and
+// the SMEM_BYTES template argument, the size the launch passes, must equal its
+// BYTES; Q rows padded by 8 elements as in tiled.cu, K/V rows swizzled, see kv_at):
 //   [ Q: ROWS x (HEAD_DIM + 8) | warp 0: stage 0 K, V | stage 1 K, V | ... | warp 1 ... ]
 //   then, reusing the stages once every warp is done: m, l [NW][ROWS], o [NW][ROWS][HEAD_DIM] fp32.
 enum : int {
@@ -418,9 +419,30 @@ template <int HEAD_DIM>
 __device__ __forceinline__ int kv_at(int r, int c, int swz) {
     return r * HEAD_DIM + (c ^ swz) * 8;
 }
+
+// The shared-memory layout of decode_mma_attention (see above): offsets in bytes.
+template <typename T, int HEAD_DIM, int STAGES>
+struct MmaSmem {
+    enum : int {
+        ROWS = 16,
+        Q_ROW = HEAD_DIM + 8,                    // padded Q row, elements
+        TILE = DECODE_MMA_BN * HEAD_DIM,         // one K (or V) tile, elements (kv_at)
+        WARP = STAGES * 2 * TILE,                // one warp's stages [STAGES][K, V], elements
+        Q = 0,                                   // [ROWS][Q_ROW] of T
+        KV = Q + ROWS * Q_ROW * (int)sizeof(T),  // [DECODE_MMA_WARPS][WARP] of T
+        KV_END = KV + DECODE_MMA_WARPS * WARP * (int)sizeof(T),
+        M_W = KV,                                // the merge, over the stages: m [NW][ROWS] fp32,
+        L_W = M_W + DECODE_MMA_WARPS * ROWS * (int)sizeof(float),  // l [NW][ROWS],
+        O_W = L_W + DECODE_MMA_WARPS * ROWS * (int)sizeof(float),  // o [NW][ROWS][HEAD_DIM]
+        MERGE_END = O_W + DECODE_MMA_WARPS * ROWS * HEAD_DIM * (int)sizeof(float),
+        BYTES = KV_END > MERGE_END ? KV_END : MERGE_END,
+    };
+};
 }  // namespace decode_detail
 
-template <typename T, int HEAD_DIM, int STAGES>
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// decode_mma_smem), checked against the layout at compile time.
+template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES>
 __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
@@ -428,23 +450,24 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
 {
     using namespace decode_detail;
     constexpr int NW = DECODE_MMA_WARPS, THREADS = NW * 32;
-    constexpr int ROWS = 16, BN = DECODE_MMA_BN;
-    constexpr int D = HEAD_DIM, ROW = D + 8;        // padded smem row, elements
+    using L = MmaSmem<T, HEAD_DIM, STAGES>;
+    constexpr int ROWS = L::ROWS, BN = DECODE_MMA_BN;
+    constexpr int D = HEAD_DIM, ROW = L::Q_ROW;     // padded smem row, elements
     constexpr int CH = D / 8;                       // 16-byte chunks per row
     constexpr int KD = D / 16;                      // k16 steps of Q K^T
     constexpr int NT = BN / 8;                      // n8 tiles of S
     constexpr int DT = D / 8;                       // n8 tiles of O
-    constexpr int TILE = BN * D;                    // elements of one K (or V) tile (rows of D, kv_at)
+    constexpr int TILE = L::TILE;                   // elements of one K (or V) tile (rows of D, kv_at)
     constexpr int RPP = 32 / CH;                    // key rows a warp copies per pass
     constexpr bool Q_REGS = D <= 128;               // Q fragments in registers (D 256: from smem)
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
     static_assert(D % 16 == 0 && CH >= 8 && CH <= 32 && 32 % CH == 0 && BN % 16 == 0 && BN % RPP == 0, "tile shapes");
     const float NEG_INF = neg_inf<float>();
     const float scale_log2 = (float)p.scale_log2;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* sQ = reinterpret_cast<T*>(smem_raw);
-    T* sKV = sQ + ROWS * ROW;
+    T* sQ = reinterpret_cast<T*>(smem_raw + L::Q);
 
     // --- which work: (b, kv_head, row block, split) -------------------------
     const int group_size = p.group_size;
@@ -493,7 +516,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     const index_t ks = p.k_stride[1], vs = p.v_stride[1];
     const T* k_lane = k + b * p.k_stride[0] + kv_head * p.k_stride[2] + ld_r * ks + ld_ch * 8;
     const T* v_lane = v + b * p.v_stride[0] + kv_head * p.v_stride[2] + ld_r * vs + ld_ch * 8;
-    T* sW = sKV + warp * STAGES * 2 * TILE;  // this warp's stages: [STAGES][K, V][BN][D]
+    T* sW = reinterpret_cast<T*>(smem_raw + L::KV) + warp * L::WARP;  // this warp's stages: [STAGES][K, V][BN][D]
     const unsigned sW_addr = smem_addr(sW);
     auto load_tile = [&](int u, int stage) {  // keys k_begin + u * BN .. + BN (zero past k_end)
         const int key0 = k_begin + u * BN;
@@ -640,9 +663,9 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     // --- merge the warps (write_cta_result), through the freed stages ------------
     cp_async_wait<0>();
     __syncthreads();
-    float* m_w = reinterpret_cast<float*>(sKV);
-    float* l_w = m_w + NW * ROWS;
-    float* o_w = l_w + NW * ROWS;
+    float* m_w = reinterpret_cast<float*>(smem_raw + L::M_W);
+    float* l_w = reinterpret_cast<float*>(smem_raw + L::L_W);
+    float* o_w = reinterpret_cast<float*>(smem_raw + L::O_W);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         float l = l_run[hf];

@@ -35,6 +35,8 @@
 //   T, densely packed (row j of a stage at j * DPAD), zero-filled past head_dim
 //   and past the block's last visible key:
 //       smem = 2 stages * 2 (K, V) * KEYS * DPAD * sizeof(T)
+//   (RowwiseSmem is the one definition; the SMEM_BYTES template argument, the
+//   size the launch passes, must equal its BYTES.)
 //   VEC: 16-byte cp.async copies, the next stage in flight while this one is
 //   used. Otherwise every element is loaded through its 64-bit stride (any
 //   layout works) and stored to shared memory by the same thread.
@@ -49,6 +51,7 @@
 //   VEC   the head_dim axis of q, k, v and out has stride 1, every row starts
 //         16-byte aligned and head_dim is a multiple of 16 / sizeof(T).
 //   KEYS  keys per shared-memory stage.
+//   SMEM_BYTES  the dynamic shared memory the launch passes (see Shared memory).
 #include "common.cuh"
 
 #define ROWWISE_THREADS 128
@@ -93,7 +96,21 @@ __device__ __forceinline__ void stage_kv(T* sK, T* sV, const T* k_row, const T* 
     }
 }
 
-template <typename T, int DPAD, int TEAM, bool VEC, int KEYS>
+// The shared-memory layout (see the top): offsets in elements of T.
+template <typename T, int DPAD, int KEYS>
+struct RowwiseSmem {
+    enum : int {
+        STAGE = KEYS * DPAD,  // one stage of K (or V): KEYS rows of DPAD
+        K = 0,                // [2][KEYS][DPAD]
+        V = K + 2 * STAGE,    // [2][KEYS][DPAD]
+        END = V + 2 * STAGE,
+        BYTES = END * (int)sizeof(T),
+    };
+};
+
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// rowwise_smem), checked against the layout at compile time.
+template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES>
 __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p)
@@ -106,11 +123,13 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
     constexpr int KB = ROWWISE_KB;
     static_assert(PER_LANE % W == 0 && CHUNKS >= 1, "a lane holds whole 16-byte vectors");
     static_assert(KEYS % KB == 0, "a stage holds whole key batches");
+    using L = RowwiseSmem<T, DPAD, KEYS>;
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
     const acc NEG_INF = neg_inf<acc>();
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* const sK = reinterpret_cast<T*>(smem_raw);  // [2][KEYS][DPAD]
-    T* const sV = sK + 2 * KEYS * DPAD;            // [2][KEYS][DPAD]
+    T* const sK = reinterpret_cast<T*>(smem_raw) + L::K;  // [2][KEYS][DPAD]
+    T* const sV = reinterpret_cast<T*>(smem_raw) + L::V;  // [2][KEYS][DPAD]
 
     const int lane = threadIdx.x % TEAM;
     const int r = threadIdx.x / TEAM;              // row of the block
@@ -177,7 +196,7 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
         for (int st = 0; st < n_stages; ++st) {
             const int buf = st & 1;
             if (st + 1 < n_stages) {  // next stage in flight while this one is used
-                stage_kv<T, DPAD, VEC, KEYS>(sK + (buf ^ 1) * KEYS * DPAD, sV + (buf ^ 1) * KEYS * DPAD,
+                stage_kv<T, DPAD, VEC, KEYS>(sK + (buf ^ 1) * L::STAGE, sV + (buf ^ 1) * L::STAGE,
                                              k_row, v_row, (st + 1) * KEYS, n_block, p);
             }
             if (VEC) {
@@ -186,8 +205,8 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
             }
             __syncthreads();         // ... and for every thread
 
-            const T* sk = sK + buf * KEYS * DPAD;
-            const T* sv = sV + buf * KEYS * DPAD;
+            const T* sk = sK + buf * L::STAGE;
+            const T* sv = sV + buf * L::STAGE;
             const int j_end = min(KEYS, n_keys - st * KEYS);  // this row's keys in the stage
             for (int j = 0; j < j_end; j += KB) {
                 // s_u = q . k_{j+u}: KB independent dot products

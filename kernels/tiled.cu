@@ -38,8 +38,10 @@
  *   out = O / l;  lse = (m + log2 l) * ln2   (rows that see no key: out = 0,
  *                                             lse = -inf)
  *
- * Shared memory (dynamic).  Rows are padded by 8 elements (16 bytes) so that
- * the 8 row addresses of every ldmatrix land in distinct bank groups:
+ * Shared memory (dynamic; tiled_detail::Smem is the one definition, and the
+ * SMEM_BYTES template argument, the size the launch passes, must equal its
+ * BYTES).  Rows are padded by 8 elements (16 bytes) so that the 8 row
+ * addresses of every ldmatrix land in distinct bank groups:
  *   row = HEAD_DIM + 8 elements
  *   bytes = (BLOCK_M + 4*BLOCK_N) * (HEAD_DIM + 8) * sizeof(T)
  *           [ Q tile | K stage 0 | K stage 1 | V stage 0 | V stage 1 ]
@@ -71,9 +73,25 @@ enum : int {
     MIN_BLOCKS_8W = 2,
 };
 
+// The shared-memory layout (see the top): offsets in elements of T.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+struct Smem {
+    enum : int {
+        ROW = HEAD_DIM + 8,        // padded row
+        STAGE = BLOCK_N * ROW,     // one K (or V) tile
+        Q = 0,                     // [BLOCK_M][ROW]
+        K = Q + BLOCK_M * ROW,     // [2][BLOCK_N][ROW]
+        V = K + 2 * STAGE,         // [2][BLOCK_N][ROW]
+        END = V + 2 * STAGE,
+        BYTES = END * (int)sizeof(T),
+    };
+};
+
 }  // namespace tiled_detail
 
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// tiled_smem), checked against the layout at compile time.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES>
 __global__ void __launch_bounds__(NUM_WARPS * 32, ((NUM_WARPS >= 8 && BLOCK_M / NUM_WARPS == 16) ? tiled_detail::MIN_BLOCKS_8W : 1))
 tiled_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -92,7 +110,8 @@ tiled_attention(
     using namespace tiled_detail;
     constexpr int D = HEAD_DIM;
     constexpr int NTHREADS = NUM_WARPS * 32;
-    constexpr int ROW = D + 8;                 // padded smem row, elements
+    using L = Smem<T, HEAD_DIM, BLOCK_M, BLOCK_N>;
+    constexpr int ROW = L::ROW;                // padded smem row, elements
     constexpr int WR = BLOCK_M / NUM_WARPS;    // rows per warp
     constexpr int MT = WR / 16;                // m16 blocks per warp
     constexpr int KD = D / 16;                 // k16 steps of Q K^T
@@ -102,11 +121,12 @@ tiled_attention(
     static_assert(D % 16 == 0 && BLOCK_N % 16 == 0, "tile shapes");
     static_assert(WR % 16 == 0 && MT >= 1 && MT <= 2, "16 or 32 rows per warp");
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* sQ = reinterpret_cast<T*>(smem_raw);
-    T* sK = sQ + BLOCK_M * ROW;               // [2][BLOCK_N][ROW]
-    T* sV = sK + 2 * BLOCK_N * ROW;           // [2][BLOCK_N][ROW]
+    T* sQ = reinterpret_cast<T*>(smem_raw) + L::Q;
+    T* sK = reinterpret_cast<T*>(smem_raw) + L::K;
+    T* sV = reinterpret_cast<T*>(smem_raw) + L::V;
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -166,7 +186,8 @@ tiled_attention(
     const T* k_thr = kbase + (long long)kv_r * k_stride_s + kv_ch * 8;
     const T* v_thr = vbase + (long long)kv_r * v_stride_s + kv_ch * 8;
     const unsigned sKV_thr = smem_addr(sK + kv_r * ROW + kv_ch * 8);
-    constexpr unsigned KV_STAGE_BYTES = BLOCK_N * ROW * 2;
+    constexpr unsigned KV_STAGE_BYTES = L::STAGE * sizeof(T);
+    constexpr unsigned K_TO_V_BYTES = (L::V - L::K) * sizeof(T);  // a K stage's address -> its V stage's
     auto load_kv = [&](int j, int stage) {
         const int key0 = j * BLOCK_N + kv_r;
         const T* kp = k_thr + (long long)(j * BLOCK_N) * k_stride_s;
@@ -178,7 +199,7 @@ tiled_attention(
                 const bool ok = key0 + i * KV_ROWS_PER_IT < seqlen_k;
                 const unsigned d = dK + i * KV_ROWS_PER_IT * ROW * 2;
                 cp_async_16(d, ok ? (const void*)(kp + (long long)i * KV_ROWS_PER_IT * k_stride_s) : (const void*)k, ok);
-                cp_async_16(d + 2 * KV_STAGE_BYTES, ok ? (const void*)(vp + (long long)i * KV_ROWS_PER_IT * v_stride_s) : (const void*)v, ok);
+                cp_async_16(d + K_TO_V_BYTES, ok ? (const void*)(vp + (long long)i * KV_ROWS_PER_IT * v_stride_s) : (const void*)v, ok);
             } else {
                 const int c = tid + i * NTHREADS;
                 if (c < BLOCK_N * CH) {
@@ -186,7 +207,7 @@ tiled_attention(
                     const bool ok = key0 + r < seqlen_k;
                     const unsigned d = dK + (r * ROW + ch * 8) * 2;
                     cp_async_16(d, ok ? (const void*)(kp + (long long)r * k_stride_s + ch * 8) : (const void*)k, ok);
-                    cp_async_16(d + 2 * KV_STAGE_BYTES, ok ? (const void*)(vp + (long long)r * v_stride_s + ch * 8) : (const void*)v, ok);
+                    cp_async_16(d + K_TO_V_BYTES, ok ? (const void*)(vp + (long long)r * v_stride_s + ch * 8) : (const void*)v, ok);
                 }
             }
         }

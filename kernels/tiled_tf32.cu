@@ -53,8 +53,10 @@
  * The side tiles cost shared memory (and so CTAs per SM): the table in
  * cupy_gqa/_specs.py picks the mode per head dim.
  *
- * Shared memory: rows of D + 4 floats (row stride = 16 bytes mod 128), so the
- * 8 rows of an ldmatrix and the 32 scalar V loads hit distinct banks:
+ * Shared memory (tf32_detail::Smem is the one definition, and the SMEM_BYTES
+ * template argument, the size the launch passes, must equal its BYTES): rows
+ * of D + 4 floats (row stride = 16 bytes mod 128), so the 8 rows of an
+ * ldmatrix and the 32 scalar V loads hit distinct banks:
  *   [ Q tile | K stage 0 | K stage 1 | V stage 0 | V stage 1
  *     | K small | V small (PRESPLIT >= 1) | Q small (PRESPLIT == 2) ]
  *   bytes = (BLOCK_M + 4 * BLOCK_N + (PRESPLIT >= 1) * 2 * BLOCK_N
@@ -104,6 +106,23 @@ __device__ __forceinline__ void mma_f32(float (&c)[4], const unsigned (&ab)[4], 
     mma_1688(c, ab, bb0, bb1);
 }
 
+// The shared-memory layout (see the top): offsets in floats.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int PRESPLIT>
+struct Smem {
+    enum : int {
+        ROW = HEAD_DIM + 4,        // padded row
+        STAGE = BLOCK_N * ROW,     // one K (or V) tile
+        Q = 0,                     // [BLOCK_M][ROW]
+        K = Q + BLOCK_M * ROW,     // [2][BLOCK_N][ROW]
+        V = K + 2 * STAGE,         // [2][BLOCK_N][ROW]
+        K_SMALL = V + 2 * STAGE,   // [BLOCK_N][ROW], PRESPLIT >= 1
+        V_SMALL = K_SMALL + STAGE, // [BLOCK_N][ROW], PRESPLIT >= 1
+        Q_SMALL = V_SMALL + STAGE, // [BLOCK_M][ROW], PRESPLIT == 2
+        END = PRESPLIT == 2 ? Q_SMALL + BLOCK_M * ROW : PRESPLIT == 1 ? Q_SMALL : K_SMALL,
+        BYTES = END * (int)sizeof(float),
+    };
+};
+
 }  // namespace tf32_detail
 
 // One 16-byte chunk of an operand tile in shared memory, split once for the
@@ -122,7 +141,9 @@ __device__ __forceinline__ void split_chunk_in_place(float* raw, float* small) {
     *reinterpret_cast<float4*>(small) = sm;
 }
 
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT>
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// tiled_f32_smem), checked against the layout at compile time.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT, int SMEM_BYTES>
 __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p)
@@ -130,7 +151,8 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     using namespace tf32_detail;
     constexpr int D = HEAD_DIM;
     constexpr int NTHREADS = NUM_WARPS * 32;
-    constexpr int ROW = D + 4;             // padded shared-memory row, floats
+    using L = Smem<HEAD_DIM, BLOCK_M, BLOCK_N, PRESPLIT>;
+    constexpr int ROW = L::ROW;            // padded shared-memory row, floats
     constexpr int KD = D / 8;              // k8 steps of Q K^T
     constexpr int NT = BLOCK_N / 8;        // n8 tiles of S (= k8 steps of P V)
     constexpr int DT = D / 8;              // n8 tiles of O
@@ -138,18 +160,19 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     static_assert(BLOCK_M == 16 * NUM_WARPS, "16 rows per warp");
     static_assert(D % 32 == 0 && BLOCK_N % 16 == 0, "tile shapes");
     static_assert(PRESPLIT >= 0 && PRESPLIT <= 2 && (SPLIT || PRESPLIT == 0), "PRESPLIT: 0, 1 or 2, with SPLIT");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
     const float NEG_INF = neg_inf<float>();
     const float scale_log2 = (float)p.scale_log2;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    float* sQ = reinterpret_cast<float*>(smem_raw);
-    float* sK = sQ + BLOCK_M * ROW;        // [2][BLOCK_N][ROW]
-    float* sV = sK + 2 * BLOCK_N * ROW;    // [2][BLOCK_N][ROW]
+    float* sQ = reinterpret_cast<float*>(smem_raw) + L::Q;
+    float* sK = reinterpret_cast<float*>(smem_raw) + L::K;  // [2][BLOCK_N][ROW]
+    float* sV = reinterpret_cast<float*>(smem_raw) + L::V;  // [2][BLOCK_N][ROW]
     // PRESPLIT >= 1: the small parts of the current K and V tiles; 2: and of Q
     // (the big parts overwrite the raw values in place)
-    float* sKsm = sV + 2 * BLOCK_N * ROW;  // [BLOCK_N][ROW]
-    float* sVsm = sKsm + BLOCK_N * ROW;    // [BLOCK_N][ROW]
-    float* sQsm = sVsm + BLOCK_N * ROW;    // [BLOCK_M][ROW]
+    float* sKsm = reinterpret_cast<float*>(smem_raw) + L::K_SMALL;
+    float* sVsm = reinterpret_cast<float*>(smem_raw) + L::V_SMALL;
+    float* sQsm = reinterpret_cast<float*>(smem_raw) + L::Q_SMALL;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g_lane = lane >> 2, c_lane = lane & 3;
@@ -260,7 +283,7 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
                 unsigned qa[4], qb[4], qs[4];
                 if (PRESPLIT == 2) {
                     ldmatrix_x4(qb, sQ_lane + kd * 8 * 4);
-                    ldmatrix_x4(qs, sQ_lane + (BLOCK_M + 6 * BLOCK_N) * ROW * 4 + kd * 8 * 4);  // sQsm
+                    ldmatrix_x4(qs, sQ_lane + (L::Q_SMALL - L::Q) * 4 + kd * 8 * 4);  // the same lane's sQsm
                 } else {
                     ldmatrix_x4(qa, sQ_lane + kd * 8 * 4);
 #pragma unroll

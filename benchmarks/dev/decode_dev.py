@@ -31,10 +31,11 @@ FLUSH = cupy.empty(256 * 2**20 // 4, dtype=cupy.int32)
 
 def mma_stages(stages: int) -> _specs.Spec:
     """The bf16 D128 tensor-core kernel with ``stages`` cp.async stages per warp."""
+    smem = _specs.decode_mma_smem(128, stages)
     return dataclasses.replace(
         _specs.decode_mma_spec("bfloat16", 128),
-        name=f"decode_mma_attention<__nv_bfloat16, 128, {stages}>",
-        smem=_specs.decode_mma_smem(128, stages),
+        name=f"decode_mma_attention<__nv_bfloat16, 128, {stages}, {smem}>",
+        smem=smem,
     )
 
 

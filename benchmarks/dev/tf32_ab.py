@@ -43,12 +43,13 @@ def shape_spec(head_dim: int, mode: int, shape: str) -> _specs.Spec:
     bm, bn, warps, _ = _specs.TILED_F32_TILES[head_dim]
     if shape != "table":
         bm, bn, warps, mode = SHAPES[shape]
+    smem = _specs.tiled_f32_smem(head_dim, bm, bn, mode)
     return dataclasses.replace(
         _specs.tiled_f32_spec(head_dim, True, "highest"),
-        name=f"tiled_tf32_attention<{head_dim}, {bm}, {bn}, {warps}, true, true, {mode}>",
+        name=f"tiled_tf32_attention<{head_dim}, {bm}, {bn}, {warps}, true, true, {mode}, {smem}>",
         threads=warps * 32,
         block_m=bm,
-        smem=_specs.tiled_f32_smem(head_dim, bm, bn, mode),
+        smem=smem,
     )
 
 
@@ -95,7 +96,7 @@ def main():
                 if (spec.name, slot) in done:  # a shape fixes its own mode
                     continue
                 done.add((spec.name, slot))
-                label = f"{name} presplit {spec.name.split(', ')[-1][:-1]} {shape:<6}"
+                label = f"{name} presplit {spec.name.split(', ')[-2]} {shape:<6}"
                 if spec.smem > MAX_SMEM:
                     print(f"{label}: {spec.smem} bytes of shared memory, over {MAX_SMEM}; skipped", flush=True)
                     continue

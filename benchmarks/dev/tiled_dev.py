@@ -52,13 +52,17 @@ BENCH_SHAPES = [
 ]
 
 
-def smem_bytes(head_dim, block_m, block_n, elem_bytes=2):
-    """Dynamic shared memory of tiled_attention (same formula as tiled.cu)."""
-    return (block_m + 4 * block_n) * (head_dim + 8) * elem_bytes
+def smem_bytes(head_dim, block_m, block_n):
+    """Dynamic shared memory of tiled_attention (cupy_gqa/_specs.py: tiled_smem)."""
+    sys.path.insert(0, os.path.join(HERE, "..", ".."))
+    from cupy_gqa._specs import tiled_smem
+
+    return tiled_smem(head_dim, block_m, block_n)
 
 
 def name_expr(dtype, d, bm, bn, nw, causal):
-    return "tiled_attention<%s, %d, %d, %d, %d, %s>" % (TNAME[dtype], d, bm, bn, nw, "true" if causal else "false")
+    return "tiled_attention<%s, %d, %d, %d, %d, %s, %d>" % (
+        TNAME[dtype], d, bm, bn, nw, "true" if causal else "false", smem_bytes(d, bm, bn))
 
 
 _SRC = None
