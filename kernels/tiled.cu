@@ -37,6 +37,8 @@
  *                                          used directly as the A operand)
  *   out = O / l;  lse = (m + log2 l) * ln2   (rows that see no key: out = 0,
  *                                             lse = -inf)
+ * The softmax rules (mask, update with a lazy rescale, end of a row) are
+ * kernels/softmax.cuh's; the scale (> 0) is applied inside its exp2.
  *
  * Shared memory (dynamic; tiled_detail::Smem is the one definition, and the
  * SMEM_BYTES template argument, the size the launch passes, must equal its
@@ -52,6 +54,7 @@
  * scale_log2 > 0, num_q_heads % num_kv_heads == 0.
  */
 #include "common.cuh"
+#include "softmax.cuh"
 
 namespace tiled_detail {
 
@@ -277,78 +280,20 @@ tiled_attention(
         // ---- mask (only tiles crossing the diagonal or the end of the keys) ---
         const int n0 = j * BLOCK_N;
         if (n0 + BLOCK_N > n_free) {
-            int key_limit[MT][2];              // last visible key of each of the thread's rows
+            int last[MT][2];                   // last visible key of each of the lane's rows
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int hf = 0; hf < 2; ++hf) {
                     const int pr = row0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8;
-                    int lim = seqlen_k - 1;
-                    if (CAUSAL) lim = min(lim, pr / group + diag);
-                    key_limit[mt][hf] = lim;
+                    last[mt][hf] = CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
                 }
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = n0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-                        if (key > key_limit[mt][e >> 1]) s[mt][nt][e] = TILED_NEG_INF;
-                    }
+            for (int mt = 0; mt < MT; ++mt) softmax::frag_mask(s[mt], n0, lane, last[mt]);
         }
 
-        // ---- online softmax -----------------------------------------------------
-        float mxs[MT][2];                      // rowmax(S) * scale * log2 e
-        bool grow = false;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                float mx = TILED_NEG_INF;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-                    mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
-                // row max over the quad that shares the row
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                mxs[mt][hf] = mx * scale_log2;
-                grow |= mxs[mt][hf] > m_run[mt][hf] + (float)RESCALE_THRESHOLD;
-            }
-        // warp-uniform: rescale only if some row's max grew past the threshold
-        const bool rescale = __any_sync(0xffffffffu, grow);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                if (rescale) {
-                    // m_new = max(m_old, rowmax(S) * scale * log2 e)
-                    const float m_new = fmaxf(m_run[mt][hf], mxs[mt][hf]);
-                    // base 0 while the row has seen no key (avoids -inf - -inf)
-                    const float m_use = (m_new == TILED_NEG_INF) ? 0.f : m_new;
-                    // online softmax: acc *= exp2(m_old - m_new), l *= exp2(m_old - m_new)
-                    const float alpha = fast_exp2(m_run[mt][hf] - m_use);
-                    m_run[mt][hf] = m_new;
-                    l_run[mt][hf] *= alpha;
-#pragma unroll
-                    for (int dt = 0; dt < DT; ++dt) {
-                        o_acc[mt][dt][2 * hf] *= alpha;
-                        o_acc[mt][dt][2 * hf + 1] *= alpha;
-                    }
-                }
-                const float m_use = (m_run[mt][hf] == TILED_NEG_INF) ? 0.f : m_run[mt][hf];
-                float rs = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    // P = exp2(S * scale_log2 - m)
-                    const float p0 = fast_exp2(fmaf(s[mt][nt][2 * hf], scale_log2, -m_use));
-                    const float p1 = fast_exp2(fmaf(s[mt][nt][2 * hf + 1], scale_log2, -m_use));
-                    s[mt][nt][2 * hf] = p0;
-                    s[mt][nt][2 * hf + 1] = p1;
-                    rs += p0 + p1;
-                }
-                l_run[mt][hf] += rs;           // per-thread partial row sum
-            }
+        // ---- online softmax (softmax.cuh), the scale inside the exp2, lazy rescale -----
+        softmax::frag_update<RESCALE_THRESHOLD, true>(s, o_acc, m_run, l_run, scale_log2, softmax::FastExp2());
 
         // ---- O += P V  (C fragment of S pairs -> A fragment of P) ---------------
 #pragma unroll
@@ -382,10 +327,8 @@ tiled_attention(
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            float l = l_run[mt][hf];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = len < 0 ? quiet_nan() : l > 0.f ? 1.f / l : 0.f;
+            const float l = softmax::frag_row_sum(l_run[mt][hf]);
+            const float inv = softmax::out_scale(l, len < 0);
             const int r = mt * 16 + (lane >> 2) + hf * 8;
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
@@ -397,8 +340,7 @@ tiled_attention(
                 if (pr < packed_rows) {
                     const int t = pr / group, g = pr - (pr / group) * group;
                     const long long idx = ((long long)b * num_q_heads + q_head_of(kvh, g, group)) * seqlen_q + t;
-                    // natural-log LSE: (m + log2 l) * ln 2
-                    lse[idx] = len < 0 ? quiet_nan() : l > 0.f ? (m_run[mt][hf] + log2f(l)) * 0.6931471805599453f : TILED_NEG_INF;
+                    lse[idx] = softmax::lse(m_run[mt][hf], l, len < 0);
                 }
             }
         }

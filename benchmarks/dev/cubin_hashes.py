@@ -2,7 +2,7 @@
 """Fingerprints of every compiled specialization, to show that a source change
 leaves the generated code alone (or by how much it changes it). No GPU needed.
 
-    python benchmarks/dev/cubin_hashes.py --out before.json [--arch sm_80,sm_90] [--jobs 2]
+    python benchmarks/dev/cubin_hashes.py --out before.json [--arch sm_80,sm_90] [--jobs 2] [--source tiled.cu]
     python benchmarks/dev/cubin_hashes.py --compare before.json after.json
 
 For every spec in cupy_gqa._specs.SPECS and architecture, NVRTC compiles the
@@ -21,7 +21,9 @@ kernel as cupy_gqa/_compile.py's compile_offline does, and the JSON records:
             cannot read the CUDA 12 ELF that NVRTC 12 writes, so this is the
             other toolchain's SASS of the same PTX: a proxy for instruction
             counts, exact for "the same PTX gives the same SASS".
-Specs are matched by their position in SPECS (names may change).
+Specs are matched by their position in SPECS (names may change); --source
+fingerprints only the specs of one kernel file, and --compare then compares
+the specs both files have.
 """
 from __future__ import annotations
 
@@ -89,6 +91,7 @@ def fingerprint(index: int, arch: str, ptxas: str | None, cuobjdump: str | None)
         nvrtc.destroyProgram(prog)
     ptx = ptx.rstrip("\0")
     entry = {
+        "index": index,
         "name": spec.name,
         "cubin": hashlib.sha256(cubin).hexdigest(),
         "ptx": hashlib.sha256(_normalize_ptx(ptx, lowered).encode()).hexdigest(),
@@ -101,11 +104,12 @@ def fingerprint(index: int, arch: str, ptxas: str | None, cuobjdump: str | None)
     return entry
 
 
-def collect(archs: list[str], jobs: int, ptxas: str | None, cuobjdump: str | None) -> dict:
+def collect(archs: list[str], jobs: int, ptxas: str | None, cuobjdump: str | None, source: str | None) -> dict:
     result = {}
+    indices = [i for i, spec in enumerate(_specs.SPECS) if source in (None, spec.source)]
     with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
         for arch in archs:
-            futures = [pool.submit(fingerprint, i, arch, ptxas, cuobjdump) for i in range(len(_specs.SPECS))]
+            futures = [pool.submit(fingerprint, i, arch, ptxas, cuobjdump) for i in indices]
             result[arch] = [f.result() for f in futures]
             print(f"{arch}: {len(futures)} specs", file=sys.stderr, flush=True)
     return result
@@ -115,14 +119,12 @@ def compare(before: dict, after: dict) -> int:
     """Print, per arch, which specs changed and how; 0 if every cubin is identical."""
     differ = 0
     for arch in before:
-        a_list, b_list = before[arch], after.get(arch, [])
-        if len(a_list) != len(b_list):
-            print(f"{arch}: {len(a_list)} specs before, {len(b_list)} after")
-            differ += 1
-            continue
+        a_by = {e.get("index", i): e for i, e in enumerate(before[arch])}
+        b_by = {e.get("index", i): e for i, e in enumerate(after.get(arch, []))}
+        common = sorted(a_by.keys() & b_by.keys())
         same_cubin = same_ptx = same_sass = 0
         lines = []
-        for a, b in zip(a_list, b_list):
+        for a, b in ((a_by[i], b_by[i]) for i in common):
             ptx_same = a["ptx"] == b["ptx"]
             sass_a, sass_b = a.get("sass"), b.get("sass")
             sass_same = sass_a is not None and sass_b is not None and sass_a["sha256"] == sass_b["sha256"]
@@ -136,8 +138,9 @@ def compare(before: dict, after: dict) -> int:
             if sass_a is not None and sass_b is not None:
                 what += f"; SASS {'same' if sass_same else 'differs'}: {sass_a['count']} -> {sass_b['count']} instructions"
             rename = a["name"] if a["name"] == b["name"] else f"{a['name']} -> {b['name']}"
-            lines.append(f"  {rename}: cubin differs; {what}; regs {a['regs']} -> {b['regs']}")
-        n = len(a_list)
+            spills = f"spills {a['spill_stores']}/{a['spill_loads']} -> {b['spill_stores']}/{b['spill_loads']} bytes"
+            lines.append(f"  {rename}: cubin differs; {what}; regs {a['regs']} -> {b['regs']}; {spills}")
+        n = len(common)
         print(f"{arch}: {same_cubin}/{n} cubins identical; of the rest, {same_ptx} with the same PTX but for the "
               f"name, {same_sass} with the same SASS")
         print("\n".join(lines))
@@ -151,6 +154,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--ptxas", default=shutil.which("ptxas"), help="ptxas for the SASS listing (default: PATH)")
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump"), help="cuobjdump (default: PATH)")
+    ap.add_argument("--source", help="only the specs of this kernel file, e.g. tiled.cu")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     args = ap.parse_args()
     if args.compare:
@@ -158,7 +162,7 @@ def main() -> int:
         return compare(before, after)
     if not args.out:
         ap.error("--out or --compare")
-    data = collect(args.arch.split(","), args.jobs, args.ptxas, args.cuobjdump)
+    data = collect(args.arch.split(","), args.jobs, args.ptxas, args.cuobjdump, args.source)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
