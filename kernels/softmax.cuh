@@ -116,20 +116,27 @@ template <int LAZY, bool SCALE_IN_EXP2, int MT, int NT, int DT, class Exp2>
 __device__ __forceinline__ void frag_update(float (&s)[MT][NT][4], float (&o)[MT][DT][4], float (&m)[MT][2],
                                             float (&l)[MT][2], float scale, Exp2 exp2) {
     float mxs[MT][2];  // rowmax(S), scaled
-    bool grow = false;
+    bool rescale = true;
+    if constexpr (LAZY > 0) {  // all rows' maxima first, for the warp's vote
+        bool grow = false;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const float mx = frag_row_max(s[mt], hf);
+                mxs[mt][hf] = SCALE_IN_EXP2 ? mx * scale : mx;
+                grow |= mxs[mt][hf] > m[mt][hf] + (float)LAZY;
+            }
+        rescale = __any_sync(0xffffffffu, grow);
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            const float mx = frag_row_max(s[mt], hf);
-            mxs[mt][hf] = SCALE_IN_EXP2 ? mx * scale : mx;
-            grow |= mxs[mt][hf] > m[mt][hf] + (float)LAZY;
-        }
-    const bool rescale = LAZY == 0 || __any_sync(0xffffffffu, grow);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
+            if constexpr (LAZY == 0) {  // each row's max where it is used
+                const float mx = frag_row_max(s[mt], hf);
+                mxs[mt][hf] = SCALE_IN_EXP2 ? mx * scale : mx;
+            }
             if (rescale) {
                 const float m_new = fmaxf(m[mt][hf], mxs[mt][hf]);
                 const float alpha = exp2(m[mt][hf] - ref(m_new));  // 0 while m = -inf

@@ -28,6 +28,8 @@
  *       m' = max(m, rowmax(S) * scale_log2);  P = exp2(S * scale_log2 - m')
  *       l  = l * exp2(m - m') + rowsum(P);  O = O * exp2(m - m') + P V_j
  *   out = O / l, lse = (m + log2 l) * ln 2  (no visible key: 0 and -inf)
+ * The softmax rules (mask, update, end of a row) are kernels/softmax.cuh's;
+ * the scale (> 0) is applied inside its exp2 (exp2f), m raised at every tile.
  *
  * Fragments (m16n8k8, g = lane / 4, c = lane % 4)
  * -----------------------------------------------------------------------------
@@ -66,6 +68,7 @@
  * aligned rows, scale_log2 > 0.
  */
 #include "common.cuh"
+#include "softmax.cuh"
 
 // The split rounds to TF32 with integer ops, (bits + 0x1000) with the low 13
 // bits masked where the value itself is needed (x - big): 4 instructions per
@@ -84,8 +87,6 @@ __device__ __forceinline__ void split(float x, unsigned& big, unsigned& small) {
     big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
     small = SPLIT ? __float_as_uint(x - __uint_as_float(big)) + 0x1000u : 0u;
 }
-
-__device__ __forceinline__ float exp2_p(float x) { return exp2f(x); }  // exp2(-inf) = 0
 
 // C(16x8) += A(16x8) * B(8x8), TF32 inputs, fp32 accumulate
 __device__ __forceinline__ void mma_1688(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -313,46 +314,17 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
         // ---- mask (only tiles crossing the diagonal or the end of the keys) -------
         const int n0 = j * BLOCK_N;
         if (n0 + BLOCK_N > n_free) {
+            int last[2];  // last visible key of each of the lane's rows
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 const int pr = row0 + warp * 16 + g_lane + hf * 8;
-                const int limit = CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        if (n0 + nt * 8 + c_lane * 2 + e > limit) s[nt][2 * hf + e] = NEG_INF;
+                last[hf] = CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
             }
+            softmax::frag_mask(s, n0, lane, last);
         }
 
-        // ---- online softmax: O *= exp2(m - m'), P = exp2(S * scale_log2 - m') -----
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the quad shares the row
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run[hf], mx * scale_log2);
-            const float m_use = m_new == NEG_INF ? 0.f : m_new;  // no key yet: avoid -inf - -inf
-            const float alpha = exp2_p(m_run[hf] - m_use);
-            m_run[hf] = m_new;
-            float rs = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float pv = exp2_p(fmaf(s[nt][2 * hf + e], scale_log2, -m_use));
-                    s[nt][2 * hf + e] = pv;
-                    rs += pv;
-                }
-            l_run[hf] = l_run[hf] * alpha + rs;
-#pragma unroll
-            for (int dt = 0; dt < DT; ++dt) {
-                o_acc[dt][2 * hf] *= alpha;
-                o_acc[dt][2 * hf + 1] *= alpha;
-            }
-        }
+        // ---- online softmax (softmax.cuh), the scale inside the exp2, eager -------
+        softmax::frag_update<0, true>(s, o_acc, m_run, l_run, scale_log2, softmax::Exp2f());
 
         // ---- O += P V: key 2c is k = c, key 2c+1 is k = c+4 ----------------------
         // (each n8 tile of O gets this K/V tile's product in a fresh accumulator,
@@ -395,10 +367,8 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     float* sO = sQ + warp * 16 * ROW;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-        float l = l_run[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = len < 0 ? quiet_nan() : l > 0.f ? 1.f / l : 0.f;
+        const float l = softmax::frag_row_sum(l_run[hf]);
+        const float inv = softmax::out_scale(l, len < 0);
         const int r = g_lane + hf * 8;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
@@ -408,8 +378,7 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
         const int pr = row0 + warp * 16 + r;
         if (lse != nullptr && c_lane == 0 && pr < packed_rows) {
             const int t = pr / group, g = pr % group;
-            lse[((index_t)b * p.num_q_heads + q_head_of(kvh, g, group)) * p.seqlen_q + t] =
-                len < 0 ? quiet_nan() : l > 0.f ? (m_run[hf] + log2f(l)) * 0.6931471805599453f : NEG_INF;
+            lse[((index_t)b * p.num_q_heads + q_head_of(kvh, g, group)) * p.seqlen_q + t] = softmax::lse(m_run[hf], l, len < 0);
         }
     }
     __syncwarp();
