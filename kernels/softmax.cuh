@@ -149,7 +149,7 @@ __device__ __forceinline__ void frag_update(float (&s)[MT][NT][4], float (&o)[MT
                 }
             }
             const float m_ref = ref(m[mt][hf]);
-            float rs = 0.f;
+            float rs;  // the lane's part of rowsum(P), from the first pair (no 0 + ..)
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const float x0 = s[mt][nt][2 * hf], x1 = s[mt][nt][2 * hf + 1];
@@ -157,7 +157,7 @@ __device__ __forceinline__ void frag_update(float (&s)[MT][NT][4], float (&o)[MT
                 const float p1 = exp2(SCALE_IN_EXP2 ? fmaf(x1, scale, -m_ref) : x1 - m_ref);
                 s[mt][nt][2 * hf] = p0;
                 s[mt][nt][2 * hf + 1] = p1;
-                rs += p0 + p1;
+                rs = nt == 0 ? p0 + p1 : rs + (p0 + p1);
             }
             l[mt][hf] += rs;
         }
