@@ -35,6 +35,7 @@
 //   Otherwise it writes the fp32 partial o / l and its lse (log2 domain) to a
 //   workspace, and decode_combine merges the splits of each row:
 //       M = max_s lse_s,  out = sum_s exp2(lse_s - M) o_s / sum_s exp2(lse_s - M)
+//   These rules (and the end of a row below) are kernels/softmax.cuh's.
 //   Causal masking is aligned bottom-right per sequence: query t of batch b
 //   sees keys j <= t + len - seqlen_q. A row that sees no key writes 0 and
 //   lse = -inf. A seqlens_k[b] outside [0, seqlen_k] (device arrays are not
@@ -63,6 +64,7 @@
 // Requirements (checked by the Python layer): head_dim stride 1, 16-byte
 // aligned pointers and strides.
 #include "common.cuh"
+#include "softmax.cuh"
 
 // Constants are enumerators: NVRTC would emit a namespace-scope constexpr
 // variable as an (unused) global in every cubin.
@@ -75,9 +77,7 @@ enum : int {
 
 namespace decode_detail {
 
-constexpr int NUM_WARPS = DECODE_THREADS / 32;
-constexpr float LN2 = 0.6931471805599453f;
-
+enum : int { NUM_WARPS = DECODE_THREADS / 32 };
 
 // W elements of one 16-byte chunk, as floats.
 template <typename T>
@@ -85,15 +85,6 @@ __device__ __forceinline__ void unpack(const uint4& raw, float* dst) {
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
     for (int i = 0; i < 16 / (int)sizeof(T); ++i) dst[i] = to_acc(e[i]);
-}
-
-// Merge online-softmax state (m_b, l_b, o_b) into (m, l, o): the two sums
-// rescaled to their common max. A side with m = -inf (no key) weighs 0.
-__device__ __forceinline__ void merge_weights(float m, float m_b, float& m_new, float& wa, float& wb) {
-    m_new = fmaxf(m, m_b);
-    const float m_ref = m_new == neg_inf<float>() ? 0.f : m_new;
-    wa = exp2f(m - m_ref);
-    wb = exp2f(m_b - m_ref);
 }
 
 // K and V chunks of the U keys j, j + NUM_GROUPS, ... of a key group (zeros past k_end).
@@ -170,14 +161,12 @@ __device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4
         // by more than DECODE_RESCALE_THRESHOLD (log2 units), so most steps skip
         // the exp2 and the o *= alpha; weights stay <= 2^threshold, exact in fp32.
         if (m_new > m[i] + DECODE_RESCALE_THRESHOLD) {
-            const float alpha = fast_exp2(m[i] - m_new);  // 0 while m = -inf
+            const float alpha = softmax::raise_ref(m[i], m_new, softmax::FastExp2());  // 0 while m = -inf
             l[i] *= alpha;
 #pragma unroll
             for (int d = 0; d < DL; ++d) o[i][d] *= alpha;
-            m[i] = m_new;
         }
-        // while every score so far is -inf, 0 is the reference: no (-inf) - (-inf)
-        const float m_ref = m[i] == NEG_INF ? 0.f : m[i];
+        const float m_ref = softmax::ref(m[i]);  // 0 while every score so far is -inf
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const float pu = fast_exp2(s[u][i] - m_ref);
@@ -209,24 +198,23 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
         float mm = NEG_INF;
 #pragma unroll
         for (int w = 0; w < NW; ++w) mm = fmaxf(mm, m_w[w * ROWS + i]);
-        const float m_ref = mm == NEG_INF ? 0.f : mm;
         float ls = 0.f, os = 0.f;
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
-            const float wt = exp2f(m_w[w * ROWS + i] - m_ref);
+            const float wt = softmax::merge_weight(m_w[w * ROWS + i], mm);
             ls = fmaf(l_w[w * ROWS + i], wt, ls);
             os = fmaf(o_w[(w * ROWS + i) * HEAD_DIM + d], wt, os);
         }
         // a row that saw no key (of this split): 0 and lse = -inf
-        const float res = ls == 0.f ? 0.f : os / ls;
-        const float lse2 = ls == 0.f ? NEG_INF : mm + log2f(ls);
+        const float res = softmax::normalized(os, ls, ls != 0.f);
+        const float lse2 = softmax::lse2(mm, ls, ls != 0.f);
         if (num_splits == 1) {
             const int t = r / group_size, g = r % group_size;
             const int q_head = q_head_of(kv_head, g, group_size);
             const bool bad = len < 0;
             out[b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2] + d] = from_acc<T>(bad ? quiet_nan() : res);
             if (lse != nullptr && d == 0)
-                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = bad ? quiet_nan() : lse2 * LN2;
+                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = softmax::lse(mm, ls, ls != 0.f, bad);
         } else {
             const index_t prow = ((index_t)b * p.num_kv_heads + kv_head) * rows_total + r;
             part_o[(prow * num_splits + split) * HEAD_DIM + d] = res;
@@ -345,7 +333,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
             const float m_b = __shfl_xor_sync(0xffffffffu, m[i], off);
             const float l_b = __shfl_xor_sync(0xffffffffu, l[i], off);
             float m_new, wa, wb;
-            merge_weights(m[i], m_b, m_new, wa, wb);
+            softmax::merge_weights(m[i], m_b, m_new, wa, wb);
             l[i] = l[i] * wa + l_b * wb;
 #pragma unroll
             for (int d = 0; d < DL; ++d) {
@@ -509,7 +497,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     const int k_free = min(k_end, n_min);  // keys below it are seen by every live row: no mask
     const int num_tiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
     const int my_tiles = num_tiles > warp ? (num_tiles - warp + NW - 1) / NW : 0;  // tiles warp, warp + NW, ..
-    const int lim[2] = {min(k_end, n_vis[0]), min(k_end, n_vis[1])};
+    const int last[2] = {min(k_end, n_vis[0]) - 1, min(k_end, n_vis[1]) - 1};  // last key rows lane / 4 (+ 8) see
 
     // lane copies 16-byte chunk lane % CH of key rows lane / CH + RPP * i of a tile
     const int ld_r = lane / CH, ld_ch = lane % CH;
@@ -597,54 +585,10 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
-        // mask keys past a row's causal end or past the range (lane holds keys
-        // key0 + 8 nt + 2 (lane % 4) + {0, 1} of rows lane / 4 (e < 2) and + 8)
-        if (key0 + BN > k_free) {
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (key0 + nt * 8 + (lane & 3) * 2 + (e & 1) >= lim[e >> 1]) s[nt][e] = NEG_INF;
-        }
-        // online softmax, log2 domain; rescale only when some row's max grows
-        // by more than DECODE_RESCALE_THRESHOLD over its reference m (warp-uniform)
-        float mxs[2];
-        bool grow = false;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mxs[hf] = mx;
-            grow |= mxs[hf] > m_run[hf] + DECODE_RESCALE_THRESHOLD;
-        }
-        if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const float m_new = fmaxf(m_run[hf], mxs[hf]);
-                const float alpha = fast_exp2(m_run[hf] - (m_new == NEG_INF ? 0.f : m_new));  // 0 while m = -inf
-                m_run[hf] = m_new;
-                l_run[hf] *= alpha;
-#pragma unroll
-                for (int dt = 0; dt < DT; ++dt) {
-                    o[dt][2 * hf] *= alpha;
-                    o[dt][2 * hf + 1] *= alpha;
-                }
-            }
-        }
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const float m_ref = m_run[hf] == NEG_INF ? 0.f : m_run[hf];  // no (-inf) - (-inf)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
-                    s[nt][e] = fast_exp2(s[nt][e] - m_ref);
-                    l_run[hf] += s[nt][e];
-                }
-        }
+        // then mask keys past a row's causal end or past the range
+        if (key0 + BN > k_free) softmax::frag_mask(s, key0, lane, last);
+        // online softmax (softmax.cuh), lazy rescale
+        softmax::frag_update<DECODE_RESCALE_THRESHOLD, false>(s, o, m_run, l_run, 0.f, softmax::FastExp2());
         // O += P V: the C fragments of S, paired, are the A fragment of P
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
@@ -708,11 +652,10 @@ __global__ void __launch_bounds__(128) decode_combine(
         const float* lse_s = part_lse + prow * num_splits;
         float mm = NEG_INF;
         for (int s = 0; s < num_splits; ++s) mm = fmaxf(mm, lse_s[s]);
-        const float m_ref = mm == NEG_INF ? 0.f : mm;
         float ls = 0.f;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int s = 0; s < num_splits; ++s) {
-            const float wt = exp2f(lse_s[s] - m_ref);  // 0 for a split that saw no key
+            const float wt = softmax::merge_weight(lse_s[s], mm);  // 0 for a split that saw no key
             const float4 ov = *reinterpret_cast<const float4*>(part_o + (prow * num_splits + s) * p.head_dim + d);
             ls += wt;
             acc.x = fmaf(wt, ov.x, acc.x);
@@ -721,14 +664,14 @@ __global__ void __launch_bounds__(128) decode_combine(
             acc.w = fmaf(wt, ov.w, acc.w);
         }
         const bool bad = seqlen_k_of(seqlens_k, b, p.seqlen_k) < 0;
-        const float inv = ls == 0.f ? 0.f : 1.f / ls;
+        const float inv = softmax::out_scale(ls, ls != 0.f, bad);  // NaN when bad
         T* o_row = out + b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2] + d;
-        o_row[0] = from_acc<T>(bad ? quiet_nan() : acc.x * inv);
-        o_row[1] = from_acc<T>(bad ? quiet_nan() : acc.y * inv);
-        o_row[2] = from_acc<T>(bad ? quiet_nan() : acc.z * inv);
-        o_row[3] = from_acc<T>(bad ? quiet_nan() : acc.w * inv);
+        o_row[0] = from_acc<T>(acc.x * inv);
+        o_row[1] = from_acc<T>(acc.y * inv);
+        o_row[2] = from_acc<T>(acc.z * inv);
+        o_row[3] = from_acc<T>(acc.w * inv);
         if (lse != nullptr && d == 0)
             lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] =
-                bad ? quiet_nan() : (ls == 0.f ? NEG_INF : (mm + log2f(ls)) * LN2);
+                softmax::lse(mm, ls, ls != 0.f, bad);
     }
 }

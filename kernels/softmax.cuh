@@ -26,16 +26,24 @@ namespace softmax {
 
 template <typename A> __host__ __device__ constexpr A ln2() { return A(0.69314718055994530942); }
 
-// The exp2 of the scores, as a type: ex2.approx (tensor-core kernels) or exp2f.
+// The exp2 of the scores, as a type: ex2.approx (float; 2^-inf = 0) or exact.
 struct FastExp2 {
     __device__ __forceinline__ float operator()(float x) const { return fast_exp2(x); }
 };
-struct Exp2f {
-    __device__ __forceinline__ float operator()(float x) const { return exp2f(x); }
+struct ExactExp2 {  // exp2f, or exp2 in double
+    template <typename A> __device__ __forceinline__ A operator()(A x) const { return exp2_acc(x); }
 };
 
 // The reference that exp2 subtracts: m, or 0 while the row has seen no key.
 template <typename A> __device__ __forceinline__ A ref(A m) { return m == neg_inf<A>() ? (A)0 : m; }
+
+// A row's move to the reference m_new (>= m): m = m_new; returns the factor
+// alpha = exp2(m_old - ref(m_new)) for l and o (0 while m_old = -inf).
+template <typename A, class Exp2> __device__ __forceinline__ A raise_ref(A& m, A m_new, Exp2 exp2) {
+    const A alpha = exp2(m - ref(m_new));
+    m = m_new;
+    return alpha;
+}
 
 // Weights of two states (m, ..) and (m_b, ..) in their merge, and its m.
 // A side with m = -inf (no key) weighs 0.
@@ -45,6 +53,10 @@ __device__ __forceinline__ void merge_weights(float m, float m_b, float& m_new, 
     wa = exp2f(m - m_ref);
     wb = exp2f(m_b - m_ref);
 }
+
+// The weight of a state (m_s, ..) in a merge of several whose largest m is
+// m_max (all -inf: no side saw a key, and each weighs 0).
+__device__ __forceinline__ float merge_weight(float m_s, float m_max) { return exp2f(m_s - ref(m_max)); }
 
 // ---- the end of a row ------------------------------------------------------------
 // seen: the row saw some key (else out 0, lse -inf); bad: its sequence length is
@@ -138,9 +150,7 @@ __device__ __forceinline__ void frag_update(float (&s)[MT][NT][4], float (&o)[MT
                 mxs[mt][hf] = SCALE_IN_EXP2 ? mx * scale : mx;
             }
             if (rescale) {
-                const float m_new = fmaxf(m[mt][hf], mxs[mt][hf]);
-                const float alpha = exp2(m[mt][hf] - ref(m_new));  // 0 while m = -inf
-                m[mt][hf] = m_new;
+                const float alpha = raise_ref(m[mt][hf], fmaxf(m[mt][hf], mxs[mt][hf]), exp2);
                 l[mt][hf] *= alpha;
 #pragma unroll
                 for (int dt = 0; dt < DT; ++dt) {
