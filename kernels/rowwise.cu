@@ -11,7 +11,7 @@
 //       m'    = max(m, s_0 .. s_3)
 //       o     = o * exp2(m - m') + sum_u exp2(s_u - m') * v_{j+u}
 //       l     = l * exp2(m - m') + sum_u exp2(s_u - m')
-//   and finally out = o / l, lse = (m + log2 l) * ln 2.
+//   and finally out = o / l, lse = (m + log2 l) * ln 2 (kernels/softmax.cuh's rules).
 //   Causal masking is aligned bottom-right: position t sees keys
 //   j <= t + seqlen_k - seqlen_q (seqlen_k: the sequence's own length when
 //   seqlens_k is given). A row that sees no key writes 0 and lse = -inf.
@@ -53,6 +53,7 @@
 //   KEYS  keys per shared-memory stage.
 //   SMEM_BYTES  the dynamic shared memory the launch passes (see Shared memory).
 #include "common.cuh"
+#include "softmax.cuh"
 
 #define ROWWISE_THREADS 128
 #define ROWWISE_KB 4  // keys per online-softmax update
@@ -235,10 +236,9 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
                 acc m_new = m;
 #pragma unroll
                 for (int u = 0; u < KB; ++u) m_new = s[u] > m_new ? s[u] : m_new;
-                // While every score so far is -inf, use 0 as the reference so that
-                // exp2(-inf - (-inf)) never makes a NaN (a -inf score weighs 0).
-                const acc m_ref = m_new == NEG_INF ? (acc)0 : m_new;
-                const acc alpha = exp2_acc(m - m_ref);
+                // (softmax.cuh: the reference is 0 while every score so far is -inf)
+                const acc alpha = softmax::raise_ref(m, m_new, softmax::ExactExp2());
+                const acc m_ref = softmax::ref(m);
                 acc pu[KB];
 #pragma unroll
                 for (int u = 0; u < KB; ++u) pu[u] = exp2_acc(s[u] - m_ref);
@@ -257,14 +257,13 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
                         }
                     }
                 }
-                m = m_new;
             }
             __syncthreads();  // every row is done with this stage before it is refilled
         }
 
         if (active) {
             // A row with no visible key is all zeros with lse = -inf.
-            const acc inv_l = len < 0 ? (acc)quiet_nan() : n_keys == 0 ? (acc)0 : (acc)1 / l;
+            const acc inv_l = softmax::out_scale(l, n_keys != 0, len < 0);
             T* o_row = out + b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2];
 #pragma unroll
             for (int c = 0; c < CHUNKS; ++c) {
@@ -282,11 +281,8 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
                         if (d0 + i < p.head_dim) o_row[(d0 + i) * o_sd] = from_acc<T>(o[c * W + i] * inv_l);
                 }
             }
-            if (lse != nullptr && lane == 0) {
-                const acc ln2 = (acc)0.69314718055994530942;
-                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] =
-                    len < 0 ? quiet_nan() : n_keys == 0 ? neg_inf<float>() : (float)((m + log2_acc(l)) * ln2);
-            }
+            if (lse != nullptr && lane == 0)
+                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = softmax::lse(m, l, n_keys != 0, len < 0);
         }
     }
 }
