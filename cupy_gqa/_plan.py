@@ -325,18 +325,9 @@ class DecodeLaunch:
         )
 
 
-@functools.lru_cache(maxsize=4096)
-def plan_decode(
-    problem: Problem, layout: tuple, slots: int, num_splits: int | None = None, spec: _specs.Spec | None = None
-) -> DecodeLaunch:
-    """``slots``: SMs x resident CTAs of the decode kernel per SM. ``num_splits``
-    overrides the choice of decode_num_splits, ``spec`` the table's kernel
-    (benchmarks/decode_dev.py times variants)."""
-    rows = problem.seqlen_q * problem.group_size
-    spec = spec or _specs.decode_spec(problem.dtype, problem.head_dim, rows)
-    row_blocks = math.ceil(rows / spec.block_m)
-    if num_splits is None:
-        num_splits = decode_num_splits(problem, row_blocks, slots)
+def _decode_plan(problem: Problem, layout: tuple, spec: _specs.Spec, num_splits: int) -> DecodeLaunch:
+    """The launch of decode kernel ``spec`` with ``num_splits`` key ranges."""
+    row_blocks = math.ceil(problem.seqlen_q * problem.group_size / spec.block_m)
     blocks = problem.batch * problem.num_kv_heads * row_blocks * num_splits
     if blocks > MAX_GRID_X:
         raise ValueError(f"q: too many query rows for one launch ({blocks} blocks > {MAX_GRID_X})")
@@ -345,6 +336,15 @@ def plan_decode(
     combine_blocks = grid_stride_blocks(packed_rows * problem.head_dim // 4, combine.threads)
     params = make_params(problem, layout)
     return DecodeLaunch(spec, combine, (blocks,), (combine_blocks,), params, num_splits, packed_rows)
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_decode(problem: Problem, layout: tuple, slots: int) -> DecodeLaunch:
+    """``slots``: SMs x resident CTAs of the decode kernel per SM."""
+    rows = problem.seqlen_q * problem.group_size
+    spec = _specs.decode_spec(problem.dtype, problem.head_dim, rows)
+    num_splits = decode_num_splits(problem, math.ceil(rows / spec.block_m), slots)
+    return _decode_plan(problem, layout, spec, num_splits)
 
 
 @functools.lru_cache(maxsize=64)
@@ -359,16 +359,27 @@ def _resident_slots(spec: _specs.Spec, device: int) -> int:
     return max(1, min(per_sm, wave or per_sm)) * cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
-def launch_decode(
-    problem: Problem, q, k, v, out, lse, seqlens_k, num_splits: int | None = None, *, checked: bool = False
-) -> None:
-    """``checked``: choose_kernel has already found that decode_unsupported is None."""
-    reason = None if checked else decode_unsupported(problem, q, k, v, out)
+def _check_decode(problem: Problem, q, k, v, out) -> None:
+    reason = decode_unsupported(problem, q, k, v, out)
     if reason is not None:
         raise ValueError(f"kernel: 'decode' does not support this call: {reason}; use kernel='auto' or 'rowwise'")
+
+
+def launch_decode(problem: Problem, q, k, v, out, lse, seqlens_k, *, checked: bool = False) -> None:
+    """``checked``: choose_kernel has already found that decode_unsupported is None."""
+    if not checked:
+        _check_decode(problem, q, k, v, out)
     spec = _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size)
     slots = _resident_slots(spec, q.device.id)
-    plan_decode(problem, _layout(q, k, v, out), slots, num_splits)(q, k, v, out, lse, seqlens_k)
+    plan_decode(problem, _layout(q, k, v, out), slots)(q, k, v, out, lse, seqlens_k)
+
+
+def _launch_decode_forced_splits(problem: Problem, q, k, v, out, lse, seqlens_k, num_splits: int) -> None:
+    """launch_decode with ``num_splits`` key ranges in place of the split rule's
+    choice: for the tests of the split path and benchmarks/dev, not the API."""
+    _check_decode(problem, q, k, v, out)
+    spec = _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size)
+    _decode_plan(problem, _layout(q, k, v, out), spec, num_splits)(q, k, v, out, lse, seqlens_k)
 
 
 # The GPU kernel families, in the order the public ``kernel=`` lists them.

@@ -33,7 +33,7 @@ class Spec:
     threads: int  # threads per block
     team: int = 1  # rowwise: threads that share one query row
     block_m: int = 0  # tiled, decode: packed query rows per CTA
-    smem: int = 0  # dynamic shared memory per block, bytes
+    smem: int = 0  # dynamic shared memory per block, bytes (the kernel's SMEM_BYTES, checked there)
     options: tuple = ()  # extra NVRTC options
     arch: str | None = None  # the one target it is built for (e.g. "sm_90a"); None: the device's own
 
@@ -59,7 +59,8 @@ def _rowwise_keys(dtype: str, dpad: int) -> int:
 
 
 def rowwise_smem(dtype: str, dpad: int) -> int:
-    """Two stages of K and of V, KEYS rows of DPAD elements each."""
+    """Two stages of K and of V, KEYS rows of DPAD elements each (kernels/rowwise.cu:
+    RowwiseSmem; the kernel refuses to compile with another SMEM_BYTES)."""
     return 2 * 2 * _rowwise_keys(dtype, dpad) * dpad * ITEMSIZE[dtype]
 
 
@@ -74,7 +75,7 @@ ROWWISE = {
         source="rowwise.cu",
         name=(
             f"rowwise_attention<{CTYPES[dtype]}, {dpad}, {_rowwise_team(dtype, dpad)}, {str(vec).lower()}, "
-            f"{_rowwise_keys(dtype, dpad)}>"
+            f"{_rowwise_keys(dtype, dpad)}, {rowwise_smem(dtype, dpad)}>"
         ),
         dtype=dtype,
         head_dim=dpad,
@@ -108,7 +109,8 @@ TILED_DTYPES = ("float16", "bfloat16")
 
 def tiled_smem(head_dim: int, block_m: int, block_n: int) -> int:
     """Dynamic shared memory of kernels/tiled.cu: a Q tile and two K and two V
-    stages, rows padded by 8 elements, 2-byte elements."""
+    stages, rows padded by 8 elements, 2-byte elements (tiled_detail::Smem;
+    the kernel refuses to compile with another SMEM_BYTES)."""
     return (block_m + 4 * block_n) * (head_dim + 8) * 2
 
 
@@ -116,7 +118,10 @@ TILED = {
     (dtype, head_dim, causal): Spec(
         family="tiled",
         source="tiled.cu",
-        name=f"tiled_attention<{CTYPES[dtype]}, {head_dim}, {bm}, {bn}, {warps}, {str(causal).lower()}>",
+        name=(
+            f"tiled_attention<{CTYPES[dtype]}, {head_dim}, {bm}, {bn}, {warps}, {str(causal).lower()}, "
+            f"{tiled_smem(head_dim, bm, bn)}>"
+        ),
         dtype=dtype,
         head_dim=head_dim,
         threads=warps * 32,
@@ -149,29 +154,30 @@ TILED_F32_TILES = {
 def tiled_f32_smem(head_dim: int, block_m: int, block_n: int, presplit: int) -> int:
     """Dynamic shared memory of kernels/tiled_tf32.cu: a Q tile, two K and two
     V stages, and the side tiles of the small parts (one K and one V tile from
-    presplit 1, the Q tile at 2); rows padded by 4 floats."""
+    presplit 1, the Q tile at 2); rows padded by 4 floats (tf32_detail::Smem;
+    the kernel refuses to compile with another SMEM_BYTES)."""
     tiles = block_m + 4 * block_n + (2 * block_n if presplit >= 1 else 0) + (block_m if presplit == 2 else 0)
     return tiles * (head_dim + 4) * 4
 
 
-def tiled_f32_spec(head_dim: int, causal: bool, precision: str, presplit: int | None = None) -> Spec:
-    """The float32 tiled kernel for one (head_dim, causal, precision); ``presplit``
-    overrides the table's mode (benchmarks/tf32_ab.py times the modes)."""
-    bm, bn, warps, table_presplit = TILED_F32_TILES[head_dim]
+def tiled_f32_spec(head_dim: int, causal: bool, precision: str) -> Spec:
+    """The float32 tiled kernel for one (head_dim, causal, precision)."""
+    bm, bn, warps, presplit = TILED_F32_TILES[head_dim]
     split = precision == "highest"
-    presplit = (table_presplit if presplit is None else presplit) if split else 0
+    presplit = presplit if split else 0
+    smem = tiled_f32_smem(head_dim, bm, bn, presplit)
     return Spec(
         family="tiled",
         source="tiled_tf32.cu",
         name=(
             f"tiled_tf32_attention<{head_dim}, {bm}, {bn}, {warps}, {str(causal).lower()}, "
-            f"{str(split).lower()}, {presplit}>"
+            f"{str(split).lower()}, {presplit}, {smem}>"
         ),
         dtype="float32",
         head_dim=head_dim,
         threads=warps * 32,
         block_m=bm,
-        smem=tiled_f32_smem(head_dim, bm, bn, presplit),
+        smem=smem,
     )
 
 
@@ -265,38 +271,30 @@ DECODE_MMA_STAGES = {64: 3, 128: 3, 256: 2}  # per warp; 2 CTAs per SM at D128, 
 DECODE_WAVE_CTAS = {"float16": 1, "bfloat16": 1, "float32": None}
 
 
-def decode_mma_smem(head_dim: int, stages: int, warps: int = DECODE_MMA_WARPS, block_n: int = DECODE_MMA_BN,
-                    swizzle: bool = True) -> int:
+def decode_mma_smem(head_dim: int, stages: int) -> int:
     """Dynamic shared memory of decode_mma_attention: the Q tile (rows padded by
     8 elements), then each warp's stages of a K and a V tile (swizzled rows of
     head_dim elements), or, when larger, the fp32 (m, l, o) of every warp's rows
-    that replace them."""
-    kv_row = head_dim if swizzle else head_dim + 8
-    stages_bytes = warps * stages * 2 * block_n * kv_row * 2
-    merge_bytes = warps * DECODE_MMA_ROWS * (head_dim + 2) * 4
+    that replace them (decode_detail::MmaSmem; the kernel refuses to compile
+    with another SMEM_BYTES)."""
+    stages_bytes = DECODE_MMA_WARPS * stages * 2 * DECODE_MMA_BN * head_dim * 2
+    merge_bytes = DECODE_MMA_WARPS * DECODE_MMA_ROWS * (head_dim + 2) * 4
     return DECODE_MMA_ROWS * (head_dim + 8) * 2 + max(stages_bytes, merge_bytes)
 
 
-def decode_mma_spec(dtype: str, head_dim: int, stages: int | None = None, warps: int = DECODE_MMA_WARPS,
-                    block_n: int = DECODE_MMA_BN, options: tuple = ()) -> Spec:
-    """The tensor-core decode kernel; the keywords override the table
-    (benchmarks/decode_dev.py times variants)."""
-    stages = DECODE_MMA_STAGES[head_dim] if stages is None else stages
-    options = tuple(
-        f"-D{name}={value}"
-        for name, value, default in (("DECODE_MMA_WARPS", warps, DECODE_MMA_WARPS), ("DECODE_MMA_BN", block_n, DECODE_MMA_BN))
-        if value != default
-    ) + options
+def decode_mma_spec(dtype: str, head_dim: int) -> Spec:
+    """The tensor-core decode kernel for one (dtype, head_dim)."""
+    stages = DECODE_MMA_STAGES[head_dim]
+    smem = decode_mma_smem(head_dim, stages)
     return Spec(
         family="decode",
         source="decode.cu",
-        name=f"decode_mma_attention<{CTYPES[dtype]}, {head_dim}, {stages}>",
+        name=f"decode_mma_attention<{CTYPES[dtype]}, {head_dim}, {stages}, {smem}>",
         dtype=dtype,
         head_dim=head_dim,
-        threads=warps * 32,
+        threads=DECODE_MMA_WARPS * 32,
         block_m=DECODE_MMA_ROWS,
-        smem=decode_mma_smem(head_dim, stages, warps, block_n, "-DDECODE_MMA_SWIZZLE=0" not in options),
-        options=options,
+        smem=smem,
     )
 
 

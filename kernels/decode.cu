@@ -35,6 +35,7 @@
 //   Otherwise it writes the fp32 partial o / l and its lse (log2 domain) to a
 //   workspace, and decode_combine merges the splits of each row:
 //       M = max_s lse_s,  out = sum_s exp2(lse_s - M) o_s / sum_s exp2(lse_s - M)
+//   These rules (and the end of a row below) are kernels/softmax.cuh's.
 //   Causal masking is aligned bottom-right per sequence: query t of batch b
 //   sees keys j <= t + len - seqlen_q. A row that sees no key writes 0 and
 //   lse = -inf. A seqlens_k[b] outside [0, seqlen_k] (device arrays are not
@@ -63,28 +64,20 @@
 // Requirements (checked by the Python layer): head_dim stride 1, 16-byte
 // aligned pointers and strides.
 #include "common.cuh"
+#include "softmax.cuh"
 
-// Tuning knobs, overridable with -D (benchmarks/decode_dev.py times variants):
-// threads per CTA, 16-byte K loads (as many V loads) per lane per step, and
-// the CTAs per SM that __launch_bounds__ asks registers for.
-#ifndef DECODE_THREADS
-#define DECODE_THREADS 128
-#endif
-#ifndef DECODE_LOADS
-#define DECODE_LOADS 4
-#endif
-#ifndef DECODE_RESCALE_THRESHOLD  // see attend_step; 0: rescale whenever the max grows
-#define DECODE_RESCALE_THRESHOLD 8.0f
-#endif
-#ifndef DECODE_MIN_BLOCKS  // __launch_bounds__' CTAs per SM for ROWS <= 4 (caps the registers)
-#define DECODE_MIN_BLOCKS 3
-#endif
+// Constants are enumerators: NVRTC would emit a namespace-scope constexpr
+// variable as an (unused) global in every cubin.
+enum : int {
+    DECODE_THREADS = 128,           // threads per CTA (cupy_gqa/_specs.py: DECODE_THREADS)
+    DECODE_LOADS = 4,               // 16-byte K loads (as many V loads) per lane per step
+    DECODE_RESCALE_THRESHOLD = 8,   // of the lazy rescale, log2 units (see attend_step)
+    DECODE_MIN_BLOCKS = 3,          // __launch_bounds__' CTAs per SM for ROWS <= 4 (caps the registers)
+};
 
 namespace decode_detail {
 
-constexpr int NUM_WARPS = DECODE_THREADS / 32;
-constexpr float LN2 = 0.6931471805599453f;
-
+enum : int { NUM_WARPS = DECODE_THREADS / 32 };
 
 // W elements of one 16-byte chunk, as floats.
 template <typename T>
@@ -92,15 +85,6 @@ __device__ __forceinline__ void unpack(const uint4& raw, float* dst) {
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
     for (int i = 0; i < 16 / (int)sizeof(T); ++i) dst[i] = to_acc(e[i]);
-}
-
-// Merge online-softmax state (m_b, l_b, o_b) into (m, l, o): the two sums
-// rescaled to their common max. A side with m = -inf (no key) weighs 0.
-__device__ __forceinline__ void merge_weights(float m, float m_b, float& m_new, float& wa, float& wb) {
-    m_new = fmaxf(m, m_b);
-    const float m_ref = m_new == neg_inf<float>() ? 0.f : m_new;
-    wa = exp2f(m - m_ref);
-    wb = exp2f(m_b - m_ref);
 }
 
 // K and V chunks of the U keys j, j + NUM_GROUPS, ... of a key group (zeros past k_end).
@@ -177,14 +161,12 @@ __device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4
         // by more than DECODE_RESCALE_THRESHOLD (log2 units), so most steps skip
         // the exp2 and the o *= alpha; weights stay <= 2^threshold, exact in fp32.
         if (m_new > m[i] + DECODE_RESCALE_THRESHOLD) {
-            const float alpha = fast_exp2(m[i] - m_new);  // 0 while m = -inf
+            const float alpha = softmax::raise_ref(m[i], m_new, softmax::FastExp2());  // 0 while m = -inf
             l[i] *= alpha;
 #pragma unroll
             for (int d = 0; d < DL; ++d) o[i][d] *= alpha;
-            m[i] = m_new;
         }
-        // while every score so far is -inf, 0 is the reference: no (-inf) - (-inf)
-        const float m_ref = m[i] == NEG_INF ? 0.f : m[i];
+        const float m_ref = softmax::ref(m[i]);  // 0 while every score so far is -inf
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const float pu = fast_exp2(s[u][i] - m_ref);
@@ -216,24 +198,23 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
         float mm = NEG_INF;
 #pragma unroll
         for (int w = 0; w < NW; ++w) mm = fmaxf(mm, m_w[w * ROWS + i]);
-        const float m_ref = mm == NEG_INF ? 0.f : mm;
         float ls = 0.f, os = 0.f;
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
-            const float wt = exp2f(m_w[w * ROWS + i] - m_ref);
+            const float wt = softmax::merge_weight(m_w[w * ROWS + i], mm);
             ls = fmaf(l_w[w * ROWS + i], wt, ls);
             os = fmaf(o_w[(w * ROWS + i) * HEAD_DIM + d], wt, os);
         }
         // a row that saw no key (of this split): 0 and lse = -inf
-        const float res = ls == 0.f ? 0.f : os / ls;
-        const float lse2 = ls == 0.f ? NEG_INF : mm + log2f(ls);
+        const float res = softmax::normalized(os, ls, ls != 0.f);
+        const float lse2 = softmax::lse2(mm, ls, ls != 0.f);
         if (num_splits == 1) {
             const int t = r / group_size, g = r % group_size;
             const int q_head = q_head_of(kv_head, g, group_size);
             const bool bad = len < 0;
             out[b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2] + d] = from_acc<T>(bad ? quiet_nan() : res);
             if (lse != nullptr && d == 0)
-                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = bad ? quiet_nan() : lse2 * LN2;
+                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = softmax::lse(mm, ls, ls != 0.f, bad);
         } else {
             const index_t prow = ((index_t)b * p.num_kv_heads + kv_head) * rows_total + r;
             part_o[(prow * num_splits + split) * HEAD_DIM + d] = res;
@@ -352,7 +333,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
             const float m_b = __shfl_xor_sync(0xffffffffu, m[i], off);
             const float l_b = __shfl_xor_sync(0xffffffffu, l[i], off);
             float m_new, wa, wb;
-            merge_weights(m[i], m_b, m_new, wa, wb);
+            softmax::merge_weights(m[i], m_b, m_new, wa, wb);
             l[i] = l[i] * wa + l_b * wb;
 #pragma unroll
             for (int d = 0; d < DL; ++d) {
@@ -399,49 +380,57 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
 // its online softmax (lazy rescale, as in tiled.cu) and adds P V. At the end
 // the warps' (m, l, o) go through shared memory to write_cta_result.
 //
-// Shared memory (dynamic; Q rows padded by 8 elements as in tiled.cu, K/V
-// rows swizzled, see kv_at):
+// Shared memory (dynamic; decode_detail::MmaSmem is the one definition, and
+// the SMEM_BYTES template argument, the size the launch passes, must equal its
+// BYTES; Q rows padded by 8 elements as in tiled.cu, K/V rows swizzled, see kv_at):
 //   [ Q: ROWS x (HEAD_DIM + 8) | warp 0: stage 0 K, V | stage 1 K, V | ... | warp 1 ... ]
 //   then, reusing the stages once every warp is done: m, l [NW][ROWS], o [NW][ROWS][HEAD_DIM] fp32.
-#ifndef DECODE_MMA_WARPS
-#define DECODE_MMA_WARPS 4
-#endif
-#ifndef DECODE_MMA_BN
-#define DECODE_MMA_BN 16
-#endif
-#ifndef DECODE_MMA_L2_PREFETCH  // 0, 64, 128 or 256: the L2 prefetch size hint of the K/V copies (H200: 2% faster than 0 with padded rows, the same once swizzled)
-#define DECODE_MMA_L2_PREFETCH 128
-#endif
+enum : int {
+    DECODE_MMA_WARPS = 4,  // warps per CTA (cupy_gqa/_specs.py: DECODE_MMA_WARPS)
+    DECODE_MMA_BN = 16,    // keys per K/V tile (cupy_gqa/_specs.py: DECODE_MMA_BN)
+};
 
 namespace decode_detail {
-// cp_async_16 with DECODE_MMA_L2_PREFETCH's hint.
+// cp_async_16 with an L2::128B prefetch size hint (H200: 2% faster than none
+// with padded K/V rows, the same once they are swizzled).
 __device__ __forceinline__ void copy_16(unsigned dst, const void* src, bool pred) {
-#if DECODE_MMA_L2_PREFETCH == 0
-    cp_async_16(dst, src, pred);
-#else
-#define DECODE_STR2(x) #x
-#define DECODE_STR(x) DECODE_STR2(x)
-    asm volatile("cp.async.cg.shared.global.L2::" DECODE_STR(DECODE_MMA_L2_PREFETCH) "B [%0], [%1], 16, %2;\n"
-                 ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
-#endif
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
 }
 
-// Element offset of 16-byte chunk c of row r (r % 8 == swz) in a K/V tile.
-// DECODE_MMA_SWIZZLE 1: rows of exactly HEAD_DIM elements, chunk c stored at
-// c ^ (r % 8), so the 8 row addresses of an ldmatrix hit 8 different bank
-// groups and each 128-byte piece of a row lands in one aligned 128-byte piece
-// of shared memory (a padded row of HEAD_DIM + 8 splits most such copies in
-// two: twice the L2 requests). 0: padded rows, no swizzle.
-#ifndef DECODE_MMA_SWIZZLE
-#define DECODE_MMA_SWIZZLE 1
-#endif
-template <int KV_ROW>
+// Element offset of 16-byte chunk c of row r (r % 8 == swz) in a K/V tile:
+// rows of exactly HEAD_DIM elements, chunk c stored at c ^ (r % 8), so the 8
+// row addresses of an ldmatrix hit 8 different bank groups and each 128-byte
+// piece of a row lands in one aligned 128-byte piece of shared memory (a row
+// padded to HEAD_DIM + 8 would split most such copies in two: twice the L2
+// requests).
+template <int HEAD_DIM>
 __device__ __forceinline__ int kv_at(int r, int c, int swz) {
-    return r * KV_ROW + (DECODE_MMA_SWIZZLE ? (c ^ swz) : c) * 8;
+    return r * HEAD_DIM + (c ^ swz) * 8;
 }
+
+// The shared-memory layout of decode_mma_attention (see above): offsets in bytes.
+template <typename T, int HEAD_DIM, int STAGES>
+struct MmaSmem {
+    enum : int {
+        ROWS = 16,
+        Q_ROW = HEAD_DIM + 8,                    // padded Q row, elements
+        TILE = DECODE_MMA_BN * HEAD_DIM,         // one K (or V) tile, elements (kv_at)
+        WARP = STAGES * 2 * TILE,                // one warp's stages [STAGES][K, V], elements
+        Q = 0,                                   // [ROWS][Q_ROW] of T
+        KV = Q + ROWS * Q_ROW * (int)sizeof(T),  // [DECODE_MMA_WARPS][WARP] of T
+        KV_END = KV + DECODE_MMA_WARPS * WARP * (int)sizeof(T),
+        M_W = KV,                                // the merge, over the stages: m [NW][ROWS] fp32,
+        L_W = M_W + DECODE_MMA_WARPS * ROWS * (int)sizeof(float),  // l [NW][ROWS],
+        O_W = L_W + DECODE_MMA_WARPS * ROWS * (int)sizeof(float),  // o [NW][ROWS][HEAD_DIM]
+        MERGE_END = O_W + DECODE_MMA_WARPS * ROWS * HEAD_DIM * (int)sizeof(float),
+        BYTES = KV_END > MERGE_END ? KV_END : MERGE_END,
+    };
+};
 }  // namespace decode_detail
 
-template <typename T, int HEAD_DIM, int STAGES>
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// decode_mma_smem), checked against the layout at compile time.
+template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES>
 __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
@@ -449,24 +438,24 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
 {
     using namespace decode_detail;
     constexpr int NW = DECODE_MMA_WARPS, THREADS = NW * 32;
-    constexpr int ROWS = 16, BN = DECODE_MMA_BN;
-    constexpr int D = HEAD_DIM, ROW = D + 8;        // padded smem row, elements
+    using L = MmaSmem<T, HEAD_DIM, STAGES>;
+    constexpr int ROWS = L::ROWS, BN = DECODE_MMA_BN;
+    constexpr int D = HEAD_DIM, ROW = L::Q_ROW;     // padded smem row, elements
     constexpr int CH = D / 8;                       // 16-byte chunks per row
     constexpr int KD = D / 16;                      // k16 steps of Q K^T
     constexpr int NT = BN / 8;                      // n8 tiles of S
     constexpr int DT = D / 8;                       // n8 tiles of O
-    constexpr int KV_ROW = DECODE_MMA_SWIZZLE ? D : ROW;  // K/V tile row, elements
-    constexpr int TILE = BN * KV_ROW;               // elements of one K (or V) tile
+    constexpr int TILE = L::TILE;                   // elements of one K (or V) tile (rows of D, kv_at)
     constexpr int RPP = 32 / CH;                    // key rows a warp copies per pass
     constexpr bool Q_REGS = D <= 128;               // Q fragments in registers (D 256: from smem)
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
     static_assert(D % 16 == 0 && CH >= 8 && CH <= 32 && 32 % CH == 0 && BN % 16 == 0 && BN % RPP == 0, "tile shapes");
     const float NEG_INF = neg_inf<float>();
     const float scale_log2 = (float)p.scale_log2;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* sQ = reinterpret_cast<T*>(smem_raw);
-    T* sKV = sQ + ROWS * ROW;
+    T* sQ = reinterpret_cast<T*>(smem_raw + L::Q);
 
     // --- which work: (b, kv_head, row block, split) -------------------------
     const int group_size = p.group_size;
@@ -508,14 +497,14 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     const int k_free = min(k_end, n_min);  // keys below it are seen by every live row: no mask
     const int num_tiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
     const int my_tiles = num_tiles > warp ? (num_tiles - warp + NW - 1) / NW : 0;  // tiles warp, warp + NW, ..
-    const int lim[2] = {min(k_end, n_vis[0]), min(k_end, n_vis[1])};
+    const int last[2] = {min(k_end, n_vis[0]) - 1, min(k_end, n_vis[1]) - 1};  // last key rows lane / 4 (+ 8) see
 
     // lane copies 16-byte chunk lane % CH of key rows lane / CH + RPP * i of a tile
     const int ld_r = lane / CH, ld_ch = lane % CH;
     const index_t ks = p.k_stride[1], vs = p.v_stride[1];
     const T* k_lane = k + b * p.k_stride[0] + kv_head * p.k_stride[2] + ld_r * ks + ld_ch * 8;
     const T* v_lane = v + b * p.v_stride[0] + kv_head * p.v_stride[2] + ld_r * vs + ld_ch * 8;
-    T* sW = sKV + warp * STAGES * 2 * TILE;  // this warp's stages: [STAGES][K, V][BN][KV_ROW]
+    T* sW = reinterpret_cast<T*>(smem_raw + L::KV) + warp * L::WARP;  // this warp's stages: [STAGES][K, V][BN][D]
     const unsigned sW_addr = smem_addr(sW);
     auto load_tile = [&](int u, int stage) {  // keys k_begin + u * BN .. + BN (zero past k_end)
         const int key0 = k_begin + u * BN;
@@ -524,7 +513,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
             const int key = key0 + ld_r + i * RPP;
             const bool ok = key < k_end;
             const index_t row = key0 + i * RPP;
-            const unsigned d = sW_addr + (stage * 2 * TILE + kv_at<KV_ROW>(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7)) * 2;
+            const unsigned d = sW_addr + (stage * 2 * TILE + kv_at<D>(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7)) * 2;
             copy_16(d, ok ? (const void*)(k_lane + row * ks) : (const void*)k, ok);
             copy_16(d + TILE * 2, ok ? (const void*)(v_lane + row * vs) : (const void*)v, ok);
         }
@@ -586,7 +575,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np) {
                 unsigned kb[4];
-                ldmatrix_x4(kb, sK_st + kv_at<KV_ROW>(k_row + np * 16, k_ch + 2 * kd, swz) * 2);
+                ldmatrix_x4(kb, sK_st + kv_at<D>(k_row + np * 16, k_ch + 2 * kd, swz) * 2);
                 mma_16816<T>(s[2 * np], qa, kb[0], kb[1]);
                 mma_16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
             }
@@ -596,54 +585,10 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
-        // mask keys past a row's causal end or past the range (lane holds keys
-        // key0 + 8 nt + 2 (lane % 4) + {0, 1} of rows lane / 4 (e < 2) and + 8)
-        if (key0 + BN > k_free) {
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (key0 + nt * 8 + (lane & 3) * 2 + (e & 1) >= lim[e >> 1]) s[nt][e] = NEG_INF;
-        }
-        // online softmax, log2 domain; rescale only when some row's max grows
-        // by more than DECODE_RESCALE_THRESHOLD over its reference m (warp-uniform)
-        float mxs[2];
-        bool grow = false;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mxs[hf] = mx;
-            grow |= mxs[hf] > m_run[hf] + DECODE_RESCALE_THRESHOLD;
-        }
-        if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const float m_new = fmaxf(m_run[hf], mxs[hf]);
-                const float alpha = fast_exp2(m_run[hf] - (m_new == NEG_INF ? 0.f : m_new));  // 0 while m = -inf
-                m_run[hf] = m_new;
-                l_run[hf] *= alpha;
-#pragma unroll
-                for (int dt = 0; dt < DT; ++dt) {
-                    o[dt][2 * hf] *= alpha;
-                    o[dt][2 * hf + 1] *= alpha;
-                }
-            }
-        }
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const float m_ref = m_run[hf] == NEG_INF ? 0.f : m_run[hf];  // no (-inf) - (-inf)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
-                    s[nt][e] = fast_exp2(s[nt][e] - m_ref);
-                    l_run[hf] += s[nt][e];
-                }
-        }
+        // then mask keys past a row's causal end or past the range
+        if (key0 + BN > k_free) softmax::frag_mask(s, key0, lane, last);
+        // online softmax (softmax.cuh), lazy rescale
+        softmax::frag_update<DECODE_RESCALE_THRESHOLD, false>(s, o, m_run, l_run, 0.f, softmax::FastExp2());
         // O += P V: the C fragments of S, paired, are the A fragment of P
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
@@ -652,7 +597,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
                 unsigned vb[4];
-                ldmatrix_x4_trans(vb, sK_st + (TILE + kv_at<KV_ROW>(v_row + kk * 16, v_ch + 2 * dp, swz)) * 2);
+                ldmatrix_x4_trans(vb, sK_st + (TILE + kv_at<D>(v_row + kk * 16, v_ch + 2 * dp, swz)) * 2);
                 mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
                 mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
             }
@@ -662,9 +607,9 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     // --- merge the warps (write_cta_result), through the freed stages ------------
     cp_async_wait<0>();
     __syncthreads();
-    float* m_w = reinterpret_cast<float*>(sKV);
-    float* l_w = m_w + NW * ROWS;
-    float* o_w = l_w + NW * ROWS;
+    float* m_w = reinterpret_cast<float*>(smem_raw + L::M_W);
+    float* l_w = reinterpret_cast<float*>(smem_raw + L::L_W);
+    float* o_w = reinterpret_cast<float*>(smem_raw + L::O_W);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         float l = l_run[hf];
@@ -707,11 +652,10 @@ __global__ void __launch_bounds__(128) decode_combine(
         const float* lse_s = part_lse + prow * num_splits;
         float mm = NEG_INF;
         for (int s = 0; s < num_splits; ++s) mm = fmaxf(mm, lse_s[s]);
-        const float m_ref = mm == NEG_INF ? 0.f : mm;
         float ls = 0.f;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int s = 0; s < num_splits; ++s) {
-            const float wt = exp2f(lse_s[s] - m_ref);  // 0 for a split that saw no key
+            const float wt = softmax::merge_weight(lse_s[s], mm);  // 0 for a split that saw no key
             const float4 ov = *reinterpret_cast<const float4*>(part_o + (prow * num_splits + s) * p.head_dim + d);
             ls += wt;
             acc.x = fmaf(wt, ov.x, acc.x);
@@ -720,14 +664,14 @@ __global__ void __launch_bounds__(128) decode_combine(
             acc.w = fmaf(wt, ov.w, acc.w);
         }
         const bool bad = seqlen_k_of(seqlens_k, b, p.seqlen_k) < 0;
-        const float inv = ls == 0.f ? 0.f : 1.f / ls;
+        const float inv = softmax::out_scale(ls, ls != 0.f, bad);  // NaN when bad
         T* o_row = out + b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2] + d;
-        o_row[0] = from_acc<T>(bad ? quiet_nan() : acc.x * inv);
-        o_row[1] = from_acc<T>(bad ? quiet_nan() : acc.y * inv);
-        o_row[2] = from_acc<T>(bad ? quiet_nan() : acc.z * inv);
-        o_row[3] = from_acc<T>(bad ? quiet_nan() : acc.w * inv);
+        o_row[0] = from_acc<T>(acc.x * inv);
+        o_row[1] = from_acc<T>(acc.y * inv);
+        o_row[2] = from_acc<T>(acc.z * inv);
+        o_row[3] = from_acc<T>(acc.w * inv);
         if (lse != nullptr && d == 0)
             lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] =
-                bad ? quiet_nan() : (ls == 0.f ? NEG_INF : (mm + log2f(ls)) * LN2);
+                softmax::lse(mm, ls, ls != 0.f, bad);
     }
 }

@@ -150,7 +150,7 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     static_assert(HEAD_DIM_PAD % 64 == 0 && HEAD_DIM_PAD <= 256, "head dims are padded to 64, 128, 192 or 256");
     static_assert(BLOCK_M % 64 == 0 && BLOCK_N % 16 == 0, "wgmma tiles: 64 rows per warpgroup, 16 keys per step");
     using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES>;
-    static_assert(SMEM_BYTES == L::BYTES, "cupy_gqa/_specs.py: hopper_smem disagrees with HopperSmem");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout (HopperSmem)");
     static_assert(STAGES >= 2, "the consumers hold tile j - 1 (P V) while tile j arrives");
     constexpr int CHP = HEAD_DIM_PAD / 8;      // 16-byte chunks per padded row
     constexpr int KD = HEAD_DIM_PAD / 16;      // k-steps of Q K^T

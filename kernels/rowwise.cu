@@ -11,7 +11,7 @@
 //       m'    = max(m, s_0 .. s_3)
 //       o     = o * exp2(m - m') + sum_u exp2(s_u - m') * v_{j+u}
 //       l     = l * exp2(m - m') + sum_u exp2(s_u - m')
-//   and finally out = o / l, lse = (m + log2 l) * ln 2.
+//   and finally out = o / l, lse = (m + log2 l) * ln 2 (kernels/softmax.cuh's rules).
 //   Causal masking is aligned bottom-right: position t sees keys
 //   j <= t + seqlen_k - seqlen_q (seqlen_k: the sequence's own length when
 //   seqlens_k is given). A row that sees no key writes 0 and lse = -inf.
@@ -35,6 +35,8 @@
 //   T, densely packed (row j of a stage at j * DPAD), zero-filled past head_dim
 //   and past the block's last visible key:
 //       smem = 2 stages * 2 (K, V) * KEYS * DPAD * sizeof(T)
+//   (RowwiseSmem is the one definition; the SMEM_BYTES template argument, the
+//   size the launch passes, must equal its BYTES.)
 //   VEC: 16-byte cp.async copies, the next stage in flight while this one is
 //   used. Otherwise every element is loaded through its 64-bit stride (any
 //   layout works) and stored to shared memory by the same thread.
@@ -49,7 +51,9 @@
 //   VEC   the head_dim axis of q, k, v and out has stride 1, every row starts
 //         16-byte aligned and head_dim is a multiple of 16 / sizeof(T).
 //   KEYS  keys per shared-memory stage.
+//   SMEM_BYTES  the dynamic shared memory the launch passes (see Shared memory).
 #include "common.cuh"
+#include "softmax.cuh"
 
 #define ROWWISE_THREADS 128
 #define ROWWISE_KB 4  // keys per online-softmax update
@@ -93,7 +97,21 @@ __device__ __forceinline__ void stage_kv(T* sK, T* sV, const T* k_row, const T* 
     }
 }
 
-template <typename T, int DPAD, int TEAM, bool VEC, int KEYS>
+// The shared-memory layout (see the top): offsets in elements of T.
+template <typename T, int DPAD, int KEYS>
+struct RowwiseSmem {
+    enum : int {
+        STAGE = KEYS * DPAD,  // one stage of K (or V): KEYS rows of DPAD
+        K = 0,                // [2][KEYS][DPAD]
+        V = K + 2 * STAGE,    // [2][KEYS][DPAD]
+        END = V + 2 * STAGE,
+        BYTES = END * (int)sizeof(T),
+    };
+};
+
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// rowwise_smem), checked against the layout at compile time.
+template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES>
 __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p)
@@ -106,11 +124,13 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
     constexpr int KB = ROWWISE_KB;
     static_assert(PER_LANE % W == 0 && CHUNKS >= 1, "a lane holds whole 16-byte vectors");
     static_assert(KEYS % KB == 0, "a stage holds whole key batches");
+    using L = RowwiseSmem<T, DPAD, KEYS>;
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
     const acc NEG_INF = neg_inf<acc>();
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* const sK = reinterpret_cast<T*>(smem_raw);  // [2][KEYS][DPAD]
-    T* const sV = sK + 2 * KEYS * DPAD;            // [2][KEYS][DPAD]
+    T* const sK = reinterpret_cast<T*>(smem_raw) + L::K;  // [2][KEYS][DPAD]
+    T* const sV = reinterpret_cast<T*>(smem_raw) + L::V;  // [2][KEYS][DPAD]
 
     const int lane = threadIdx.x % TEAM;
     const int r = threadIdx.x / TEAM;              // row of the block
@@ -177,7 +197,7 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
         for (int st = 0; st < n_stages; ++st) {
             const int buf = st & 1;
             if (st + 1 < n_stages) {  // next stage in flight while this one is used
-                stage_kv<T, DPAD, VEC, KEYS>(sK + (buf ^ 1) * KEYS * DPAD, sV + (buf ^ 1) * KEYS * DPAD,
+                stage_kv<T, DPAD, VEC, KEYS>(sK + (buf ^ 1) * L::STAGE, sV + (buf ^ 1) * L::STAGE,
                                              k_row, v_row, (st + 1) * KEYS, n_block, p);
             }
             if (VEC) {
@@ -186,8 +206,8 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
             }
             __syncthreads();         // ... and for every thread
 
-            const T* sk = sK + buf * KEYS * DPAD;
-            const T* sv = sV + buf * KEYS * DPAD;
+            const T* sk = sK + buf * L::STAGE;
+            const T* sv = sV + buf * L::STAGE;
             const int j_end = min(KEYS, n_keys - st * KEYS);  // this row's keys in the stage
             for (int j = 0; j < j_end; j += KB) {
                 // s_u = q . k_{j+u}: KB independent dot products
@@ -216,10 +236,9 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
                 acc m_new = m;
 #pragma unroll
                 for (int u = 0; u < KB; ++u) m_new = s[u] > m_new ? s[u] : m_new;
-                // While every score so far is -inf, use 0 as the reference so that
-                // exp2(-inf - (-inf)) never makes a NaN (a -inf score weighs 0).
-                const acc m_ref = m_new == NEG_INF ? (acc)0 : m_new;
-                const acc alpha = exp2_acc(m - m_ref);
+                // (softmax.cuh: the reference is 0 while every score so far is -inf)
+                const acc alpha = softmax::raise_ref(m, m_new, softmax::ExactExp2());
+                const acc m_ref = softmax::ref(m);
                 acc pu[KB];
 #pragma unroll
                 for (int u = 0; u < KB; ++u) pu[u] = exp2_acc(s[u] - m_ref);
@@ -238,14 +257,13 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
                         }
                     }
                 }
-                m = m_new;
             }
             __syncthreads();  // every row is done with this stage before it is refilled
         }
 
         if (active) {
             // A row with no visible key is all zeros with lse = -inf.
-            const acc inv_l = len < 0 ? (acc)quiet_nan() : n_keys == 0 ? (acc)0 : (acc)1 / l;
+            const acc inv_l = softmax::out_scale(l, n_keys != 0, len < 0);
             T* o_row = out + b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2];
 #pragma unroll
             for (int c = 0; c < CHUNKS; ++c) {
@@ -263,11 +281,8 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
                         if (d0 + i < p.head_dim) o_row[(d0 + i) * o_sd] = from_acc<T>(o[c * W + i] * inv_l);
                 }
             }
-            if (lse != nullptr && lane == 0) {
-                const acc ln2 = (acc)0.69314718055994530942;
-                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] =
-                    len < 0 ? quiet_nan() : n_keys == 0 ? neg_inf<float>() : (float)((m + log2_acc(l)) * ln2);
-            }
+            if (lse != nullptr && lane == 0)
+                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = softmax::lse(m, l, n_keys != 0, len < 0);
         }
     }
 }

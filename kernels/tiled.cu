@@ -37,9 +37,13 @@
  *                                          used directly as the A operand)
  *   out = O / l;  lse = (m + log2 l) * ln2   (rows that see no key: out = 0,
  *                                             lse = -inf)
+ * The softmax rules (mask, update with a lazy rescale, end of a row) are
+ * kernels/softmax.cuh's; the scale (> 0) is applied inside its exp2.
  *
- * Shared memory (dynamic).  Rows are padded by 8 elements (16 bytes) so that
- * the 8 row addresses of every ldmatrix land in distinct bank groups:
+ * Shared memory (dynamic; tiled_detail::Smem is the one definition, and the
+ * SMEM_BYTES template argument, the size the launch passes, must equal its
+ * BYTES).  Rows are padded by 8 elements (16 bytes) so that the 8 row
+ * addresses of every ldmatrix land in distinct bank groups:
  *   row = HEAD_DIM + 8 elements
  *   bytes = (BLOCK_M + 4*BLOCK_N) * (HEAD_DIM + 8) * sizeof(T)
  *           [ Q tile | K stage 0 | K stage 1 | V stage 0 | V stage 1 ]
@@ -50,6 +54,7 @@
  * scale_log2 > 0, num_q_heads % num_kv_heads == 0.
  */
 #include "common.cuh"
+#include "softmax.cuh"
 
 namespace tiled_detail {
 
@@ -58,27 +63,39 @@ namespace tiled_detail {
 // Packed row r of a CTA that owns kv head kvh is query position r / group of
 // query head q_head_of(kvh, r % group) (common.cuh: the one GQA mapping).
 
-// Lazy rescaling: the running max m is only raised when some row of the warp
-// sees a score more than TILED_RESCALE_THRESHOLD (log2 units) above it; until
-// then P = exp2(S*scale - m) <= 2^threshold (fine in fp16/bf16 and fp32 l, O)
-// and the O *= exp2(m_old - m_new) pass is skipped.  0 disables it.
-#ifndef TILED_RESCALE_THRESHOLD
-#define TILED_RESCALE_THRESHOLD 8
-#endif
+// Constants are enumerators: NVRTC would emit a namespace-scope constexpr
+// variable as an (unused) global in every cubin.
+enum : int {
+    // Lazy rescaling: the running max m is only raised when some row of the
+    // warp sees a score more than RESCALE_THRESHOLD (log2 units) above it; until
+    // then P = exp2(S*scale - m) <= 2^threshold (fine in fp16/bf16 and fp32 l,
+    // O) and the O *= exp2(m_old - m_new) pass is skipped.
+    RESCALE_THRESHOLD = 8,
+    // Registers: 8-warp tiles (16 rows per warp) are capped at 128 registers so
+    // that two CTAs fit on an SM; 4-warp tiles may use up to 255.
+    MIN_BLOCKS_8W = 2,
+};
 
-// Registers: 8-warp tiles (16 rows per warp) are capped at 128 registers so
-// that two CTAs fit on an SM; 4-warp tiles may use up to 255.
-#ifndef TILED_MIN_BLOCKS_8W
-#define TILED_MIN_BLOCKS_8W 2
-#endif
-#ifndef TILED_Q_IN_REGS
-#define TILED_Q_IN_REGS 0  /* 1: keep Q fragments in registers when WR == 16 and D <= 128 */
-#endif
+// The shared-memory layout (see the top): offsets in elements of T.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+struct Smem {
+    enum : int {
+        ROW = HEAD_DIM + 8,        // padded row
+        STAGE = BLOCK_N * ROW,     // one K (or V) tile
+        Q = 0,                     // [BLOCK_M][ROW]
+        K = Q + BLOCK_M * ROW,     // [2][BLOCK_N][ROW]
+        V = K + 2 * STAGE,         // [2][BLOCK_N][ROW]
+        END = V + 2 * STAGE,
+        BYTES = END * (int)sizeof(T),
+    };
+};
 
 }  // namespace tiled_detail
 
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NUM_WARPS * 32, ((NUM_WARPS >= 8 && BLOCK_M / NUM_WARPS == 16) ? TILED_MIN_BLOCKS_8W : 1))
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// tiled_smem), checked against the layout at compile time.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(NUM_WARPS * 32, ((NUM_WARPS >= 8 && BLOCK_M / NUM_WARPS == 16) ? tiled_detail::MIN_BLOCKS_8W : 1))
 tiled_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out,
@@ -96,22 +113,23 @@ tiled_attention(
     using namespace tiled_detail;
     constexpr int D = HEAD_DIM;
     constexpr int NTHREADS = NUM_WARPS * 32;
-    constexpr int ROW = D + 8;                 // padded smem row, elements
+    using L = Smem<T, HEAD_DIM, BLOCK_M, BLOCK_N>;
+    constexpr int ROW = L::ROW;                // padded smem row, elements
     constexpr int WR = BLOCK_M / NUM_WARPS;    // rows per warp
     constexpr int MT = WR / 16;                // m16 blocks per warp
     constexpr int KD = D / 16;                 // k16 steps of Q K^T
     constexpr int NT = BLOCK_N / 8;            // n8 tiles of S
     constexpr int DT = D / 8;                  // n8 tiles of O
     constexpr int CH = D / 8;                  // 16-byte chunks per row
-    constexpr bool Q_REGS = TILED_Q_IN_REGS && MT == 1 && D <= 128;
     static_assert(D % 16 == 0 && BLOCK_N % 16 == 0, "tile shapes");
     static_assert(WR % 16 == 0 && MT >= 1 && MT <= 2, "16 or 32 rows per warp");
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* sQ = reinterpret_cast<T*>(smem_raw);
-    T* sK = sQ + BLOCK_M * ROW;               // [2][BLOCK_N][ROW]
-    T* sV = sK + 2 * BLOCK_N * ROW;           // [2][BLOCK_N][ROW]
+    T* sQ = reinterpret_cast<T*>(smem_raw) + L::Q;
+    T* sK = reinterpret_cast<T*>(smem_raw) + L::K;
+    T* sV = reinterpret_cast<T*>(smem_raw) + L::V;
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -171,7 +189,8 @@ tiled_attention(
     const T* k_thr = kbase + (long long)kv_r * k_stride_s + kv_ch * 8;
     const T* v_thr = vbase + (long long)kv_r * v_stride_s + kv_ch * 8;
     const unsigned sKV_thr = smem_addr(sK + kv_r * ROW + kv_ch * 8);
-    constexpr unsigned KV_STAGE_BYTES = BLOCK_N * ROW * 2;
+    constexpr unsigned KV_STAGE_BYTES = L::STAGE * sizeof(T);
+    constexpr unsigned K_TO_V_BYTES = (L::V - L::K) * sizeof(T);  // a K stage's address -> its V stage's
     auto load_kv = [&](int j, int stage) {
         const int key0 = j * BLOCK_N + kv_r;
         const T* kp = k_thr + (long long)(j * BLOCK_N) * k_stride_s;
@@ -183,7 +202,7 @@ tiled_attention(
                 const bool ok = key0 + i * KV_ROWS_PER_IT < seqlen_k;
                 const unsigned d = dK + i * KV_ROWS_PER_IT * ROW * 2;
                 cp_async_16(d, ok ? (const void*)(kp + (long long)i * KV_ROWS_PER_IT * k_stride_s) : (const void*)k, ok);
-                cp_async_16(d + 2 * KV_STAGE_BYTES, ok ? (const void*)(vp + (long long)i * KV_ROWS_PER_IT * v_stride_s) : (const void*)v, ok);
+                cp_async_16(d + K_TO_V_BYTES, ok ? (const void*)(vp + (long long)i * KV_ROWS_PER_IT * v_stride_s) : (const void*)v, ok);
             } else {
                 const int c = tid + i * NTHREADS;
                 if (c < BLOCK_N * CH) {
@@ -191,7 +210,7 @@ tiled_attention(
                     const bool ok = key0 + r < seqlen_k;
                     const unsigned d = dK + (r * ROW + ch * 8) * 2;
                     cp_async_16(d, ok ? (const void*)(kp + (long long)r * k_stride_s + ch * 8) : (const void*)k, ok);
-                    cp_async_16(d + 2 * KV_STAGE_BYTES, ok ? (const void*)(vp + (long long)r * v_stride_s + ch * 8) : (const void*)v, ok);
+                    cp_async_16(d + K_TO_V_BYTES, ok ? (const void*)(vp + (long long)r * v_stride_s + ch * 8) : (const void*)v, ok);
                 }
             }
         }
@@ -223,19 +242,12 @@ tiled_attention(
     const int k_off = ((lane >> 4) * 8 + (lane & 7)) * ROW + ((lane >> 3) & 1) * 8;
     const unsigned sQ_warp = smem_addr(sQ + warp_row0 * ROW + a_off);
 
-    unsigned q_frag[Q_REGS ? KD : 1][4];
-
     for (int j = 0; j < num_n; ++j) {
         const int stage = j & 1;
         cp_async_wait<0>();                    // tile j (and Q) landed for this thread
         __syncthreads();                       // ... for all threads; stage j+1's old data is consumed
         if (j + 1 < num_n) load_kv(j + 1, stage ^ 1);
         cp_async_commit();
-
-        if (Q_REGS && j == 0) {
-#pragma unroll
-            for (int kd = 0; kd < (Q_REGS ? KD : 0); ++kd) ldmatrix_x4(q_frag[kd], sQ_warp + kd * 32);
-        }
 
         const unsigned sK_lane = smem_addr(sK + stage * BLOCK_N * ROW + k_off);
         const unsigned sV_lane = smem_addr(sV + stage * BLOCK_N * ROW + a_off);
@@ -252,14 +264,7 @@ tiled_attention(
         for (int kd = 0; kd < KD; ++kd) {
             unsigned qa[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                if constexpr (Q_REGS) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) qa[mt][e] = q_frag[kd][e];
-                } else {
-                    ldmatrix_x4(qa[mt], sQ_warp + (mt * 16 * ROW + kd * 16) * 2);
-                }
-            }
+            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[mt], sQ_warp + (mt * 16 * ROW + kd * 16) * 2);
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np) {
                 unsigned kb[4];
@@ -275,78 +280,20 @@ tiled_attention(
         // ---- mask (only tiles crossing the diagonal or the end of the keys) ---
         const int n0 = j * BLOCK_N;
         if (n0 + BLOCK_N > n_free) {
-            int key_limit[MT][2];              // last visible key of each of the thread's rows
+            int last[MT][2];                   // last visible key of each of the lane's rows
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int hf = 0; hf < 2; ++hf) {
                     const int pr = row0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8;
-                    int lim = seqlen_k - 1;
-                    if (CAUSAL) lim = min(lim, pr / group + diag);
-                    key_limit[mt][hf] = lim;
+                    last[mt][hf] = CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
                 }
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = n0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-                        if (key > key_limit[mt][e >> 1]) s[mt][nt][e] = TILED_NEG_INF;
-                    }
+            for (int mt = 0; mt < MT; ++mt) softmax::frag_mask(s[mt], n0, lane, last[mt]);
         }
 
-        // ---- online softmax -----------------------------------------------------
-        float mxs[MT][2];                      // rowmax(S) * scale * log2 e
-        bool grow = false;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                float mx = TILED_NEG_INF;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-                    mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
-                // row max over the quad that shares the row
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                mxs[mt][hf] = mx * scale_log2;
-                grow |= mxs[mt][hf] > m_run[mt][hf] + (float)TILED_RESCALE_THRESHOLD;
-            }
-        // warp-uniform: rescale only if some row's max grew past the threshold
-        const bool rescale = (TILED_RESCALE_THRESHOLD == 0) || __any_sync(0xffffffffu, grow);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                if (rescale) {
-                    // m_new = max(m_old, rowmax(S) * scale * log2 e)
-                    const float m_new = fmaxf(m_run[mt][hf], mxs[mt][hf]);
-                    // base 0 while the row has seen no key (avoids -inf - -inf)
-                    const float m_use = (m_new == TILED_NEG_INF) ? 0.f : m_new;
-                    // online softmax: acc *= exp2(m_old - m_new), l *= exp2(m_old - m_new)
-                    const float alpha = fast_exp2(m_run[mt][hf] - m_use);
-                    m_run[mt][hf] = m_new;
-                    l_run[mt][hf] *= alpha;
-#pragma unroll
-                    for (int dt = 0; dt < DT; ++dt) {
-                        o_acc[mt][dt][2 * hf] *= alpha;
-                        o_acc[mt][dt][2 * hf + 1] *= alpha;
-                    }
-                }
-                const float m_use = (m_run[mt][hf] == TILED_NEG_INF) ? 0.f : m_run[mt][hf];
-                float rs = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    // P = exp2(S * scale_log2 - m)
-                    const float p0 = fast_exp2(fmaf(s[mt][nt][2 * hf], scale_log2, -m_use));
-                    const float p1 = fast_exp2(fmaf(s[mt][nt][2 * hf + 1], scale_log2, -m_use));
-                    s[mt][nt][2 * hf] = p0;
-                    s[mt][nt][2 * hf + 1] = p1;
-                    rs += p0 + p1;
-                }
-                l_run[mt][hf] += rs;           // per-thread partial row sum
-            }
+        // ---- online softmax (softmax.cuh), the scale inside the exp2, lazy rescale -----
+        softmax::frag_update<RESCALE_THRESHOLD, true>(s, o_acc, m_run, l_run, scale_log2, softmax::FastExp2());
 
         // ---- O += P V  (C fragment of S pairs -> A fragment of P) ---------------
 #pragma unroll
@@ -380,10 +327,8 @@ tiled_attention(
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            float l = l_run[mt][hf];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = len < 0 ? quiet_nan() : l > 0.f ? 1.f / l : 0.f;
+            const float l = softmax::frag_row_sum(l_run[mt][hf]);
+            const float inv = softmax::out_scale(l, len < 0);
             const int r = mt * 16 + (lane >> 2) + hf * 8;
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
@@ -395,8 +340,7 @@ tiled_attention(
                 if (pr < packed_rows) {
                     const int t = pr / group, g = pr - (pr / group) * group;
                     const long long idx = ((long long)b * num_q_heads + q_head_of(kvh, g, group)) * seqlen_q + t;
-                    // natural-log LSE: (m + log2 l) * ln 2
-                    lse[idx] = len < 0 ? quiet_nan() : l > 0.f ? (m_run[mt][hf] + log2f(l)) * 0.6931471805599453f : TILED_NEG_INF;
+                    lse[idx] = softmax::lse(m_run[mt][hf], l, len < 0);
                 }
             }
         }

@@ -28,6 +28,8 @@
  *       m' = max(m, rowmax(S) * scale_log2);  P = exp2(S * scale_log2 - m')
  *       l  = l * exp2(m - m') + rowsum(P);  O = O * exp2(m - m') + P V_j
  *   out = O / l, lse = (m + log2 l) * ln 2  (no visible key: 0 and -inf)
+ * The softmax rules (mask, update, end of a row) are kernels/softmax.cuh's;
+ * the scale (> 0) is applied inside its exp2 (exp2f), m raised at every tile.
  *
  * Fragments (m16n8k8, g = lane / 4, c = lane % 4)
  * -----------------------------------------------------------------------------
@@ -53,8 +55,10 @@
  * The side tiles cost shared memory (and so CTAs per SM): the table in
  * cupy_gqa/_specs.py picks the mode per head dim.
  *
- * Shared memory: rows of D + 4 floats (row stride = 16 bytes mod 128), so the
- * 8 rows of an ldmatrix and the 32 scalar V loads hit distinct banks:
+ * Shared memory (tf32_detail::Smem is the one definition, and the SMEM_BYTES
+ * template argument, the size the launch passes, must equal its BYTES): rows
+ * of D + 4 floats (row stride = 16 bytes mod 128), so the 8 rows of an
+ * ldmatrix and the 32 scalar V loads hit distinct banks:
  *   [ Q tile | K stage 0 | K stage 1 | V stage 0 | V stage 1
  *     | K small | V small (PRESPLIT >= 1) | Q small (PRESPLIT == 2) ]
  *   bytes = (BLOCK_M + 4 * BLOCK_N + (PRESPLIT >= 1) * 2 * BLOCK_N
@@ -64,73 +68,24 @@
  * aligned rows, scale_log2 > 0.
  */
 #include "common.cuh"
+#include "softmax.cuh"
 
-// ---- A/B switches (benchmarks/tf32_ab.py --variants); the defaults are the
-// measured choice (TF32_FAST_SPLIT on, the rest off). -----------------------------
-// TF32_FAST_SPLIT 1: round to TF32 with integer ops, (bits + 0x1000) with the low
-//   13 bits masked where the value itself is needed (x - big): 4 instructions
-//   per split element instead of the 7 that cvt.rna.tf32 + sub + cvt.rna become
-//   in SASS (an inf/NaN test and select per cvt). Same values for finite x; the
-//   mma ignores an operand's low 13 bits either way.
-// TF32_EX2 1: ex2.approx.ftz.f32 for P and alpha (exp2f adds a denormal guard:
-//   4 instructions instead of 1).
-// TF32_RESCALE_THRESHOLD t > 0: lazy rescaling as kernels/tiled.cu: the running
-//   max is only raised when some row of the warp sees a score more than t (log2
-//   units) above it (P <= 2^t meanwhile); 0 rescales at every tile.
-// TF32_V_LDMATRIX 1 (PRESPLIT >= 1): the split pass writes V's big and small
-//   parts transposed, [D][BLOCK_N + 4] with the keys of each 8 permuted to the
-//   P fragment's order, so P V's B fragments come by ldmatrix (2 per 4 mma
-//   operands) instead of 4 scalar shared loads per mma. Needs
-//   2 * D * (BLOCK_N + 4) * 4 bytes more shared memory, less the V small tile
-//   at PRESPLIT 1 (benchmarks/tf32_ab.py: variant_smem).
-// TF32_LOAD_INC 1: K/V tile loads from one row pointer per thread and tile plus
-//   constant row steps, instead of a 64-bit index per copy.
-#ifndef TF32_FAST_SPLIT  // on: F1 -11%, F2 -6% (H200, benchmarks/NOTES.md item 11)
-#define TF32_FAST_SPLIT 1
-#endif
-#ifndef TF32_EX2
-#define TF32_EX2 0
-#endif
-#ifndef TF32_RESCALE_THRESHOLD
-#define TF32_RESCALE_THRESHOLD 0
-#endif
-#ifndef TF32_V_LDMATRIX
-#define TF32_V_LDMATRIX 0
-#endif
-#ifndef TF32_LOAD_INC
-#define TF32_LOAD_INC 0
-#endif
+// The split rounds to TF32 with integer ops, (bits + 0x1000) with the low 13
+// bits masked where the value itself is needed (x - big): 4 instructions per
+// split element instead of the 7 that cvt.rna.tf32 + sub + cvt.rna become in
+// SASS (an inf/NaN test and select per cvt). Same values for finite x; the mma
+// ignores an operand's low 13 bits either way (F1 -11%, F2 -6% on the H200,
+// benchmarks/NOTES.md item 11).
 
 namespace tf32_detail {
-
-__device__ __forceinline__ unsigned to_tf32(float x) {  // round to nearest, ties away
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
-}
 
 // x = big + small, both TF32 (small = 0 when !SPLIT, and unused)
 template <bool SPLIT>
 __device__ __forceinline__ void split(float x, unsigned& big, unsigned& small) {
-#if TF32_FAST_SPLIT
     // round to nearest, ties away, in the magnitude bits: add half a TF32 ulp and
     // drop the 13 low bits (mask for x - big; the mma ignores them for small)
     big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
     small = SPLIT ? __float_as_uint(x - __uint_as_float(big)) + 0x1000u : 0u;
-#else
-    big = to_tf32(x);
-    small = SPLIT ? to_tf32(x - __uint_as_float(big)) : 0u;
-#endif
-}
-
-__device__ __forceinline__ float exp2_p(float x) {  // exp2(-inf) = 0
-#if TF32_EX2
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-#else
-    return exp2f(x);
-#endif
 }
 
 // C(16x8) += A(16x8) * B(8x8), TF32 inputs, fp32 accumulate
@@ -152,6 +107,23 @@ __device__ __forceinline__ void mma_f32(float (&c)[4], const unsigned (&ab)[4], 
     mma_1688(c, ab, bb0, bb1);
 }
 
+// The shared-memory layout (see the top): offsets in floats.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int PRESPLIT>
+struct Smem {
+    enum : int {
+        ROW = HEAD_DIM + 4,        // padded row
+        STAGE = BLOCK_N * ROW,     // one K (or V) tile
+        Q = 0,                     // [BLOCK_M][ROW]
+        K = Q + BLOCK_M * ROW,     // [2][BLOCK_N][ROW]
+        V = K + 2 * STAGE,         // [2][BLOCK_N][ROW]
+        K_SMALL = V + 2 * STAGE,   // [BLOCK_N][ROW], PRESPLIT >= 1
+        V_SMALL = K_SMALL + STAGE, // [BLOCK_N][ROW], PRESPLIT >= 1
+        Q_SMALL = V_SMALL + STAGE, // [BLOCK_M][ROW], PRESPLIT == 2
+        END = PRESPLIT == 2 ? Q_SMALL + BLOCK_M * ROW : PRESPLIT == 1 ? Q_SMALL : K_SMALL,
+        BYTES = END * (int)sizeof(float),
+    };
+};
+
 }  // namespace tf32_detail
 
 // One 16-byte chunk of an operand tile in shared memory, split once for the
@@ -159,7 +131,6 @@ __device__ __forceinline__ void mma_f32(float (&c)[4], const unsigned (&ab)[4], 
 // ``small`` (see PRESPLIT at the top).
 __device__ __forceinline__ void split_chunk_in_place(float* raw, float* small) {
     float4 x = *reinterpret_cast<const float4*>(raw), b, sm;
-#if TF32_FAST_SPLIT
     unsigned ub[4], us[4];
     tf32_detail::split<true>(x.x, ub[0], us[0]);
     tf32_detail::split<true>(x.y, ub[1], us[1]);
@@ -169,18 +140,11 @@ __device__ __forceinline__ void split_chunk_in_place(float* raw, float* small) {
     sm = make_float4(__uint_as_float(us[0]), __uint_as_float(us[1]), __uint_as_float(us[2]), __uint_as_float(us[3]));
     *reinterpret_cast<float4*>(raw) = b;
     *reinterpret_cast<float4*>(small) = sm;
-#else
-    unsigned u;
-    u = tf32_detail::to_tf32(x.x); b.x = __uint_as_float(u); sm.x = __uint_as_float(tf32_detail::to_tf32(x.x - b.x));
-    u = tf32_detail::to_tf32(x.y); b.y = __uint_as_float(u); sm.y = __uint_as_float(tf32_detail::to_tf32(x.y - b.y));
-    u = tf32_detail::to_tf32(x.z); b.z = __uint_as_float(u); sm.z = __uint_as_float(tf32_detail::to_tf32(x.z - b.z));
-    u = tf32_detail::to_tf32(x.w); b.w = __uint_as_float(u); sm.w = __uint_as_float(tf32_detail::to_tf32(x.w - b.w));
-    *reinterpret_cast<float4*>(raw) = b;
-    *reinterpret_cast<float4*>(small) = sm;
-#endif
 }
 
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT>
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// tiled_f32_smem), checked against the layout at compile time.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT, int SMEM_BYTES>
 __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p)
@@ -188,7 +152,8 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     using namespace tf32_detail;
     constexpr int D = HEAD_DIM;
     constexpr int NTHREADS = NUM_WARPS * 32;
-    constexpr int ROW = D + 4;             // padded shared-memory row, floats
+    using L = Smem<HEAD_DIM, BLOCK_M, BLOCK_N, PRESPLIT>;
+    constexpr int ROW = L::ROW;            // padded shared-memory row, floats
     constexpr int KD = D / 8;              // k8 steps of Q K^T
     constexpr int NT = BLOCK_N / 8;        // n8 tiles of S (= k8 steps of P V)
     constexpr int DT = D / 8;              // n8 tiles of O
@@ -196,28 +161,19 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     static_assert(BLOCK_M == 16 * NUM_WARPS, "16 rows per warp");
     static_assert(D % 32 == 0 && BLOCK_N % 16 == 0, "tile shapes");
     static_assert(PRESPLIT >= 0 && PRESPLIT <= 2 && (SPLIT || PRESPLIT == 0), "PRESPLIT: 0, 1 or 2, with SPLIT");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
     const float NEG_INF = neg_inf<float>();
     const float scale_log2 = (float)p.scale_log2;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    float* sQ = reinterpret_cast<float*>(smem_raw);
-    float* sK = sQ + BLOCK_M * ROW;        // [2][BLOCK_N][ROW]
-    float* sV = sK + 2 * BLOCK_N * ROW;    // [2][BLOCK_N][ROW]
+    float* sQ = reinterpret_cast<float*>(smem_raw) + L::Q;
+    float* sK = reinterpret_cast<float*>(smem_raw) + L::K;  // [2][BLOCK_N][ROW]
+    float* sV = reinterpret_cast<float*>(smem_raw) + L::V;  // [2][BLOCK_N][ROW]
     // PRESPLIT >= 1: the small parts of the current K and V tiles; 2: and of Q
     // (the big parts overwrite the raw values in place)
-    float* sKsm = sV + 2 * BLOCK_N * ROW;  // [BLOCK_N][ROW]
-    float* sVsm = sKsm + BLOCK_N * ROW;    // [BLOCK_N][ROW]
-    float* sQsm = sVsm + BLOCK_N * ROW;    // [BLOCK_M][ROW]
-#if TF32_V_LDMATRIX
-    // V's big and small parts transposed, [D][ROWT] each (in place of the V
-    // small tile at PRESPLIT 1, after the Q small tile at 2). Column p of an 8-key
-    // group holds key 2 (p % 4) + p / 4: ldmatrix then hands lane (g, c) keys 2c
-    // (matrix k 0-3) and 2c + 1 (k 4-7), the order of the P fragment.
-    static_assert(!TF32_V_LDMATRIX || (SPLIT && PRESPLIT >= 1), "TF32_V_LDMATRIX needs PRESPLIT >= 1");
-    constexpr int ROWT = BLOCK_N + 4;      // an odd multiple of 16 bytes (BLOCK_N % 16 == 0): ldmatrix rows on distinct banks
-    float* sVtb = PRESPLIT == 2 ? sQsm + BLOCK_M * ROW : sVsm;
-    float* sVts = sVtb + D * ROWT;
-#endif
+    float* sKsm = reinterpret_cast<float*>(smem_raw) + L::K_SMALL;
+    float* sVsm = reinterpret_cast<float*>(smem_raw) + L::V_SMALL;
+    float* sQsm = reinterpret_cast<float*>(smem_raw) + L::Q_SMALL;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g_lane = lane >> 2, c_lane = lane & 3;
@@ -256,28 +212,6 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
             cp_async_16(smem_addr(sQ + r * ROW + ch * 4), ok ? src : q, ok);
         }
     }
-#if TF32_LOAD_INC
-    // each thread copies chunk tid % CH of rows tid / CH + i * RSTEP
-    static_assert(NTHREADS % CH == 0 && BLOCK_N % (NTHREADS / CH) == 0, "TF32_LOAD_INC: tile shape");
-    constexpr int RSTEP = NTHREADS / CH;
-    const int ld_r = tid / CH, ld_ch = tid % CH;
-    const index_t k_step = RSTEP * p.k_stride[1], v_step = RSTEP * p.v_stride[1];
-    const unsigned sK_ld = smem_addr(sK + ld_r * ROW + ld_ch * 4), sV_ld = smem_addr(sV + ld_r * ROW + ld_ch * 4);
-    auto load_kv = [&](int j, int stage) {
-        const int key0 = j * BLOCK_N + ld_r;
-        const float* kp = kbase + (index_t)key0 * p.k_stride[1] + ld_ch * 4;
-        const float* vp = vbase + (index_t)key0 * p.v_stride[1] + ld_ch * 4;
-        const unsigned soff = stage * BLOCK_N * ROW * 4;
-#pragma unroll
-        for (int i = 0; i < BLOCK_N / RSTEP; ++i) {
-            const bool ok = key0 + i * RSTEP < seqlen_k;
-            cp_async_16(sK_ld + soff + i * RSTEP * ROW * 4, ok ? kp : k, ok);
-            cp_async_16(sV_ld + soff + i * RSTEP * ROW * 4, ok ? vp : v, ok);
-            kp += k_step;
-            vp += v_step;
-        }
-    };
-#else
     auto load_kv = [&](int j, int stage) {
 #pragma unroll
         for (int i = 0; i < (BLOCK_N * CH + NTHREADS - 1) / NTHREADS; ++i) {
@@ -291,7 +225,6 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
             }
         }
     };
-#endif
     if (num_n > 0) load_kv(0, 0);
     cp_async_commit();  // group 0: Q and K/V tile 0
 
@@ -330,33 +263,9 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
                 const int c = tid + i * NTHREADS, r = c / CH, ch = c % CH;
                 if ((BLOCK_N * CH) % NTHREADS == 0 || c < BLOCK_N * CH) {
                     split_chunk_in_place(sKs + r * ROW + ch * 4, sKsm + r * ROW + ch * 4);
-#if !TF32_V_LDMATRIX
                     split_chunk_in_place(sVs + r * ROW + ch * 4, sVsm + r * ROW + ch * 4);
-#endif
                 }
             }
-#if TF32_V_LDMATRIX
-            // a warp takes whole columns of keys (key = c % BLOCK_N): the float4
-            // reads of 8 lanes hit 8 rows (distinct banks), and the scalar writes
-            // of 32 lanes hit 32 distinct banks (16 keys x 2 chunks, 4 * ROWT = 16
-            // banks apart, or 32 keys)
-#pragma unroll
-            for (int i = 0; i < (BLOCK_N * CH + NTHREADS - 1) / NTHREADS; ++i) {
-                const int c = tid + i * NTHREADS, key = c % BLOCK_N, ch = c / BLOCK_N;
-                if ((BLOCK_N * CH) % NTHREADS == 0 || c < BLOCK_N * CH) {
-                    const float4 x = *reinterpret_cast<const float4*>(sVs + key * ROW + ch * 4);
-                    const int col = (key & ~7) | ((key & 1) << 2) | ((key >> 1) & 3);
-                    const float xs[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        unsigned vb, vsm;
-                        split<true>(xs[e], vb, vsm);
-                        sVtb[(ch * 4 + e) * ROWT + col] = __uint_as_float(vb);
-                        sVts[(ch * 4 + e) * ROWT + col] = __uint_as_float(vsm);
-                    }
-                }
-            }
-#endif
             __syncthreads();
         }
 
@@ -375,7 +284,7 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
                 unsigned qa[4], qb[4], qs[4];
                 if (PRESPLIT == 2) {
                     ldmatrix_x4(qb, sQ_lane + kd * 8 * 4);
-                    ldmatrix_x4(qs, sQ_lane + (BLOCK_M + 6 * BLOCK_N) * ROW * 4 + kd * 8 * 4);  // sQsm
+                    ldmatrix_x4(qs, sQ_lane + (L::Q_SMALL - L::Q) * 4 + kd * 8 * 4);  // the same lane's sQsm
                 } else {
                     ldmatrix_x4(qa, sQ_lane + kd * 8 * 4);
 #pragma unroll
@@ -405,90 +314,17 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
         // ---- mask (only tiles crossing the diagonal or the end of the keys) -------
         const int n0 = j * BLOCK_N;
         if (n0 + BLOCK_N > n_free) {
+            int last[2];  // last visible key of each of the lane's rows
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 const int pr = row0 + warp * 16 + g_lane + hf * 8;
-                const int limit = CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        if (n0 + nt * 8 + c_lane * 2 + e > limit) s[nt][2 * hf + e] = NEG_INF;
+                last[hf] = CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
             }
+            softmax::frag_mask(s, n0, lane, last);
         }
 
-        // ---- online softmax: O *= exp2(m - m'), P = exp2(S * scale_log2 - m') -----
-#if TF32_RESCALE_THRESHOLD > 0
-        // lazy: raise m (and rescale O, l) only when some row of the warp sees a
-        // score more than TF32_RESCALE_THRESHOLD above it (warp-uniform branch)
-        float mxs[2];
-        bool grow = false;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the quad shares the row
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mxs[hf] = mx * scale_log2;
-            grow |= mxs[hf] > m_run[hf] + (float)TF32_RESCALE_THRESHOLD;
-        }
-        const bool rescale = __any_sync(0xffffffffu, grow);
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            if (rescale) {
-                const float m_new = fmaxf(m_run[hf], mxs[hf]);
-                const float m_use = m_new == NEG_INF ? 0.f : m_new;  // no key yet: avoid -inf - -inf
-                const float alpha = exp2_p(m_run[hf] - m_use);
-                m_run[hf] = m_new;
-                l_run[hf] *= alpha;
-#pragma unroll
-                for (int dt = 0; dt < DT; ++dt) {
-                    o_acc[dt][2 * hf] *= alpha;
-                    o_acc[dt][2 * hf + 1] *= alpha;
-                }
-            }
-            const float m_use = m_run[hf] == NEG_INF ? 0.f : m_run[hf];
-            float rs = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float pv = exp2_p(fmaf(s[nt][2 * hf + e], scale_log2, -m_use));
-                    s[nt][2 * hf + e] = pv;
-                    rs += pv;
-                }
-            l_run[hf] += rs;
-        }
-#else
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the quad shares the row
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run[hf], mx * scale_log2);
-            const float m_use = m_new == NEG_INF ? 0.f : m_new;  // no key yet: avoid -inf - -inf
-            const float alpha = exp2_p(m_run[hf] - m_use);
-            m_run[hf] = m_new;
-            float rs = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float pv = exp2_p(fmaf(s[nt][2 * hf + e], scale_log2, -m_use));
-                    s[nt][2 * hf + e] = pv;
-                    rs += pv;
-                }
-            l_run[hf] = l_run[hf] * alpha + rs;
-#pragma unroll
-            for (int dt = 0; dt < DT; ++dt) {
-                o_acc[dt][2 * hf] *= alpha;
-                o_acc[dt][2 * hf + 1] *= alpha;
-            }
-        }
-#endif
+        // ---- online softmax (softmax.cuh), the scale inside the exp2, eager -------
+        softmax::frag_update<0, true>(s, o_acc, m_run, l_run, scale_log2, softmax::ExactExp2());
 
         // ---- O += P V: key 2c is k = c, key 2c+1 is k = c+4 ----------------------
         // (each n8 tile of O gets this K/V tile's product in a fresh accumulator,
@@ -501,29 +337,6 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
             split<SPLIT>(s[kk][1], pb[kk][2], ps[kk][2]);
             split<SPLIT>(s[kk][3], pb[kk][3], ps[kk][3]);
         }
-#if TF32_V_LDMATRIX
-        // ldmatrix {d 0-7, k 0-3}, {d 0-7, k 4-7}, {d 8-15, k 0-3}, {d 8-15, k 4-7}:
-        // b0, b1 of n8 tile 2 dp, then of 2 dp + 1
-        const int vt_off = ((lane & 7) + (lane >> 4) * 8) * ROWT + ((lane >> 3) & 1) * 4;
-        const unsigned vtb_lane = smem_addr(sVtb + vt_off), vts_lane = smem_addr(sVts + vt_off);
-#pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
-            float part0[4] = {0.f, 0.f, 0.f, 0.f}, part1[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int kk = 0; kk < NT; ++kk) {
-                unsigned vb[4], vs[4];
-                ldmatrix_x4(vb, vtb_lane + (dp * 16 * ROWT + kk * 8) * 4);
-                ldmatrix_x4(vs, vts_lane + (dp * 16 * ROWT + kk * 8) * 4);
-                mma_f32<SPLIT>(part0, pb[kk], ps[kk], vb[0], vb[1], vs[0], vs[1]);
-                mma_f32<SPLIT>(part1, pb[kk], ps[kk], vb[2], vb[3], vs[2], vs[3]);
-            }
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                o_acc[2 * dp][e] += part0[e];
-                o_acc[2 * dp + 1][e] += part1[e];
-            }
-        }
-#else
         const float* v_lane = sVs + 2 * c_lane * ROW + g_lane;
         const float* vsm_lane = sVsm + 2 * c_lane * ROW + g_lane;
 #pragma unroll
@@ -546,7 +359,6 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
 #pragma unroll
             for (int e = 0; e < 4; ++e) o_acc[dt][e] += part[e];
         }
-#endif
     }
     cp_async_wait<0>();  // nothing left in flight (also when num_n == 0)
     __syncthreads();     // every warp is done with sQ before it is overwritten
@@ -555,10 +367,8 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     float* sO = sQ + warp * 16 * ROW;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-        float l = l_run[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = len < 0 ? quiet_nan() : l > 0.f ? 1.f / l : 0.f;
+        const float l = softmax::frag_row_sum(l_run[hf]);
+        const float inv = softmax::out_scale(l, len < 0);
         const int r = g_lane + hf * 8;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
@@ -568,8 +378,7 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
         const int pr = row0 + warp * 16 + r;
         if (lse != nullptr && c_lane == 0 && pr < packed_rows) {
             const int t = pr / group, g = pr % group;
-            lse[((index_t)b * p.num_q_heads + q_head_of(kvh, g, group)) * p.seqlen_q + t] =
-                len < 0 ? quiet_nan() : l > 0.f ? (m_run[hf] + log2f(l)) * 0.6931471805599453f : NEG_INF;
+            lse[((index_t)b * p.num_q_heads + q_head_of(kvh, g, group)) * p.seqlen_q + t] = softmax::lse(m_run[hf], l, len < 0);
         }
     }
     __syncwarp();

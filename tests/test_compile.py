@@ -61,3 +61,32 @@ def test_compile_failure_log_is_printed_without_nul_bytes(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "FAILED" in out and "requires .target sm_80 or higher" in out
     assert "\x00" not in out
+
+
+def _one_spec_per_source():
+    from cupy_gqa._specs import SPECS
+
+    first = {}
+    for spec in SPECS:
+        if spec.smem:  # the kernels with dynamic shared memory
+            first.setdefault(spec.source, spec)
+    return list(first.values())
+
+
+def test_every_dynamic_shared_memory_size_is_the_kernels_smem_bytes():
+    for spec in SPECS:
+        if spec.smem:
+            assert spec.name.endswith(f", {spec.smem}>"), spec.name
+
+
+@pytest.mark.parametrize("spec", _one_spec_per_source(), ids=lambda s: s.source)
+def test_a_wrong_shared_memory_size_does_not_compile(spec):
+    """The kernel's layout is the one definition: a table that disagrees with it fails to compile."""
+    import dataclasses
+
+    from cupy_gqa._compile import compile_offline
+
+    assert compile_offline(spec, "sm_90").ok
+    wrong = dataclasses.replace(spec, name=spec.name[: -len(f"{spec.smem}>")] + f"{spec.smem + 16}>")
+    report = compile_offline(wrong, "sm_90")
+    assert not report.ok and "SMEM_BYTES is not the size of the shared-memory layout" in report.log

@@ -34,7 +34,7 @@ def check(q, k, v, *, causal=True, seqlens_k=None, lens_on="host", kernel="decod
         problem = _plan.Problem.of(qd, kd, dtype=dtype, causal=causal, softmax_scale=1 / np.sqrt(q.shape[3]))
         lse = cupy.full((q.shape[0], q.shape[2], q.shape[1]), np.nan, dtype=cupy.float32)
         lens_d = None if lens is None else cupy.asarray(lens, dtype=cupy.int32)
-        _plan.launch_decode(problem, qd, kd, vd, out, lse, lens_d, num_splits=num_splits)
+        _plan._launch_decode_forced_splits(problem, qd, kd, vd, out, lse, lens_d, num_splits)
     ref, ref_lse = reference_attention(q, k, v, causal=causal, seqlens_k=seqlens_k)
     assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"{kernel} {dtype} out {what}")
     assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5, f"{kernel} {dtype} lse {what}")

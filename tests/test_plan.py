@@ -71,7 +71,7 @@ def test_rowwise_plan_passes_64_bit_strides_and_counts():
     q_layout = ((2, 2**20 + 1, 8, 128), ((2**20 + 1) * 8 * 128 * 2, 8 * 128 * 2, 128 * 2, 2), 2)
     kv_layout = ((2, 16, 2, 128), (16 * 2 * 128 * 2, 2 * 128 * 2, 128 * 2, 2), 2)
     launch = _plan.plan_rowwise(problem, (q_layout, kv_layout, kv_layout, q_layout), True)
-    assert launch.spec.name == "rowwise_attention<__half, 128, 4, true, 16>"
+    assert launch.spec.name == "rowwise_attention<__half, 128, 4, true, 16, 16384>"  # 2 x 2 x 16 keys x 128 x 2 bytes
     p = launch.params[0]
     assert p["q_stride"].dtype == np.int64 and p["q_stride"][0] == (2**20 + 1) * 8 * 128
     # team 4 -> 32 rows per block = all 4 heads of a group at 8 positions:
@@ -108,7 +108,8 @@ def test_layout_issues():
     assert _plan._layout_issue((one_row, good, good, one_row)) is None
 
 
-@pytest.mark.parametrize("precision, split", [("highest", "true, 1"), ("tf32", "false, 0")])
+# D128: BLOCK_M 64, BLOCK_N 16, rows of 132 floats; Q, 2 K and 2 V tiles, + K and V small ones at PRESPLIT 1
+@pytest.mark.parametrize("precision, split", [("highest", "true, 1, 84480"), ("tf32", "false, 0, 67584")])
 def test_float32_tiled_plan_follows_precision(precision, split):
     layout = ((2, 64, 8, 128), (64 * 8 * 128 * 4, 8 * 128 * 4, 128 * 4, 4), 4)
     problem = _plan.Problem(2, 64, 64, 8, 2, 128, "float32", True, 0.1, precision)

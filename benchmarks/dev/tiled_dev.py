@@ -5,7 +5,7 @@ Compiles tiled_attention<...> instantiations with cupy.RawModule (NVRTC),
 checks them against a float64 reference and times them next to torch SDPA
 (flash and cuDNN backends).
 
-    python benchmarks/tiled_dev.py --check --bench [--out DIR]
+    python benchmarks/dev/tiled_dev.py --check --bench [--out DIR]
 
 Compilation of many instantiations is pre-warmed in parallel (spawned
 processes fill CuPy's on-disk kernel cache; the main process then hits it).
@@ -36,17 +36,13 @@ DEFAULT_TABLE = {
     256: (64, 32, 4, ()),
 }
 
-QREGS = ("-DTILED_Q_IN_REGS=1",)
-QREGS_1B = ("-DTILED_Q_IN_REGS=1", "-DTILED_MIN_BLOCKS_8W=1")
-
 # variants timed per head dim: (BLOCK_M, BLOCK_N, NUM_WARPS, defines)
-NOLAZY = ("-DTILED_RESCALE_THRESHOLD=0",)
 BENCH_VARIANTS = {
     128: [(128, 64, 4, ()), (256, 64, 8, ()), (128, 32, 4, ())],
     64: [(128, 64, 4, ()), (128, 128, 4, ()), (128, 32, 4, ()), (128, 64, 8, ()), (256, 64, 8, ()), (64, 64, 4, ())],
 }
 
-# name, dtype, causal, B, S, Hq, Hkv, D, torch_flash reference ms (from the brief)
+# name, dtype, causal, B, S, Hq, Hkv, D
 BENCH_SHAPES = [
     ("H1", "bf16", True, 4, 4096, 32, 8, 128),
     ("H2", "bf16", True, 1, 16384, 32, 8, 128),
@@ -56,13 +52,17 @@ BENCH_SHAPES = [
 ]
 
 
-def smem_bytes(head_dim, block_m, block_n, elem_bytes=2):
-    """Dynamic shared memory of tiled_attention (same formula as tiled.cu)."""
-    return (block_m + 4 * block_n) * (head_dim + 8) * elem_bytes
+def smem_bytes(head_dim, block_m, block_n):
+    """Dynamic shared memory of tiled_attention (cupy_gqa/_specs.py: tiled_smem)."""
+    sys.path.insert(0, os.path.join(HERE, "..", ".."))
+    from cupy_gqa._specs import tiled_smem
+
+    return tiled_smem(head_dim, block_m, block_n)
 
 
 def name_expr(dtype, d, bm, bn, nw, causal):
-    return "tiled_attention<%s, %d, %d, %d, %d, %s>" % (TNAME[dtype], d, bm, bn, nw, "true" if causal else "false")
+    return "tiled_attention<%s, %d, %d, %d, %d, %s, %d>" % (
+        TNAME[dtype], d, bm, bn, nw, "true" if causal else "false", smem_bytes(d, bm, bn))
 
 
 _SRC = None
@@ -72,7 +72,7 @@ _KERNELS = {}
 def _src():
     global _SRC
     if _SRC is None:  # tiled.cu with its local includes inlined, as the package compiles it
-        sys.path.insert(0, os.path.join(HERE, ".."))
+        sys.path.insert(0, os.path.join(HERE, "..", ".."))
         from cupy_gqa._compile import source
 
         _SRC = source("tiled.cu")

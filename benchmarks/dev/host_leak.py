@@ -1,7 +1,7 @@
 """Does host time leak into the bench's event timing? Times D1, D2, H4 and S0 as
 benchmarks/bench_attention.py does (flush, start event, call, end event) and
 with the GPU kept busy by torch.cuda._sleep before the start event (host launch
-hidden), plus the host time of one call. python benchmarks/host_leak.py"""
+hidden), plus the host time of one call. python benchmarks/dev/host_leak.py"""
 import statistics
 import time
 

@@ -3,7 +3,7 @@
 backends on D1 (and D2), inside a profiler range, for Nsight Compute:
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
-        --section LaunchStats --section MemoryWorkloadAnalysis python3 benchmarks/profile_decode.py
+        --section LaunchStats --section MemoryWorkloadAnalysis python3 benchmarks/dev/profile_decode.py
 
 Everything is compiled and warmed up before the range starts. Notes:
 benchmarks/NOTES_decode.md.
@@ -36,8 +36,8 @@ def main():
         out = cupy.empty_like(q)
         problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=1 / np.sqrt(d))
         for ns in map(int, args.splits.split(",")):
-            calls.append(lambda q=q, k=k, v=v, out=out, ns=ns, problem=problem: _plan.launch_decode(
-                problem, q, k, v, out, None, None, num_splits=ns))
+            calls.append(lambda q=q, k=k, v=v, out=out, ns=ns, problem=problem: _plan._launch_decode_forced_splits(
+                problem, q, k, v, out, None, None, ns))
         qt, kt, vt = (torch.from_dlpack(x).transpose(1, 2) for x in (q, k, v))
         for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
             def call(backend=backend, qt=qt, kt=kt, vt=vt):

@@ -2,21 +2,22 @@
 """Dev harness for kernels/decode.cu: time D1 / D2 over split counts and kernel
 variants, and decode against tiled as seqlen_q grows (for choose_kernel).
 
-    python benchmarks/decode_dev.py [--out DIR]
+    python benchmarks/dev/decode_dev.py [--out DIR]
 
 Timing: CuPy events around each call, a 256 MB buffer zeroed before every
 repetition (no input stays in L2), median of REPS. GB/s counts K and V bytes.
-Variants (VARIANTS) are other template arguments or -D options of the bf16 D128 kernel.
+Variants (VARIANTS) are other template arguments of the bf16 D128 kernel.
 Notes and results: benchmarks/NOTES_decode.md.
 """
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import cupy  # noqa: E402
 import ml_dtypes  # noqa: E402
@@ -26,13 +27,21 @@ from cupy_gqa import _plan, _specs  # noqa: E402
 
 REPS = 30
 FLUSH = cupy.empty(256 * 2**20 // 4, dtype=cupy.int32)
+
+
+def mma_stages(stages: int) -> _specs.Spec:
+    """The bf16 D128 tensor-core kernel with ``stages`` cp.async stages per warp."""
+    smem = _specs.decode_mma_smem(128, stages)
+    return dataclasses.replace(
+        _specs.decode_mma_spec("bfloat16", 128),
+        name=f"decode_mma_attention<__nv_bfloat16, 128, {stages}, {smem}>",
+        smem=smem,
+    )
+
+
 VARIANTS = {  # name -> the bf16 D128 decode spec it times (the table's spec: "base")
     "base": lambda: _specs.decode_spec("bfloat16", 128, 4),
-    "pad": lambda: _specs.decode_mma_spec("bfloat16", 128, options=("-DDECODE_MMA_SWIZZLE=0",)),
-    "pf0": lambda: _specs.decode_mma_spec("bfloat16", 128, options=("-DDECODE_MMA_L2_PREFETCH=0",)),
-    "s4": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=4),
-    "w8_s2": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=2, warps=8),
-    "w8_s3": lambda: _specs.decode_mma_spec("bfloat16", 128, stages=3, warps=8),
+    "s4": lambda: mma_stages(4),
     "cuda_core": lambda: _specs.decode_cuda_core_spec("bfloat16", 128, 4),  # decode.cu v2, 4 rows per CTA
 }
 
@@ -64,7 +73,7 @@ def kv_gbs(k, ms) -> float:
 
 def variant_launch(q, k, v, out, variant, num_splits):
     problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=1 / np.sqrt(q.shape[3]))
-    launch = _plan.plan_decode(problem, _plan._layout(q, k, v, out), 1, num_splits, VARIANTS[variant]())
+    launch = _plan._decode_plan(problem, _plan._layout(q, k, v, out), VARIANTS[variant](), num_splits)
     return lambda: launch(q, k, v, out, None, None), launch
 
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One device-tool call that checks and measures this checkout on the GPU machine.
-#   benchmarks/device_check.sh tests        the GPU test suite (pytest -n 8)
-#   benchmarks/device_check.sh sanitize     tests/sanitize.sh (all four compute-sanitizer tools)
-#   benchmarks/device_check.sh bench [..]   benchmarks/bench_attention.py [args], results under $OUT/results
+#   benchmarks/dev/device_check.sh tests        the GPU test suite (pytest -n 8)
+#   benchmarks/dev/device_check.sh sanitize     tests/sanitize.sh (all four compute-sanitizer tools)
+#   benchmarks/dev/device_check.sh bench [..]   benchmarks/bench_attention.py [args], results under $OUT/results
 # Logs go to $OUT (the device tool brings them back); the last lines printed are a summary.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/device_check}
 mkdir -p "$out"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
