@@ -111,6 +111,27 @@ __device__ __forceinline__ int visible_keys(int t, int seqlen_q, int seqlen_k, b
     return end <= 0 ? 0 : (end >= seqlen_k ? seqlen_k : (int)end);
 }
 
+// The keys that a CTA of the prefill kernels (tiled, tiled_tf32, hopper) reads
+// for its packed rows [row0, last_row] (packed row pr is query pr / group),
+// with causal masking aligned bottom-right: query t sees keys j <= t + diag,
+// diag = seqlen_k - seqlen_q. Keys [0, end) are read, and those in [0, free)
+// are visible to every row of the CTA (tiles there need no mask).
+template <bool CAUSAL>
+struct KeyRange {
+    int end, free, diag, seqlen_k, group;
+    __device__ __forceinline__ KeyRange(int row0, int last_row, int seqlen_q, int seqlen_k_, int group_)
+        : end(seqlen_k_), free(seqlen_k_), diag(seqlen_k_ - seqlen_q), seqlen_k(seqlen_k_), group(group_) {
+        if (CAUSAL) {
+            end = max(0, min(seqlen_k, last_row / group + diag + 1));
+            free = max(0, min(seqlen_k, row0 / group + diag + 1));
+        }
+    }
+    // the last key packed row pr sees
+    __device__ __forceinline__ int last_key(int pr) const {
+        return CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
+    }
+};
+
 // The 1-D grid of the tiled kernels: CTA blockIdx.x -> (batch b, KV head
 // kv_head, tile m_tile of BLOCK_M packed query rows), num_m_tiles tiles per
 // (b, kv_head).
@@ -133,6 +154,30 @@ __device__ __forceinline__ TileOfBlock tile_of_block(int num_m_tiles, int batch,
     }
     const int b = bh / num_kv_heads;
     return {b, bh - b * num_kv_heads, m_tile};
+}
+
+// A CTA of the prefill kernels (tiled, tiled_tf32, hopper): its batch b and KV
+// head (group = num_q_heads / num_kv_heads, as the caller has it), its packed rows [row0, row0 + BLOCK_M) of the group * seqlen_q rows of
+// that KV head (packed row r = query t * group + head g of the group), the
+// sequence's valid keys (len = seqlen_k_of: -1 for a bad length, seqlen_k =
+// max(len, 0)) and the keys the CTA reads.
+template <bool CAUSAL>
+struct PrefillTile {
+    int b, kv_head, row0, group, packed_rows, len, seqlen_k;
+    KeyRange<CAUSAL> keys;
+};
+
+__device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k);
+
+template <bool CAUSAL, int BLOCK_M>
+__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group) {
+    const int packed_rows = p.seqlen_q * group;
+    const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads);
+    const int row0 = t.m_tile * BLOCK_M;
+    const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
+    const int seqlen_k = max(len, 0);
+    return {t.b, t.kv_head, row0, group, packed_rows, len, seqlen_k,
+            KeyRange<CAUSAL>(row0, min(row0 + BLOCK_M, packed_rows) - 1, p.seqlen_q, seqlen_k, group)};
 }
 
 // Valid keys of batch b: seqlens_k[b] when the caller gave per-sequence cache

@@ -77,6 +77,23 @@ enum : int {
 
 namespace decode_detail {
 
+// The work of CTA blockIdx.x (see the grid mapping above): batch b, KV head,
+// row block rb of ROWS packed rows, key range split; len = seqlen_k_of
+// (-1: a bad seqlens_k[b]).
+struct DecodeWork {
+    int b, kv_head, rb, split, len;
+};
+template <int ROWS>
+__device__ __forceinline__ DecodeWork decode_work(const AttnParams& p, const int* seqlens_k, int num_splits) {
+    const int row_blocks = (p.seqlen_q * p.group_size + ROWS - 1) / ROWS;
+    index_t idx = blockIdx.x;
+    const int split = (int)(idx % num_splits);    idx /= num_splits;
+    const int rb = (int)(idx % row_blocks);       idx /= row_blocks;
+    const int kv_head = (int)(idx % p.num_kv_heads);
+    const int b = (int)(idx / p.num_kv_heads);
+    return {b, kv_head, rb, split, seqlen_k_of(seqlens_k, b, p.seqlen_k)};
+}
+
 enum : int { NUM_WARPS = DECODE_THREADS / 32 };
 
 // W elements of one 16-byte chunk, as floats.
@@ -246,15 +263,9 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
     const float NEG_INF = neg_inf<float>();
 
     // --- which work: (b, kv_head, row block, split) -------------------------
-    const int group_size = p.group_size;
-    const int rows_total = p.seqlen_q * group_size;
-    const int row_blocks = (rows_total + ROWS - 1) / ROWS;
-    index_t idx = blockIdx.x;
-    const int split = (int)(idx % num_splits);    idx /= num_splits;
-    const int rb = (int)(idx % row_blocks);       idx /= row_blocks;
-    const int kv_head = (int)(idx % p.num_kv_heads);
-    const int b = (int)(idx / p.num_kv_heads);
-    const int len = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // -1: bad seqlens_k[b]
+    const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
+    const DecodeWork work = decode_work<ROWS>(p, seqlens_k, num_splits);
+    const int split = work.split, rb = work.rb, kv_head = work.kv_head, b = work.b, len = work.len;  // len -1: bad
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp * GROUPS_PER_WARP + lane / LANES;
@@ -458,15 +469,9 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     T* sQ = reinterpret_cast<T*>(smem_raw + L::Q);
 
     // --- which work: (b, kv_head, row block, split) -------------------------
-    const int group_size = p.group_size;
-    const int rows_total = p.seqlen_q * group_size;
-    const int row_blocks = (rows_total + ROWS - 1) / ROWS;
-    index_t idx = blockIdx.x;
-    const int split = (int)(idx % num_splits);    idx /= num_splits;
-    const int rb = (int)(idx % row_blocks);       idx /= row_blocks;
-    const int kv_head = (int)(idx % p.num_kv_heads);
-    const int b = (int)(idx / p.num_kv_heads);
-    const int len = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // -1: bad seqlens_k[b]
+    const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
+    const DecodeWork work = decode_work<ROWS>(p, seqlens_k, num_splits);
+    const int split = work.split, rb = work.rb, kv_head = work.kv_head, b = work.b, len = work.len;  // len -1: bad
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     // --- Q tile (zero past the last row) and the rows' visible keys -----------

@@ -51,11 +51,12 @@
  * head_dim stride 1, 16-byte aligned pointers and strides, scale_log2 > 0.
  */
 #include "common.cuh"
+#include "softmax.cuh"
 #include "wgmma.cuh"
 
 namespace hopper_detail {
 
-constexpr float RESCALE_THRESHOLD = 8.f;  // log2 units: P <= 2^8 between rescales
+enum { RESCALE_THRESHOLD = 8 };  // log2 units: P <= 2^8 between rescales (softmax.cuh: LAZY)
 
 // Byte offset of 16-byte chunk c (0..7) of row r inside a 128-byte-swizzled slab.
 __device__ __forceinline__ unsigned swizzle128(int r, int c) {
@@ -83,6 +84,13 @@ template <int N>
 __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// An accumulator held as m16n8 fragments [n8 tiles][4], as the flat register
+// list wgmma takes (wgmma.cuh: the same order).
+template <int N8>
+__device__ __forceinline__ float (&flat(float (&frag)[N8][4]))[4 * N8] {
+    return reinterpret_cast<float(&)[4 * N8]>(frag);
 }
 
 // Shared memory written through the generic proxy (cp.async, st.shared) is
@@ -154,11 +162,11 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     static_assert(STAGES >= 2, "the consumers hold tile j - 1 (P V) while tile j arrives");
     constexpr int CHP = HEAD_DIM_PAD / 8;      // 16-byte chunks per padded row
     constexpr int KD = HEAD_DIM_PAD / 16;      // k-steps of Q K^T
-    constexpr int NS = BLOCK_N / 2;            // S accumulators per thread
-    constexpr int NO = HEAD_DIM_PAD / 2;       // O accumulators per thread
+    constexpr int NT = BLOCK_N / 8;            // n8 tiles of S (keys)
+    constexpr int DT = HEAD_DIM_PAD / 8;       // n8 tiles of O (head dims)
     constexpr int CONSUMERS = BLOCK_M / 64 * 128;
 
-    const int batch = p.batch, seqlen_q = p.seqlen_q, num_q_heads = p.num_q_heads, num_kv_heads = p.num_kv_heads;
+    const int seqlen_q = p.seqlen_q, num_q_heads = p.num_q_heads;
 
     extern __shared__ unsigned char smem_raw[];
     const unsigned raw = smem_addr(smem_raw);
@@ -181,24 +189,11 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     }
     __syncthreads();
 
-    const int group = num_q_heads / num_kv_heads;
-    const int packed_rows = seqlen_q * group;
-    const int num_m_tiles = (packed_rows + BLOCK_M - 1) / BLOCK_M;
-    const TileOfBlock tile = tile_of_block<CAUSAL>(num_m_tiles, batch, num_kv_heads);
-    const int b = tile.b, kvh = tile.kv_head;
-    const int row0 = tile.m_tile * BLOCK_M;
-    const int len = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // valid keys of this sequence; -1: bad, NaN rows
-    const int seqlen_k = max(len, 0);
-
-    // ---- key range: keys [0, n_end) are read, [0, n_free) need no mask -------
-    const int diag = seqlen_k - seqlen_q;      // query t sees keys j <= t + diag
-    const int last_row = min(row0 + BLOCK_M, packed_rows) - 1;
-    int n_end = seqlen_k, n_free = seqlen_k;
-    if (CAUSAL) {
-        n_end = max(0, min(seqlen_k, last_row / group + diag + 1));
-        n_free = max(0, min(seqlen_k, row0 / group + diag + 1));
-    }
-    const int num_n = (n_end + BLOCK_N - 1) / BLOCK_N;
+    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, p.num_q_heads / p.num_kv_heads);
+    const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
+    const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
+    const KeyRange<CAUSAL>& keys = tile.keys;
+    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
 
     if (tid >= CONSUMERS) {
         // =========================== producer warpgroup ===========================
@@ -249,14 +244,17 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     const float scale_log2 = (float)p.scale_log2;
     const int wg = tid / 128;                  // rows [64 wg, 64 wg + 64) of the tile
     const int lane = tid & 31;
-    const int my_row = wg * 64 + ((tid / 32) & 3) * 16 + (lane >> 2);  // + 8 h, h = 0, 1
+    const int my_row = wg * 64 + ((tid / 32) & 3) * 16 + (lane >> 2);  // + 8 hf: the lane's rows hf = 0, 1
 
-    float o[NO];
+    // the wgmma accumulators as m16n8 fragments (wgmma.cuh: the same layout)
+    float o[DT][4];                            // O: DT n8 tiles of head dims
 #pragma unroll
-    for (int i = 0; i < NO; ++i) o[i] = 0.f;
-    float m_run[2] = {__int_as_float(0xff800000), __int_as_float(0xff800000)};  // running max, log2 domain
-    float l_run[2] = {0.f, 0.f};               // per-thread partial row sums
-    unsigned pa[BLOCK_N / 16][4];              // P of the previous tile as wgmma A fragments
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
+    float m_run[2] = {neg_inf<float>(), neg_inf<float>()};  // reference max, log2 units
+    float l_run[2] = {0.f, 0.f};               // the lane's part of the row sums
+    unsigned pa[BLOCK_N / 16][4];              // P of the last tile as wgmma A fragments
 
     const unsigned long long desc_q = make_smem_desc(sQ + wg * 64 * 128, 16, 1024);
     const unsigned long long desc_k0 = make_smem_desc(sKV, 16, 1024);
@@ -265,181 +263,101 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     auto kstep = [](int kd, int slab_bytes) { return (unsigned long long)(((kd / 4) * slab_bytes + (kd % 4) * 32) >> 4); };
     auto stage_off = [](int j) { return (unsigned long long)(((j % STAGES) * L::STAGE_BYTES) >> 4); };
 
-    // O += P V_j for the P in pa (asynchronous: committed, not waited for)
+    // S = Q K_j^T and O += P V_j (asynchronous: committed, not waited for)
+    auto issue_qk = [&](float (&s)[NT][4], int j) {
+        const unsigned long long desc_k = desc_k0 + stage_off(j);
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd)
+            Wgmma<T, BLOCK_N>::ss(flat(s), desc_q + kstep(kd, L::Q_SLAB), desc_k + kstep(kd, L::KV_SLAB), kd);
+        wgmma_commit();
+    };
     auto issue_pv = [&](int jv) {
         const unsigned long long desc_v = desc_v0 + stage_off(jv);
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            Wgmma<T, HEAD_DIM_PAD>::rs(o, pa[kk], desc_v + (unsigned long long)((kk * 16 * 128) >> 4), 1);
+            Wgmma<T, HEAD_DIM_PAD>::rs(flat(o), pa[kk], desc_v + (unsigned long long)((kk * 16 * 128) >> 4), 1);
         wgmma_commit();
     };
 
-    // S = Q K_j^T (asynchronous: committed, not waited for)
-    auto issue_qk = [&](float (&s)[NS], int j) {
-        const unsigned long long desc_k = desc_k0 + stage_off(j);
-#pragma unroll
-        for (int kd = 0; kd < KD; ++kd)
-            Wgmma<T, BLOCK_N>::ss(s, desc_q + kstep(kd, L::Q_SLAB), desc_k + kstep(kd, L::KV_SLAB), kd);
-        wgmma_commit();
-    };
-
-    // Scale and mask S of tile j, update the running max; P = exp2(S - m) in
-    // place, its row sums in rs. Returns whether the warp raised its max
-    // (alpha = exp2(m_old - m_new) then holds the factor for O and l).
-    auto softmax = [&](float (&s)[NS], int j, float (&alpha)[2], float (&rs)[2]) {
-        // s[4 nt + e]: row my_row + 8 (e / 2), key n0 + 8 nt + 2 (lane % 4) + e % 2
-#pragma unroll
-        for (int i = 0; i < NS; ++i) s[i] *= scale_log2;  // scale, then mask
+    // Mask S of tile j (tiles crossing the diagonal or the end of the keys), then
+    // P = exp2(S * scale_log2 - m) in place (softmax.cuh, lazy rescale).
+    auto probabilities = [&](float (&s)[NT][4], int j, float (&alpha)[2], float (&rs)[2]) {
         const int n0 = j * BLOCK_N;
-        if (n0 + BLOCK_N > n_free) {           // only tiles crossing the diagonal or the end
-            int key_limit[2];                  // last visible key of each of the thread's rows
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int pr = row0 + my_row + 8 * h;
-                key_limit[h] = CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
-            }
-#pragma unroll
-            for (int i = 0; i < NS; ++i) {
-                const int key = n0 + 8 * (i / 4) + 2 * (lane & 3) + (i & 1);
-                if (key > key_limit[(i / 2) & 1]) s[i] = __int_as_float(0xff800000);
-            }
+        if (n0 + BLOCK_N > keys.free) {
+            const int last[2] = {keys.last_key(row0 + my_row), keys.last_key(row0 + my_row + 8)};
+            softmax::frag_mask(s, n0, lane, last);
         }
-        float mx[2];
-        bool grow = false;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float m = __int_as_float(0xff800000);
-#pragma unroll
-            for (int nt = 0; nt < NS / 4; ++nt) m = fmaxf(m, fmaxf(s[4 * nt + 2 * h], s[4 * nt + 2 * h + 1]));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the 4 lanes of a row
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            mx[h] = m;
-            grow |= m > m_run[h] + RESCALE_THRESHOLD;
-        }
-        const bool rescale = __any_sync(0xffffffffu, grow);  // warp-uniform lazy rescale
-        auto exponentials = [&]() {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float m_use = m_run[h] == __int_as_float(0xff800000) ? 0.f : m_run[h];
-                rs[h] = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < NS / 4; ++nt) {
-                    // P = exp2(S - m)
-                    const float p0 = fast_exp2(s[4 * nt + 2 * h] - m_use);
-                    const float p1 = fast_exp2(s[4 * nt + 2 * h + 1] - m_use);
-                    s[4 * nt + 2 * h] = p0;
-                    s[4 * nt + 2 * h + 1] = p1;
-                    rs[h] += p0 + p1;
-                }
-            }
-        };
-        // The exponentials sit inside both branches on purpose: ptxas schedules
-        // within a basic block, and in the block after the branches it would
-        // hoist the caller's wait for P V above them, losing the overlap.
-        if (rescale) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float m_new = fmaxf(m_run[h], mx[h]);
-                // exp2(m_old - m_new): 0 while m_old = -inf
-                alpha[h] = fast_exp2(m_run[h] - (m_new == __int_as_float(0xff800000) ? 0.f : m_new));
-                m_run[h] = m_new;
-            }
-            exponentials();
-        } else {
-            exponentials();
-        }
-        return rescale;
+        return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2, softmax::FastExp2());
     };
-
-    // online softmax: O *= exp2(m_old - m_new), l = l exp2(m_old - m_new) + rowsum P;
-    // then P becomes the A fragments (the S fragment of keys 16 kk .. is P's).
-    auto fold = [&](float (&s)[NS], bool rescale, const float (&alpha)[2], const float (&rs)[2]) {
-        if (rescale) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                l_run[h] *= alpha[h];
-#pragma unroll
-                for (int nt = 0; nt < NO / 4; ++nt) {
-                    o[4 * nt + 2 * h] *= alpha[h];
-                    o[4 * nt + 2 * h + 1] *= alpha[h];
-                }
-            }
-        }
-        l_run[0] += rs[0];
-        l_run[1] += rs[1];
+    // P as the A operand of the next P V: the S fragment of keys 16 kk .. is P's
+    auto to_operand = [&](const float (&s)[NT][4]) {
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-            pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);  // row r,     keys 16 kk + 2c, +1
-            pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);  // row r + 8
-            pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);  // row r,     keys 16 kk + 8 + 2c, +1
-            pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);  // row r + 8
+            pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);          // row r,     keys 16 kk + 2c, +1
+            pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);          // row r + 8
+            pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);  // row r,     keys 16 kk + 8 + 2c, +1
+            pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);  // row r + 8
         }
     };
 
     mbar_wait(q_full, 0);
     fence_proxy_async();                       // cp.async (generic proxy) writes -> wgmma reads
-    if (num_n > 0) {
-        // tile 0: S, softmax, P
-        float s[NS], alpha[2] = {1.f, 1.f}, rs[2];
+    if (num_n > 0) {                           // tile 0: S, softmax, P
+        float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
         mbar_wait(full(0), 0);
         fence_proxy_async();
         wgmma_fence();
         issue_qk(s, 0);
         wgmma_wait<0>();
-        fence_regs(s);
-        const bool rescale = softmax(s, 0, alpha, rs);
-        fold(s, rescale, alpha, rs);
+        fence_regs(flat(s));
+        const bool rescale = probabilities(s, 0, alpha, rs);
+        softmax::frag_rescale(o, l_run, rescale, alpha, rs);
+        to_operand(s);
     }
     for (int j = 1; j < num_n; ++j) {
         // S_j = Q K_j^T, then O += P_{j-1} V_{j-1} behind it on the tensor cores;
         // the softmax of S_j runs while P V does
-        float s[NS], alpha[2] = {1.f, 1.f}, rs[2];
+        float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
         mbar_wait(full(j % STAGES), (j / STAGES) & 1);
         fence_proxy_async();
         wgmma_fence();
         issue_qk(s, j);
-        wgmma_fence();                         // P V is a pipeline stage of its own
         issue_pv(j - 1);
         wgmma_wait<1>();                       // S_j is ready
-        fence_regs(s);
-        const bool rescale = softmax(s, j, alpha, rs);
+        fence_regs(flat(s));
+        const bool rescale = probabilities(s, j, alpha, rs);
         wgmma_wait<0>();                       // P_{j-1} V_{j-1} is done: release its stage
-        fence_regs(o);
+        fence_regs(flat(o));
         mbar_arrive(empty((j - 1) % STAGES));
-        fold(s, rescale, alpha, rs);
+        softmax::frag_rescale(o, l_run, rescale, alpha, rs);
+        to_operand(s);
     }
     if (num_n > 0) {                           // the last tile's P V
         wgmma_fence();
         issue_pv(num_n - 1);
         wgmma_wait<0>();
-        fence_regs(o);
+        fence_regs(flat(o));
         mbar_arrive(empty((num_n - 1) % STAGES));
     }
 
     // ---- epilogue: O / l into this warpgroup's rows of the Q tile, then out ----------
     // (only this warpgroup's wgmmas read those rows, and they are done)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float l = l_run[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = len < 0 ? quiet_nan() : l > 0.f ? 1.f / l : 0.f;
-        const int r = my_row + 8 * h;
+    for (int hf = 0; hf < 2; ++hf) {
+        const float l = softmax::frag_row_sum(l_run[hf]);
+        const float inv = softmax::out_scale(l, len < 0);
+        const int r = my_row + 8 * hf;
 #pragma unroll
-        for (int nt = 0; nt < NO / 4; ++nt) {
-            // columns 8 nt + 2 (lane % 4) + {0, 1}: chunk nt % 8 of slab nt / 8
-            const unsigned addr = (nt / 8) * L::Q_SLAB + swizzle128(r, nt % 8) + 4 * (lane & 3);
-            *reinterpret_cast<unsigned*>(smem + (sQ - base) + addr) =
-                pack2<T>(o[4 * nt + 2 * h] * inv, o[4 * nt + 2 * h + 1] * inv);
+        for (int dt = 0; dt < DT; ++dt) {
+            // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8
+            const unsigned addr = (dt / 8) * L::Q_SLAB + swizzle128(r, dt % 8) + 4 * (lane & 3);
+            *reinterpret_cast<unsigned*>(smem + (sQ - base) + addr) = pack2<T>(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
         }
         if (lse != nullptr && (lane & 3) == 0) {
             const int pr = row0 + r;
             if (pr < packed_rows) {
                 const int t = pr / group, g = pr - (pr / group) * group;
-                const index_t idx = ((index_t)b * num_q_heads + q_head_of(kvh, g, group)) * seqlen_q + t;
-                // natural-log LSE: (m + log2 l) * ln 2
-                lse[idx] = len < 0 ? quiet_nan() : l > 0.f ? (m_run[h] + log2f(l)) * 0.6931471805599453f
-                                                           : __int_as_float(0xff800000);
+                lse[((index_t)b * num_q_heads + q_head_of(kvh, g, group)) * seqlen_q + t] = softmax::lse(m_run[hf], l, len < 0);
             }
         }
     }

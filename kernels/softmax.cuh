@@ -119,6 +119,23 @@ __device__ __forceinline__ float frag_row_sum(float l) {
     return l;
 }
 
+// Row hf of s becomes P = exp2(s - m_ref) (SCALE_IN_EXP2: exp2(s * scale - m_ref));
+// returns the lane's part of rowsum(P), summed from the first pair (no 0 + ..).
+template <bool SCALE_IN_EXP2, int NT, class Exp2>
+__device__ __forceinline__ float frag_row_probabilities(float (&s)[NT][4], int hf, float m_ref, float scale, Exp2 exp2) {
+    float rs;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const float x0 = s[nt][2 * hf], x1 = s[nt][2 * hf + 1];
+        const float p0 = exp2(SCALE_IN_EXP2 ? fmaf(x0, scale, -m_ref) : x0 - m_ref);
+        const float p1 = exp2(SCALE_IN_EXP2 ? fmaf(x1, scale, -m_ref) : x1 - m_ref);
+        s[nt][2 * hf] = p0;
+        s[nt][2 * hf + 1] = p1;
+        rs = nt == 0 ? p0 + p1 : rs + (p0 + p1);
+    }
+    return rs;
+}
+
 // One tile's update (see the top) of the lane's rows in MT m16 blocks: s
 // becomes P in place. SCALE_IN_EXP2: s is unscaled and scale (> 0) is applied
 // inside the exp2 (s * scale - ref); else s is already scaled. LAZY > 0: m is
@@ -158,18 +175,7 @@ __device__ __forceinline__ void frag_update(float (&s)[MT][NT][4], float (&o)[MT
                     o[mt][dt][2 * hf + 1] *= alpha;
                 }
             }
-            const float m_ref = ref(m[mt][hf]);
-            float rs;  // the lane's part of rowsum(P), from the first pair (no 0 + ..)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const float x0 = s[mt][nt][2 * hf], x1 = s[mt][nt][2 * hf + 1];
-                const float p0 = exp2(SCALE_IN_EXP2 ? fmaf(x0, scale, -m_ref) : x0 - m_ref);
-                const float p1 = exp2(SCALE_IN_EXP2 ? fmaf(x1, scale, -m_ref) : x1 - m_ref);
-                s[mt][nt][2 * hf] = p0;
-                s[mt][nt][2 * hf + 1] = p1;
-                rs = nt == 0 ? p0 + p1 : rs + (p0 + p1);
-            }
-            l[mt][hf] += rs;
+            l[mt][hf] += frag_row_probabilities<SCALE_IN_EXP2>(s[mt], hf, ref(m[mt][hf]), scale, exp2);
         }
 }
 
@@ -180,6 +186,57 @@ __device__ __forceinline__ void frag_update(float (&s)[NT][4], float (&o)[DT][4]
     frag_update<LAZY, SCALE_IN_EXP2>(reinterpret_cast<float(&)[1][NT][4]>(s), reinterpret_cast<float(&)[1][DT][4]>(o),
                                      reinterpret_cast<float(&)[1][2]>(m), reinterpret_cast<float(&)[1][2]>(l), scale,
                                      exp2);
+}
+
+// The same update in two halves, for a kernel whose O is still being written by
+// the tensor cores while P is computed (hopper.cu): frag_probabilities raises m
+// (lazily, LAZY > 0) and turns s into P, returning whether the warp raised its
+// reference, with the factors in alpha and the lane's row sums in rs;
+// frag_rescale then brings O and l along once O is free.
+template <int LAZY, bool SCALE_IN_EXP2, int NT, class Exp2>
+__device__ __forceinline__ bool frag_probabilities(float (&s)[NT][4], float (&m)[2], float (&alpha)[2], float (&rs)[2],
+                                                   float scale, Exp2 exp2) {
+    static_assert(LAZY > 0, "the split update is the lazy one");
+    float mxs[2];
+    bool grow = false;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const float mx = frag_row_max(s, hf);
+        mxs[hf] = SCALE_IN_EXP2 ? mx * scale : mx;
+        grow |= mxs[hf] > m[hf] + (float)LAZY;
+    }
+    const bool rescale = __any_sync(0xffffffffu, grow);
+    // The exponentials are written into both arms of the branch: ptxas schedules
+    // within a basic block, and in one after the branch it may hoist the caller's
+    // next wait (for the tensor cores writing O) above them.
+    if (rescale) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            alpha[hf] = raise_ref(m[hf], fmaxf(m[hf], mxs[hf]), exp2);
+            rs[hf] = frag_row_probabilities<SCALE_IN_EXP2>(s, hf, ref(m[hf]), scale, exp2);
+        }
+    } else {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) rs[hf] = frag_row_probabilities<SCALE_IN_EXP2>(s, hf, ref(m[hf]), scale, exp2);
+    }
+    return rescale;
+}
+
+template <int DT>
+__device__ __forceinline__ void frag_rescale(float (&o)[DT][4], float (&l)[2], bool rescale, const float (&alpha)[2],
+                                             const float (&rs)[2]) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        if (rescale) {
+            l[hf] *= alpha[hf];
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                o[dt][2 * hf] *= alpha[hf];
+                o[dt][2 * hf + 1] *= alpha[hf];
+            }
+        }
+        l[hf] += rs[hf];
+    }
 }
 
 }  // namespace softmax

@@ -135,30 +135,15 @@ tiled_attention(
     const int lane = tid & 31;
     const int warp = tid >> 5;
 
-    // ---- decode blockIdx.x -------------------------------------------------
-    const int group = num_q_heads / num_kv_heads;
-    const int packed_rows = seqlen_q * group;
-    const int num_m_tiles = (packed_rows + BLOCK_M - 1) / BLOCK_M;
-    const TileOfBlock tile = tile_of_block<CAUSAL>(num_m_tiles, batch, num_kv_heads);
-    const int b = tile.b, kvh = tile.kv_head;
-    const int row0 = tile.m_tile * BLOCK_M;
-    const int len = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // this sequence's valid keys, -1: bad, NaN rows
-    const int seqlen_k = max(len, 0);
+    // ---- this CTA's (b, kv head, rows) and keys (common.cuh) ---------------
+    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, num_q_heads / num_kv_heads);
+    const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
+    const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
+    const KeyRange<CAUSAL>& keys = tile.keys;
+    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
 
     const T* kbase = k + (long long)b * k_stride_b + (long long)kvh * k_stride_h;
     const T* vbase = v + (long long)b * v_stride_b + (long long)kvh * v_stride_h;
-
-    // ---- key range of this CTA ---------------------------------------------
-    // causal: query t sees keys j <= t + (seqlen_k - seqlen_q)
-    const int diag = seqlen_k - seqlen_q;
-    const int last_row = min(row0 + BLOCK_M, packed_rows) - 1;
-    int n_end = seqlen_k;                      // keys [0, n_end) are touched
-    int n_free = seqlen_k;                     // keys [0, n_free) need no mask
-    if (CAUSAL) {
-        n_end = max(0, min(seqlen_k, last_row / group + diag + 1));
-        n_free = max(0, min(seqlen_k, row0 / group + diag + 1));
-    }
-    const int num_n = (n_end + BLOCK_N - 1) / BLOCK_N;
 
     // ---- async loads ---------------------------------------------------------
     {   // Q tile: packed row r -> (t, g); zero-filled past the end
@@ -279,15 +264,12 @@ tiled_attention(
 
         // ---- mask (only tiles crossing the diagonal or the end of the keys) ---
         const int n0 = j * BLOCK_N;
-        if (n0 + BLOCK_N > n_free) {
+        if (n0 + BLOCK_N > keys.free) {
             int last[MT][2];                   // last visible key of each of the lane's rows
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const int pr = row0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8;
-                    last[mt][hf] = CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
-                }
+                for (int hf = 0; hf < 2; ++hf) last[mt][hf] = keys.last_key(row0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) softmax::frag_mask(s[mt], n0, lane, last[mt]);
         }

@@ -179,26 +179,13 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     const int g_lane = lane >> 2, c_lane = lane & 3;
 
     // ---- which (b, kvh, m_tile) this CTA owns ----------------------------------
-    const int group = p.group_size;
-    const int packed_rows = p.seqlen_q * group;
-    const int num_m_tiles = (packed_rows + BLOCK_M - 1) / BLOCK_M;
-    const TileOfBlock tile = tile_of_block<CAUSAL>(num_m_tiles, p.batch, p.num_kv_heads);
-    const int b = tile.b, kvh = tile.kv_head;
-    const int row0 = tile.m_tile * BLOCK_M;
-    const int len = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // -1: bad seqlens_k[b], NaN rows
-    const int seqlen_k = max(len, 0);
+    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, p.group_size);
+    const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
+    const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
+    const KeyRange<CAUSAL>& keys = tile.keys;
+    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
     const float* kbase = k + b * p.k_stride[0] + kvh * p.k_stride[2];
     const float* vbase = v + b * p.v_stride[0] + kvh * p.v_stride[2];
-
-    // ---- key range: query t sees keys j <= t + (seqlen_k - seqlen_q) -------------
-    const int diag = seqlen_k - p.seqlen_q;
-    const int last_row = min(row0 + BLOCK_M, packed_rows) - 1;
-    int n_end = seqlen_k, n_free = seqlen_k;  // keys [0, n_end) touched, [0, n_free) unmasked
-    if (CAUSAL) {
-        n_end = max(0, min(seqlen_k, last_row / group + diag + 1));
-        n_free = max(0, min(seqlen_k, row0 / group + diag + 1));
-    }
-    const int num_n = (n_end + BLOCK_N - 1) / BLOCK_N;
 
     // ---- asynchronous loads (16 bytes per thread and copy, zero-filled past the end)
 #pragma unroll
@@ -313,13 +300,10 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
 
         // ---- mask (only tiles crossing the diagonal or the end of the keys) -------
         const int n0 = j * BLOCK_N;
-        if (n0 + BLOCK_N > n_free) {
+        if (n0 + BLOCK_N > keys.free) {
             int last[2];  // last visible key of each of the lane's rows
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int pr = row0 + warp * 16 + g_lane + hf * 8;
-                last[hf] = CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
-            }
+            for (int hf = 0; hf < 2; ++hf) last[hf] = keys.last_key(row0 + warp * 16 + g_lane + hf * 8);
             softmax::frag_mask(s, n0, lane, last);
         }
 
