@@ -10,13 +10,13 @@ import numpy as np
 
 from . import __version__, attention
 from ._compile import compile_offline
-from ._specs import SPECS
+from ._specs import ARCHS, specs_for
 
-# Compute capability the kernels need: cp.async (rowwise, decode) and the
-# mma.sync tensor-core instructions (tiled, decode) are sm_80 features.
-MIN_COMPUTE_CAPABILITY = (8, 0)
+# The oldest compute capability with a kernel table (_specs.ARCHS): sm_70 and
+# sm_75 run rowwise and float32 decode; the tensor-core kernels need 8.0.
+MIN_COMPUTE_CAPABILITY = (7, 0)
 # Architectures that ``compile --arch`` takes: sm_XX for these XX.
-KNOWN_ARCHS = (70, 75, 80, 86, 87, 89, 90, 100, 120)
+KNOWN_ARCHS = tuple(int(name[3:]) for name in ARCHS)
 # The driver each extra needs, as in the README's requirements.
 _INSTALL_HINT = (
     'install the extra that matches the NVIDIA driver: pip install -e ".[cuda12]" (driver >= 525) '
@@ -59,7 +59,7 @@ def gpu_status() -> tuple[str | None, str]:
         need = ".".join(map(str, MIN_COMPUTE_CAPABILITY))
         return None, (
             f"{name} (cuda:{device}) has compute capability {cc[0]}.{cc[1]}; the kernels need {need} or newer "
-            "(Ampere, Ada, Hopper and later), so only the NumPy backend runs"
+            "(Volta and later), so only the NumPy backend runs"
         )
     return name, ""
 
@@ -134,14 +134,13 @@ def arch_issue(arch: str) -> str | None:
 
 
 def compile_all(arch: str) -> int:
-    """Compile every specialization in the table for ``arch`` with NVRTC; no GPU needed."""
+    """Compile every specialization of ``arch``'s table with NVRTC; no GPU needed."""
     issue = arch_issue(arch)
     if issue is not None:
         print(f"python -m cupy_gqa compile: {issue}", file=sys.stderr)
         return 2
     failures = 0
-    # a spec built for one target (sm_90a) belongs to that architecture's table only
-    specs = [s for s in SPECS if s.arch is None or s.arch.rstrip("a") == arch]
+    specs = specs_for(ARCHS[arch])  # the architecture's own table
     print(f"{'kernel':<60} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'stack':>6}")
     for spec in specs:
         report = compile_offline(spec, arch)

@@ -154,6 +154,7 @@ def rowwise_blocks(problem: Problem, team: int) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def plan_rowwise(problem: Problem, layout: tuple, vec: bool) -> Launch:
+    """``vec``: the cp.async variant (rows read as 16-byte vectors, sm_80 and newer)."""
     spec = _specs.rowwise_spec(problem.dtype, problem.head_dim, vec)
     blocks = rowwise_blocks(problem, spec.team)
     total_threads = blocks * spec.threads
@@ -163,7 +164,11 @@ def plan_rowwise(problem: Problem, layout: tuple, vec: bool) -> Launch:
 def launch_rowwise(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False) -> None:
     # rowwise runs every call: nothing to check (checked is the common launch signature)
     layout = _layout(q, k, v, out)
-    vec = problem.head_dim % _specs.vec_width(problem.dtype) == 0 and _vector_issue(layout, (q, k, v, out)) is None
+    vec = (
+        problem.head_dim % _specs.vec_width(problem.dtype) == 0
+        and device_arch(q.device.id).sm80
+        and _vector_issue(layout, (q, k, v, out)) is None
+    )
     plan_rowwise(problem, layout, vec)(q, k, v, out, lse, seqlens_k)
 
 
@@ -174,15 +179,17 @@ def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
         return f"dtype {problem.dtype} (it takes {', '.join(_specs.TILED_DTYPES + ('float32',))})"
     if problem.head_dim not in head_dims:
         return f"head_dim {problem.head_dim} (it takes {', '.join(map(str, head_dims))} in {problem.dtype})"
-    return _scale_issue(problem) or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
+    issue = _scale_issue(problem)
+    if issue is None:
+        arch = device_arch(q.device.id)
+        if _specs.tiled_any_spec(problem.dtype, problem.head_dim, problem.causal, problem.precision, arch) is None:
+            issue = _arch_issue(q.device.id, arch)
+    return issue or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_tiled(problem: Problem, layout: tuple) -> Launch:
-    if problem.dtype == "float32":
-        spec = _specs.TILED_F32[problem.head_dim, problem.causal, problem.precision]
-    else:
-        spec = _specs.TILED[problem.dtype, problem.head_dim, problem.causal]
+def plan_tiled(problem: Problem, layout: tuple, arch: _specs.Arch) -> Launch:
+    spec = _specs.tiled_any_spec(problem.dtype, problem.head_dim, problem.causal, problem.precision, arch)
     num_m_tiles = math.ceil(problem.seqlen_q * problem.group_size / spec.block_m)
     blocks = num_m_tiles * problem.batch * problem.num_kv_heads
     if blocks > MAX_GRID_X:
@@ -195,7 +202,7 @@ def launch_tiled(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked
     reason = None if checked else tiled_unsupported(problem, q, k, v, out)
     if reason is not None:
         raise ValueError(f"kernel: 'tiled' does not support this call: {reason}; use kernel='auto' or 'rowwise'")
-    plan_tiled(problem, _layout(q, k, v, out))(q, k, v, out, lse, seqlens_k)
+    plan_tiled(problem, _layout(q, k, v, out), device_arch(q.device.id))(q, k, v, out, lse, seqlens_k)
 
 
 @functools.lru_cache(maxsize=64)
@@ -205,6 +212,22 @@ def compute_capability(device: int) -> tuple[int, int]:
 
     cc = cupy.cuda.Device(device).compute_capability  # e.g. "90"
     return int(cc[:-1]), int(cc[-1])
+
+
+def device_arch(device: int) -> _specs.Arch:
+    """The architecture family (_specs.ARCHS) whose kernel table serves ``device``."""
+    return _specs.arch_of(*compute_capability(device))
+
+
+def _arch_issue(device: int, arch: _specs.Arch) -> str:
+    """Why a kernel family that has no specialization for ``arch`` can't run there."""
+    major, minor = compute_capability(device)
+    if not arch.sm80:
+        return f"a device of compute capability {major}.{minor} (it needs 8.0 or newer: cp.async and mma.sync)"
+    return (
+        f"a device of compute capability {major}.{minor}, whose blocks take at most {arch.smem} bytes of "
+        f"shared memory (no tile of it fits)"
+    )
 
 
 def _scale_issue(problem: Problem) -> str | None:
@@ -255,6 +278,9 @@ def decode_unsupported(problem: Problem, q, k, v, out) -> str | None:
         return f"head_dim {problem.head_dim} (it takes {', '.join(map(str, _specs.DECODE_HEAD_DIMS))})"
     if problem.seqlen_q > _specs.DECODE_MAX_SEQLEN_Q:
         return f"seqlen_q {problem.seqlen_q} (it takes 1 to {_specs.DECODE_MAX_SEQLEN_Q} query tokens)"
+    arch = device_arch(q.device.id)
+    if _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size, arch) is None:
+        return _arch_issue(q.device.id, arch)
     return _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
@@ -339,10 +365,10 @@ def _decode_plan(problem: Problem, layout: tuple, spec: _specs.Spec, num_splits:
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_decode(problem: Problem, layout: tuple, slots: int) -> DecodeLaunch:
+def plan_decode(problem: Problem, layout: tuple, slots: int, arch: _specs.Arch) -> DecodeLaunch:
     """``slots``: SMs x resident CTAs of the decode kernel per SM."""
     rows = problem.seqlen_q * problem.group_size
-    spec = _specs.decode_spec(problem.dtype, problem.head_dim, rows)
+    spec = _specs.decode_spec(problem.dtype, problem.head_dim, rows, arch)
     num_splits = decode_num_splits(problem, math.ceil(rows / spec.block_m), slots)
     return _decode_plan(problem, layout, spec, num_splits)
 
@@ -369,16 +395,18 @@ def launch_decode(problem: Problem, q, k, v, out, lse, seqlens_k, *, checked: bo
     """``checked``: choose_kernel has already found that decode_unsupported is None."""
     if not checked:
         _check_decode(problem, q, k, v, out)
-    spec = _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size)
+    arch = device_arch(q.device.id)
+    spec = _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size, arch)
     slots = _resident_slots(spec, q.device.id)
-    plan_decode(problem, _layout(q, k, v, out), slots)(q, k, v, out, lse, seqlens_k)
+    plan_decode(problem, _layout(q, k, v, out), slots, arch)(q, k, v, out, lse, seqlens_k)
 
 
 def _launch_decode_forced_splits(problem: Problem, q, k, v, out, lse, seqlens_k, num_splits: int) -> None:
     """launch_decode with ``num_splits`` key ranges in place of the split rule's
     choice: for the tests of the split path and benchmarks/dev, not the API."""
     _check_decode(problem, q, k, v, out)
-    spec = _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size)
+    rows = problem.seqlen_q * problem.group_size
+    spec = _specs.decode_spec(problem.dtype, problem.head_dim, rows, device_arch(q.device.id))
     _decode_plan(problem, _layout(q, k, v, out), spec, num_splits)(q, k, v, out, lse, seqlens_k)
 
 

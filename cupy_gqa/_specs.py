@@ -1,12 +1,54 @@
-"""The one table of compiled kernel specializations.
+"""The one table of compiled kernel specializations, per GPU architecture.
 
 Every CUDA template instantiation that cupy_gqa can launch is listed here, and
 nowhere else: the runtime compile cache, ``python -m cupy_gqa compile`` and the
-tests all read :data:`SPECS`. Reading this file tells you what is supported.
+tests all read it. :data:`ARCHS` lists the architecture families with the
+shared memory a block may take; each ``*_spec`` function gives the
+specialization of a kernel family for a call on one architecture (None where
+the family doesn't run there), :func:`specs_for` an architecture's whole table
+and :data:`SPECS` the union. Reading this file tells you what is supported.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A GPU architecture family: what its kernels may use."""
+
+    name: str  # sm_XX, the NVRTC target
+    smem: int  # largest dynamic shared memory of one block (opt-in), bytes
+    sm80: bool  # cp.async, ldmatrix and bf16 mma.sync (compute capability 8.0 and newer)
+
+
+ARCHS = {
+    a.name: a
+    for a in (
+        Arch("sm_70", 98304, False),  # V100
+        Arch("sm_75", 65536, False),  # T4, RTX 20xx
+        Arch("sm_80", 166912, True),  # A100, A30
+        Arch("sm_86", 101376, True),  # RTX 30xx, A10, A40, RTX A6000
+        Arch("sm_87", 166912, True),  # Jetson Orin
+        Arch("sm_89", 101376, True),  # RTX 40xx, L4, L40
+        Arch("sm_90", 232448, True),  # H100, H200
+        Arch("sm_100", 232448, True),  # B200
+        Arch("sm_120", 101376, True),  # RTX 50xx
+    )
+}
+
+
+def arch_of(major: int, minor: int) -> Arch:
+    """The family of a device of compute capability major.minor: its own, else
+    the nearest older one (sm_72 -> sm_70, sm_103 -> sm_100)."""
+    cc = major * 10 + minor
+    known = sorted(ARCHS.values(), key=lambda a: int(a.name[3:]))
+    older = [a for a in known if int(a.name[3:]) <= cc]
+    if not older:
+        raise ValueError(f"compute capability {major}.{minor} is older than any architecture cupy_gqa builds for ({known[0].name})")
+    same_major = [a for a in older if int(a.name[3:]) // 10 == major]
+    return (same_major or older)[-1]
 
 # dtype name (numpy / ml_dtypes spelling) -> C++ storage type in the kernels.
 CTYPES = {
@@ -36,6 +78,7 @@ class Spec:
     smem: int = 0  # dynamic shared memory per block, bytes (the kernel's SMEM_BYTES, checked there)
     options: tuple = ()  # extra NVRTC options
     arch: str | None = None  # the one target it is built for (e.g. "sm_90a"); None: the device's own
+    sm80: bool = True  # uses cp.async / ldmatrix / mma.sync: compute capability 8.0 or newer
 
 
 # --- rowwise: one query row per thread (team) ----------------------------------
@@ -82,6 +125,7 @@ ROWWISE = {
         threads=ROWWISE_THREADS,
         team=_rowwise_team(dtype, dpad),
         smem=rowwise_smem(dtype, dpad),
+        sm80=vec,  # the vector variant copies with cp.async; the other runs everywhere
     )
     for dtype in DTYPES
     for dpad in ROWWISE_BUCKETS
@@ -114,24 +158,29 @@ def tiled_smem(head_dim: int, block_m: int, block_n: int) -> int:
     return (block_m + 4 * block_n) * (head_dim + 8) * 2
 
 
-TILED = {
-    (dtype, head_dim, causal): Spec(
+@functools.lru_cache(maxsize=None)
+def tiled_spec(dtype: str, head_dim: int, causal: bool, arch: Arch) -> Spec | None:
+    """The fp16 / bf16 tiled kernel for one (dtype, head_dim, causal) on ``arch``:
+    the table's tile, with BLOCK_N halved (down to 16) until it fits the
+    architecture's shared memory; None on a GPU without sm_80 features, or
+    when no tile fits."""
+    bm, bn, warps = TILED_TILES[head_dim]
+    while tiled_smem(head_dim, bm, bn) > arch.smem and bn > 16:
+        bn //= 2
+    smem = tiled_smem(head_dim, bm, bn)
+    if not arch.sm80 or smem > arch.smem:
+        return None
+    return Spec(
         family="tiled",
         source="tiled.cu",
-        name=(
-            f"tiled_attention<{CTYPES[dtype]}, {head_dim}, {bm}, {bn}, {warps}, {str(causal).lower()}, "
-            f"{tiled_smem(head_dim, bm, bn)}>"
-        ),
+        name=f"tiled_attention<{CTYPES[dtype]}, {head_dim}, {bm}, {bn}, {warps}, {str(causal).lower()}, {smem}>",
         dtype=dtype,
         head_dim=head_dim,
         threads=warps * 32,
         block_m=bm,
-        smem=tiled_smem(head_dim, bm, bn),
+        smem=smem,
     )
-    for dtype in TILED_DTYPES
-    for head_dim, (bm, bn, warps) in TILED_TILES.items()
-    for causal in (True, False)
-}
+
 
 # --- tiled, float32: split-TF32 tensor cores (kernels/tiled_tf32.cu) ----------
 # precision "highest": three TF32 products per product (fp32-class error);
@@ -160,12 +209,19 @@ def tiled_f32_smem(head_dim: int, block_m: int, block_n: int, presplit: int) -> 
     return tiles * (head_dim + 4) * 4
 
 
-def tiled_f32_spec(head_dim: int, causal: bool, precision: str) -> Spec:
-    """The float32 tiled kernel for one (head_dim, causal, precision)."""
+@functools.lru_cache(maxsize=None)
+def tiled_f32_spec(head_dim: int, causal: bool, precision: str, arch: Arch) -> Spec | None:
+    """The float32 tiled kernel for one (head_dim, causal, precision) on ``arch``:
+    the table's tile and PRESPLIT mode, with the mode lowered until it fits the
+    architecture's shared memory; None where nothing fits or without sm_80."""
     bm, bn, warps, presplit = TILED_F32_TILES[head_dim]
     split = precision == "highest"
     presplit = presplit if split else 0
+    while tiled_f32_smem(head_dim, bm, bn, presplit) > arch.smem and presplit > 0:
+        presplit -= 1
     smem = tiled_f32_smem(head_dim, bm, bn, presplit)
+    if not arch.sm80 or smem > arch.smem:
+        return None
     return Spec(
         family="tiled",
         source="tiled_tf32.cu",
@@ -181,12 +237,13 @@ def tiled_f32_spec(head_dim: int, causal: bool, precision: str) -> Spec:
     )
 
 
-TILED_F32 = {
-    (head_dim, causal, precision): tiled_f32_spec(head_dim, causal, precision)
-    for head_dim in TILED_F32_TILES
-    for causal in (True, False)
-    for precision in PRECISIONS
-}
+def tiled_any_spec(dtype: str, head_dim: int, causal: bool, precision: str, arch: Arch) -> Spec | None:
+    """The tiled kernel (fp16 / bf16 or float32) for a call on ``arch``, or None."""
+    if head_dim not in tiled_head_dims(dtype):
+        return None
+    if dtype == "float32":
+        return tiled_f32_spec(head_dim, causal, precision, arch)
+    return tiled_spec(dtype, head_dim, causal, arch)
 
 
 def tiled_head_dims(dtype: str) -> tuple:
@@ -245,6 +302,13 @@ HOPPER = {
     for causal in (True, False)
 }
 
+def hopper_spec(dtype: str, head_dim: int, causal: bool, arch: Arch) -> Spec | None:
+    """The hopper kernel for a call on ``arch`` (sm_90 only), or None."""
+    if arch.name != "sm_90" or dtype not in HOPPER_DTYPES or head_dim % 8 or head_dim > MAX_HEAD_DIM:
+        return None
+    return HOPPER[dtype, hopper_head_dim_pad(head_dim), causal]
+
+
 # --- decode: split-KV, a few query tokens against a long KV cache --------------
 # One CTA takes block_m packed rows (seqlen_q * group_size of them, in row
 # blocks beyond that) of one (batch, KV head) and one key range
@@ -282,9 +346,10 @@ def decode_mma_smem(head_dim: int, stages: int) -> int:
     return DECODE_MMA_ROWS * (head_dim + 8) * 2 + max(stages_bytes, merge_bytes)
 
 
-def decode_mma_spec(dtype: str, head_dim: int) -> Spec:
-    """The tensor-core decode kernel for one (dtype, head_dim)."""
-    stages = DECODE_MMA_STAGES[head_dim]
+def decode_mma_spec(dtype: str, head_dim: int, stages: int | None = None) -> Spec:
+    """The tensor-core decode kernel for one (dtype, head_dim), with the table's
+    stages unless ``stages`` is given."""
+    stages = DECODE_MMA_STAGES[head_dim] if stages is None else stages
     smem = decode_mma_smem(head_dim, stages)
     return Spec(
         family="decode",
@@ -308,6 +373,7 @@ def decode_cuda_core_spec(dtype: str, head_dim: int, rows: int) -> Spec:
         head_dim=head_dim,
         threads=DECODE_THREADS,
         block_m=rows,
+        sm80=False,
     )
 
 
@@ -328,19 +394,66 @@ DECODE_COMBINE = {
         dtype=dtype,
         head_dim=max(DECODE_HEAD_DIMS),
         threads=128,
+        sm80=False,
     )
     for dtype in DECODE_DTYPES
 }
 
 
-def decode_spec(dtype: str, head_dim: int, rows: int) -> Spec:
-    """The decode kernel for ``rows`` = seqlen_q * group_size packed rows."""
+@functools.lru_cache(maxsize=None)
+def decode_spec(dtype: str, head_dim: int, rows: int, arch: Arch) -> Spec | None:
+    """The decode kernel for ``rows`` = seqlen_q * group_size packed rows on
+    ``arch``: in fp16 / bf16 the tensor-core kernel (sm_80 and newer), its
+    pipeline shortened to 2 stages where the table's does not fit the shared
+    memory; in float32 the CUDA-core kernel (every architecture). None where
+    neither runs."""
+    if dtype not in DECODE_DTYPES or head_dim not in DECODE_HEAD_DIMS:
+        return None
     if dtype in DECODE_MMA_DTYPES:
-        return DECODE[dtype, head_dim, DECODE_MMA_ROWS]
+        if not arch.sm80:
+            return None
+        spec = DECODE[dtype, head_dim, DECODE_MMA_ROWS]
+        if spec.smem > arch.smem:
+            spec = decode_mma_spec(dtype, head_dim, stages=2)
+        return spec if spec.smem <= arch.smem else None
     fit = next((r for r in DECODE_ROWS if r >= rows), DECODE_ROWS[-1])
     return DECODE[dtype, head_dim, fit]
 
 
-SPECS: tuple[Spec, ...] = (
-    *ROWWISE.values(), *TILED.values(), *TILED_F32.values(), *HOPPER.values(), *DECODE.values(), *DECODE_COMBINE.values()
-)
+def rowwise_spec_for(dtype: str, head_dim: int, vec: bool, arch: Arch) -> Spec:
+    """rowwise for ``arch``: the vector variant only where cp.async exists."""
+    return rowwise_spec(dtype, head_dim, vec and arch.sm80)
+
+
+@functools.lru_cache(maxsize=None)
+def specs_for(arch: Arch) -> tuple[Spec, ...]:
+    """Every specialization that cupy_gqa may launch on ``arch``: its table."""
+    found: dict[str, Spec] = {}
+
+    def add(spec):
+        if spec is None or (spec.arch is not None and spec.arch.rstrip("a") != arch.name):
+            return
+        assert spec.smem <= arch.smem and (arch.sm80 or not spec.sm80), (spec.name, arch.name)
+        found.setdefault(spec.name, spec)
+
+    for (dtype, dpad, vec), spec in ROWWISE.items():
+        add(spec if arch.sm80 or not spec.sm80 else None)
+    for dtype in (*TILED_DTYPES, "float32"):
+        for head_dim in tiled_head_dims(dtype):
+            for causal in (True, False):
+                for precision in PRECISIONS if dtype == "float32" else ("highest",):
+                    add(tiled_any_spec(dtype, head_dim, causal, precision, arch))
+    for dtype in HOPPER_DTYPES:
+        for dpad in HOPPER_TILES:
+            for causal in (True, False):
+                add(hopper_spec(dtype, dpad, causal, arch))
+    for dtype in DECODE_DTYPES:
+        for head_dim in DECODE_HEAD_DIMS:
+            for rows in (DECODE_ROWS if dtype == "float32" else (DECODE_MMA_ROWS,)):
+                add(decode_spec(dtype, head_dim, rows, arch))
+        add(DECODE_COMBINE[dtype])
+    return tuple(found.values())
+
+
+SPECS: tuple[Spec, ...] = tuple({s.name: s for arch in ARCHS.values() for s in specs_for(arch)}.values())
+"""Every specialization of every architecture's table."""

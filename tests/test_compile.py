@@ -10,21 +10,37 @@ pytest.importorskip("cupy")
 from cupy_gqa.__main__ import main  # noqa: E402
 from cupy_gqa._compile import KERNEL_DIR, compile_offline  # noqa: E402
 from cupy_gqa._gen_wgmma import header  # noqa: E402
-from cupy_gqa._specs import SPECS  # noqa: E402
+from cupy_gqa._specs import ARCHS, SPECS, specs_for  # noqa: E402
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_compile_command_covers_every_specialization(arch, capsys):
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_86", "sm_90", "sm_120"])
+def test_compile_command_covers_the_architectures_table(arch, capsys):
+    """Every specialization of the architecture's table compiles for it, and
+    nothing else is compiled (the sm_90a kernels belong to sm_90 alone)."""
     assert main(["compile", "--arch", arch]) == 0
     printed = capsys.readouterr().out
-    # a spec built for one target (the Hopper kernels: sm_90a) belongs to that architecture only
-    specs = [s for s in SPECS if s.arch is None or s.arch == arch + "a"]
+    specs = specs_for(ARCHS[arch])
     for spec in specs:
         assert spec.name in printed
     assert f"{len(specs)}/{len(specs)} specializations compiled for {arch}" in printed
     assert "FAILED" not in printed
-    if arch == "sm_80":
-        assert not any(s.family == "hopper" and s.name in printed for s in SPECS)
+    others = {s.name for s in SPECS} - {s.name for s in specs}
+    assert not any(f"{name} " in printed for name in others)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_each_table_fits_its_architecture(arch):
+    """Shared memory within the block limit; sm_80 features only from 8.0; the
+    tensor-core families wherever they have a tile that fits."""
+    a = ARCHS[arch]
+    specs = specs_for(a)
+    assert all(s.smem <= a.smem and (a.sm80 or not s.sm80) for s in specs)
+    families = {s.family for s in specs}
+    assert families >= {"rowwise", "decode"}
+    assert ("tiled" in families) == a.sm80
+    assert ("hopper" in families) == (arch == "sm_90")
+    # fp16 / bf16 prefill at head_dim 128 has a tensor-core tile on every sm_80+ architecture
+    assert a.sm80 == any(s.family == "tiled" and s.dtype == "bfloat16" and s.head_dim == 128 for s in specs)
 
 
 @pytest.mark.parametrize("spec", [s for s in SPECS if s.family == "hopper"], ids=lambda s: s.name)
@@ -56,7 +72,7 @@ def test_compile_failure_log_is_printed_without_nul_bytes(capsys, monkeypatch):
     from cupy_gqa import __main__ as cli
 
     spec = next(s for s in SPECS if s.name.startswith("rowwise_attention<float, 32, 1, true"))
-    monkeypatch.setattr(cli, "SPECS", (spec,))
+    monkeypatch.setattr(cli, "specs_for", lambda arch: (spec,))  # a cp.async kernel in sm_75's table
     assert main(["compile", "--arch", "sm_75"]) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "requires .target sm_80 or higher" in out

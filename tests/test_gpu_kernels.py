@@ -312,3 +312,26 @@ def _decode_more_than_2_31_elements():
         assert_close(cupy.asnumpy(out[b : b + 1, :, heads]), ref, TOLERANCE["float16"], f"batch {b}")
     del k, v
     cupy.get_default_memory_pool().free_all_blocks()
+
+
+@pytest.mark.parametrize("cc", [(8, 6), (7, 5)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("seqlen_q", [1, 3, 130])
+def test_other_architectures_tables(monkeypatch, cc, dtype, head_dim, seqlen_q):
+    """The kernel tables of other GPUs, run on this one: 99 KB of shared memory
+    per block (sm_86, sm_89, sm_120: smaller tiles, shorter decode pipelines)
+    and no cp.async (sm_75: rowwise without vector copies, float32 decode).
+    auto picks only from that table, and the pick is right."""
+    from cupy_gqa import _plan, _specs
+
+    monkeypatch.setattr(_plan, "compute_capability", lambda device: cc)
+    arch = _specs.arch_of(*cc)
+    q, k, v = random_qkv(2, seqlen_q, 300, 8, 2, head_dim, dtype, seed=head_dim + seqlen_q)
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    problem = _plan.Problem.of(qd, kd, dtype=dtype, causal=True, softmax_scale=head_dim**-0.5)
+    family = _plan.choose_kernel(problem, qd, kd, vd, qd)
+    assert family != "hopper"
+    if not arch.sm80:
+        assert family in ("rowwise", "decode") and (family == "rowwise" or dtype == "float32")
+    run_case("auto", q, k, v)

@@ -113,7 +113,7 @@ def test_layout_issues():
 def test_float32_tiled_plan_follows_precision(precision, split):
     layout = ((2, 64, 8, 128), (64 * 8 * 128 * 4, 8 * 128 * 4, 128 * 4, 4), 4)
     problem = _plan.Problem(2, 64, 64, 8, 2, 128, "float32", True, 0.1, precision)
-    launch = _plan.plan_tiled(problem, (layout,) * 4)
+    launch = _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS["sm_90"])
     assert launch.spec.name == f"tiled_tf32_attention<128, 64, 16, 4, true, {split}>"
     assert launch.grid == (-(-64 * 4 // 64) * 2 * 2,)  # packed rows 64 x group 4, 64 per CTA; x batch x kv heads
 
@@ -144,19 +144,22 @@ class _FakeDeviceArray(_FakeArray):
     device = type("Device", (), {"id": 0})()
 
 
-@pytest.mark.parametrize("cc", [(9, 0), (8, 0), (8, 9)])
+@pytest.mark.parametrize("cc", [(9, 0), (8, 0), (8, 9), (7, 5)])
 @pytest.mark.parametrize("head_dim", [64, 80, 128, 160, 192, 256])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_auto_prefill_choice(monkeypatch, cc, head_dim, dtype):
     """auto (prefill): hopper only on compute capability 9.0 and fp16 / bf16, where
-    tiled does not apply or the table says it is faster; else tiled, else rowwise."""
+    tiled does not apply or the table says it is faster; else tiled where the
+    architecture has a tile for it (none before 8.0; none for float32 head_dim
+    256 in 99 KB of shared memory), else rowwise."""
     monkeypatch.setattr(_plan, "compute_capability", lambda device: cc)
     problem = _plan.Problem(2, 500, 500, 32, 8, head_dim, dtype, True, head_dim**-0.5)
     itemsize = np.dtype(np.float32).itemsize if dtype == "float32" else 2
     shape = (2, 500, 32, head_dim)
     strides = tuple(int(np.prod(shape[i + 1 :])) * itemsize for i in range(4))
     arrays = (_FakeDeviceArray((shape, strides, itemsize)),) * 4
-    tiled = head_dim in _specs.tiled_head_dims(dtype)
+    tiled = head_dim in _specs.tiled_head_dims(dtype) and cc >= (8, 0)
+    tiled = tiled and not (dtype == "float32" and head_dim == 256 and cc == (8, 9))
     if cc == (9, 0) and dtype == "bfloat16" and (not tiled or _specs.HOPPER_AUTO_OVER_TILED[_specs.hopper_head_dim_pad(head_dim)]):
         expected = "hopper"
     else:
@@ -176,3 +179,31 @@ def test_hopper_smem_fits_and_head_dims_pad():
     assert [_specs.hopper_head_dim_pad(d) for d in (8, 64, 72, 128, 136, 192, 200, 256)] == [64, 64, 128, 128, 192, 192, 256, 256]
     for spec in _specs.HOPPER.values():
         assert spec.smem <= 227 * 1024, spec.name  # sm_90's largest dynamic shared memory per block
+
+
+@pytest.mark.parametrize("cc,arch", [((7, 0), "sm_70"), ((7, 2), "sm_70"), ((7, 5), "sm_75"), ((8, 6), "sm_86"),
+                                     ((8, 9), "sm_89"), ((9, 0), "sm_90"), ((10, 3), "sm_100"), ((12, 1), "sm_120")])
+def test_arch_of_compute_capability(cc, arch):
+    assert _specs.arch_of(*cc).name == arch
+
+
+def test_no_arch_before_volta():
+    with pytest.raises(ValueError, match="compute capability 6.1 is older than any architecture"):
+        _specs.arch_of(6, 1)
+
+
+def test_tiled_and_decode_refuse_with_the_reason(monkeypatch):
+    """On sm_75 the tensor-core kernels say why; on sm_89 bf16 D128 gets a tile with half the keys."""
+    layout = ((1, 10, 4, 128), (10 * 4 * 128 * 2, 4 * 128 * 2, 128 * 2, 2), 2)
+    arrays = (_FakeDeviceArray(layout),) * 4
+    monkeypatch.setattr(_plan, "compute_capability", lambda device: (7, 5))
+    problem = _plan.Problem(1, 10, 10, 4, 1, 128, "bfloat16", True, 0.1)
+    expected = "a device of compute capability 7.5 (it needs 8.0 or newer: cp.async and mma.sync)"
+    assert _plan.tiled_unsupported(problem, *arrays) == expected
+    decode = _plan.Problem(1, 1, 10, 4, 1, 128, "bfloat16", True, 0.1)
+    assert _plan.decode_unsupported(decode, *arrays) == expected
+    assert _plan.choose_kernel(problem, *arrays) == "rowwise"
+    monkeypatch.setattr(_plan, "compute_capability", lambda device: (8, 9))
+    assert _plan.tiled_unsupported(problem, *arrays) is None
+    spec = _specs.tiled_spec("bfloat16", 128, True, _specs.ARCHS["sm_89"])
+    assert spec.smem <= 101376 and ", 128, 128, 32, 4, true," in spec.name
