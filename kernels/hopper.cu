@@ -144,10 +144,10 @@ struct HopperSmem {
     static constexpr int KV_SLAB = BLOCK_N * 128;  // ... of a K or V tile
     static constexpr int Q_BYTES = SLABS * Q_SLAB;
     static constexpr int KV_BYTES = SLABS * KV_SLAB;
-    static constexpr int STAGE_BYTES = 2 * KV_BYTES;  // K then V
-    static constexpr int BARRIERS = 1 + 2 * STAGES;   // q_full, full[STAGES], empty[STAGES]
-    // tiles from a 1024-aligned base, then the barriers; + 1024 slack for the alignment
-    static constexpr int BYTES = Q_BYTES + STAGES * STAGE_BYTES + 8 * BARRIERS + 1024;
+    static constexpr int BARRIERS = 1 + 4 * STAGES;   // q_full; full and empty of each K and each V stage
+    // tiles from a 1024-aligned base (Q, STAGES K tiles, STAGES V tiles), then
+    // the barriers; + 1024 slack for the alignment
+    static constexpr int BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 1024;
 };
 
 template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES>
@@ -159,7 +159,7 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     static_assert(BLOCK_M % 64 == 0 && BLOCK_N % 16 == 0, "wgmma tiles: 64 rows per warpgroup, 16 keys per step");
     using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES>;
     static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout (HopperSmem)");
-    static_assert(STAGES >= 2, "the consumers hold tile j - 1 (P V) while tile j arrives");
+    static_assert(STAGES >= 2, "the consumers hold V_{j-1} (P V) while V_j arrives");
     constexpr int CHP = HEAD_DIM_PAD / 8;      // 16-byte chunks per padded row
     constexpr int KD = HEAD_DIM_PAD / 16;      // k-steps of Q K^T
     constexpr int NT = BLOCK_N / 8;            // n8 tiles of S (keys)
@@ -173,18 +173,25 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     const unsigned base = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
     unsigned char* const smem = smem_raw + (base - raw);
     const unsigned sQ = base;
-    const unsigned sKV = sQ + L::Q_BYTES;      // stage s: K at sKV + s * STAGE_BYTES, V KV_BYTES after it
-    const unsigned bars = sKV + STAGES * L::STAGE_BYTES;
+    const unsigned sK = sQ + L::Q_BYTES;       // K stage s at sK + s * KV_BYTES
+    const unsigned sV = sK + STAGES * L::KV_BYTES;
+    const unsigned bars = sV + STAGES * L::KV_BYTES;
     const unsigned q_full = bars;              // the Q tile has landed
-    auto full = [&](int s) { return bars + 8 * (1 + s); };            // K/V stage s has landed
-    auto empty = [&](int s) { return bars + 8 * (1 + STAGES + s); };  // ... and has been consumed
+    // K and V run in pipelines of their own: K_j is free again once Q K_j^T is
+    // done, V_j only once P_j V_j is, a tile later (see the consumer loop)
+    auto k_full = [&](int s) { return bars + 8 * (1 + s); };               // K stage s has landed
+    auto k_empty = [&](int s) { return bars + 8 * (1 + STAGES + s); };     // ... and has been read
+    auto v_full = [&](int s) { return bars + 8 * (1 + 2 * STAGES + s); };  // V stage s has landed
+    auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * STAGES + s); }; // ... and has been read
 
     const int tid = threadIdx.x;
     if (tid == 0) {
         mbar_init(q_full, 128);
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full(s), 128);           // every producer thread arrives
-            mbar_init(empty(s), CONSUMERS);    // every consumer thread arrives
+            mbar_init(k_full(s), 128);         // every producer thread arrives
+            mbar_init(v_full(s), 128);
+            mbar_init(k_empty(s), CONSUMERS);  // every consumer thread arrives
+            mbar_init(v_empty(s), CONSUMERS);
         }
     }
     __syncthreads();
@@ -199,10 +206,11 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         // =========================== producer warpgroup ===========================
         // 16-byte cp.async chunks into the swizzled slabs: chunk c of a tile of R
         // rows is row c / CHP, column chunk c % CHP; rows past the data and the
-        // padding columns are zero-filled. Tile j goes to stage j % STAGES once
-        // the consumers have released that stage; each thread's copies of it
-        // arrive on full[stage] when they land (cp.async.mbarrier.arrive), so
-        // the producer only ever waits for free stages.
+        // padding columns are zero-filled. K_j goes to K stage j % STAGES once
+        // the consumers have released it, then V_j to its V stage likewise;
+        // each thread's copies arrive on the stage's full barrier when they
+        // land (cp.async.mbarrier.arrive), so the producer only ever waits for
+        // free stages.
         regs_dec<PRODUCER_REGS>();
         const int pt = tid - CONSUMERS;
         const int ch_used = p.head_dim / 8;    // chunks that hold data; the rest are zero
@@ -220,20 +228,26 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         const T* const kbase = k + (index_t)b * p.k_stride[0] + (index_t)kvh * p.k_stride[2];
         const T* const vbase = v + (index_t)b * p.v_stride[0] + (index_t)kvh * p.v_stride[2];
         const index_t k_stride_s = p.k_stride[1], v_stride_s = p.v_stride[1];
-        for (int j = 0; j < num_n; ++j) {
-            const int stage = j % STAGES;
-            if (j >= STAGES) mbar_wait(empty(stage), ((j / STAGES) + 1) & 1);  // tile j - STAGES consumed
-            const unsigned dK = sKV + stage * L::STAGE_BYTES, dV = dK + L::KV_BYTES;
+        // one tile of K or V: chunk c is row c / CHP (key j * BLOCK_N + row), column chunk c % CHP
+        auto load_tile = [&](unsigned dst, const T* base_ptr, index_t stride_s, const T* dummy, int j) {
 #pragma unroll 4
             for (int c = pt; c < BLOCK_N * CHP; c += 128) {
                 const int r = c / CHP, ch = c % CHP;
                 const int key = j * BLOCK_N + r;
                 const bool ok = key < seqlen_k && ch < ch_used;
-                const unsigned off = (ch / 8) * L::KV_SLAB + swizzle128(r, ch % 8);
-                cp_async_16(dK + off, ok ? (const void*)(kbase + (index_t)key * k_stride_s + ch * 8) : (const void*)k, ok);
-                cp_async_16(dV + off, ok ? (const void*)(vbase + (index_t)key * v_stride_s + ch * 8) : (const void*)v, ok);
+                cp_async_16(dst + (ch / 8) * L::KV_SLAB + swizzle128(r, ch % 8),
+                            ok ? (const void*)(base_ptr + (index_t)key * stride_s + ch * 8) : (const void*)dummy, ok);
             }
-            cp_async_arrive(full(stage));
+        };
+        for (int j = 0; j < num_n; ++j) {
+            const int stage = j % STAGES;
+            const unsigned parity = ((j / STAGES) + 1) & 1;  // the use of tile j - STAGES
+            if (j >= STAGES) mbar_wait(k_empty(stage), parity);
+            load_tile(sK + stage * L::KV_BYTES, kbase, k_stride_s, k, j);
+            cp_async_arrive(k_full(stage));
+            if (j >= STAGES) mbar_wait(v_empty(stage), parity);
+            load_tile(sV + stage * L::KV_BYTES, vbase, v_stride_s, v, j);
+            cp_async_arrive(v_full(stage));
         }
         cp_async_wait_all();                   // nothing in flight when the warpgroup exits
         return;
@@ -257,11 +271,11 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     unsigned pa[BLOCK_N / 16][4];              // P of the last tile as wgmma A fragments
 
     const unsigned long long desc_q = make_smem_desc(sQ + wg * 64 * 128, 16, 1024);
-    const unsigned long long desc_k0 = make_smem_desc(sKV, 16, 1024);
-    const unsigned long long desc_v0 = make_smem_desc(sKV + L::KV_BYTES, L::KV_SLAB, 1024);
+    const unsigned long long desc_k0 = make_smem_desc(sK, 16, 1024);
+    const unsigned long long desc_v0 = make_smem_desc(sV, L::KV_SLAB, 1024);
     // a k-step of Q K^T moves 32 bytes inside a slab, then to the next slab
     auto kstep = [](int kd, int slab_bytes) { return (unsigned long long)(((kd / 4) * slab_bytes + (kd % 4) * 32) >> 4); };
-    auto stage_off = [](int j) { return (unsigned long long)(((j % STAGES) * L::STAGE_BYTES) >> 4); };
+    auto stage_off = [](int j) { return (unsigned long long)(((j % STAGES) * L::KV_BYTES) >> 4); };
 
     // S = Q K_j^T and O += P V_j (asynchronous: committed, not waited for)
     auto issue_qk = [&](float (&s)[NT][4], int j) {
@@ -304,12 +318,13 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     fence_proxy_async();                       // cp.async (generic proxy) writes -> wgmma reads
     if (num_n > 0) {                           // tile 0: S, softmax, P
         float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
-        mbar_wait(full(0), 0);
+        mbar_wait(k_full(0), 0);
         fence_proxy_async();
         wgmma_fence();
         issue_qk(s, 0);
         wgmma_wait<0>();
         fence_regs(flat(s));
+        mbar_arrive(k_empty(0));
         const bool rescale = probabilities(s, 0, alpha, rs);
         softmax::frag_rescale(o, l_run, rescale, alpha, rs);
         to_operand(s);
@@ -318,26 +333,30 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         // S_j = Q K_j^T, then O += P_{j-1} V_{j-1} behind it on the tensor cores;
         // the softmax of S_j runs while P V does
         float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
-        mbar_wait(full(j % STAGES), (j / STAGES) & 1);
+        mbar_wait(k_full(j % STAGES), (j / STAGES) & 1);
+        mbar_wait(v_full((j - 1) % STAGES), ((j - 1) / STAGES) & 1);
         fence_proxy_async();
         wgmma_fence();
         issue_qk(s, j);
         issue_pv(j - 1);
-        wgmma_wait<1>();                       // S_j is ready
+        wgmma_wait<1>();                       // S_j is ready: K_j is free
         fence_regs(flat(s));
+        mbar_arrive(k_empty(j % STAGES));
         const bool rescale = probabilities(s, j, alpha, rs);
-        wgmma_wait<0>();                       // P_{j-1} V_{j-1} is done: release its stage
+        wgmma_wait<0>();                       // P_{j-1} V_{j-1} is done: V_{j-1} is free
         fence_regs(flat(o));
-        mbar_arrive(empty((j - 1) % STAGES));
+        mbar_arrive(v_empty((j - 1) % STAGES));
         softmax::frag_rescale(o, l_run, rescale, alpha, rs);
         to_operand(s);
     }
     if (num_n > 0) {                           // the last tile's P V
+        mbar_wait(v_full((num_n - 1) % STAGES), ((num_n - 1) / STAGES) & 1);
+        fence_proxy_async();
         wgmma_fence();
         issue_pv(num_n - 1);
         wgmma_wait<0>();
         fence_regs(flat(o));
-        mbar_arrive(empty((num_n - 1) % STAGES));
+        mbar_arrive(v_empty((num_n - 1) % STAGES));
     }
 
     // ---- epilogue: O / l into this warpgroup's rows of the Q tile, then out ----------
