@@ -3,6 +3,9 @@
 #   benchmarks/dev/device_check.sh tests        the GPU test suite (pytest -n 8)
 #   benchmarks/dev/device_check.sh sanitize     tests/sanitize.sh (all four compute-sanitizer tools)
 #   benchmarks/dev/device_check.sh bench [..]   benchmarks/bench_attention.py [args], results under $OUT/results
+#   benchmarks/dev/device_check.sh prefill      one call for a prefill-kernel change, each part under a time
+#                                               limit: the hopper and other-architecture GPU tests, the
+#                                               sanitizer on hopper, a quick H1-H7/N1 bench, SASS counts
 # Logs go to $OUT (the device tool brings them back); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,5 +31,19 @@ case "$stage" in
     rc=$?
     tail -60 "$out/bench.txt"
     exit $rc ;;
+  prefill)
+    # a hung kernel must not eat the call: every part has a limit, and GPU processes left behind are killed
+    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
+    timeout -s KILL 150 python3 -m pytest -q -x -n 12 -p no:cacheprovider tests/test_gpu_kernels.py \
+      tests/test_gpu_decode.py tests/test_gpu_fuzz.py -k "hopper or other_architectures" >"$out/gpu_tests.txt" 2>&1
+    echo "tests rc $?"; reap; grep -E "passed|failed|FAILED" "$out/gpu_tests.txt" | tail -5
+    SANITIZE_KERNELS=hopper timeout -s KILL 150 bash tests/sanitize.sh >"$out/sanitize.txt" 2>&1
+    echo "sanitize rc $?"; reap; grep -E "ERROR SUMMARY|sanitize_driver:|exit code" "$out/sanitize.txt"
+    timeout -s KILL 120 python3 benchmarks/bench_attention.py --cases H1,H2,H3,H4,N1,H5,H6,H7 --quick --no-plot \
+      --no-compile-probe --out "$out/results" >"$out/bench.txt" 2>&1
+    echo "bench rc $?"; reap
+    grep -E "cupy_gqa\[(tiled|hopper)\]|torch_(flash|cudnn)" "$out/bench.txt" | cut -c10-80
+    NVDISASM=nvdisasm timeout 60 python3 benchmarks/dev/sass_stats.py hopper >"$out/sass.txt" 2>&1
+    cut -c1-60,140- "$out/sass.txt" | tail -8 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
