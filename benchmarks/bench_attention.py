@@ -141,6 +141,75 @@ CASES: tuple[Case, ...] = (
 CASE_BY_NAME = {c.name.lower(): c for c in CASES}
 
 
+def _decode(name, batch, seqlen_k, num_q_heads, num_kv_heads, head_dim, dtype="bf16", seqlen_q=1):
+    return Case(name, batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, dtype, True, "decode")
+
+
+# The shape sweep (--sweep): the attention shapes of open models, one point each,
+# where a model is named; the head counts are a whole model's, or one
+# tensor-parallel rank's (TP8). Chosen to span group sizes 1 (MHA) to 71 (MQA
+# with many heads), odd groups (7) and head counts that are not powers of two,
+# head dims 64 to 256, batch 1 to 64, key lengths 1k to 128k including ones
+# that are not a multiple of 64, bf16 and fp16, and a few fp32 points. Decode
+# is seqlen_q 1, and 2 to 8 for speculative decoding; prefill is causal with
+# seqlen_q = seqlen_k except one chunked-prefill point.
+SHAPE_SWEEP: tuple[Case, ...] = (
+    # decode
+    _decode("D01", 1, 4096, 32, 8, 128),  # Llama-3-8B
+    _decode("D02", 8, 8192, 32, 8, 128),
+    _decode("D03", 32, 4000, 32, 8, 128),  # keys not a multiple of 64
+    _decode("D04", 64, 2048, 32, 8, 128),
+    _decode("D05", 16, 8192, 8, 1, 128),  # Llama-3-70B, one TP8 rank
+    _decode("D06", 1, 32768, 8, 1, 128),
+    _decode("D07", 4, 16384, 32, 8, 128, "fp16"),  # Mistral-7B
+    _decode("D08", 8, 4096, 28, 4, 128),  # Qwen2.5-7B: group 7
+    _decode("D09", 1, 131072, 28, 4, 128),  # 128k keys
+    _decode("D10", 16, 2048, 12, 2, 128),  # Qwen2-1.5B: group 6
+    _decode("D11", 8, 4096, 16, 8, 256),  # Gemma-2-9B
+    _decode("D12", 4, 8192, 16, 16, 256),  # Gemma-7B (MHA)
+    _decode("D13", 8, 4096, 32, 32, 96),  # Phi-3-mini (MHA, head_dim 96)
+    _decode("D14", 16, 2048, 32, 32, 128),  # Llama-2-7B (MHA)
+    _decode("D15", 8, 2048, 71, 1, 64),  # Falcon-7B (MQA, 71 heads)
+    _decode("D16", 4, 8192, 48, 1, 128),  # StarCoder-15B (MQA, 48 heads)
+    _decode("D17", 32, 4096, 32, 4, 128),  # Qwen3-30B-A3B: group 8
+    _decode("D18", 16, 8192, 32, 8, 64),  # Llama-3.2-1B
+    _decode("D19", 8, 4096, 32, 8, 128, seqlen_q=4),  # speculative decoding
+    _decode("D20", 4, 8192, 32, 8, 128, seqlen_q=8),
+    _decode("D21", 16, 2050, 28, 4, 128, seqlen_q=2),
+    _decode("D22", 16, 8192, 32, 8, 128, "fp16"),
+    _decode("D23", 8, 8192, 64, 8, 64),  # gpt-oss-20b
+    _decode("D24", 8, 16384, 16, 1, 128),  # Llama-3-405B, one TP8 rank: group 16
+    _decode("D25", 4, 4096, 32, 8, 64, "fp32"),
+    _decode("D26", 1, 16384, 28, 4, 128, "fp32"),
+    # prefill
+    _prefill("P01", 1, 8192, 128, "bf16"),  # Llama-3-8B
+    _prefill("P02", 4, 1000, 128, "bf16"),  # not a multiple of the tile
+    _prefill("P03", 2, 4000, 128, "bf16"),
+    _prefill("P04", 2, 4096, 128, "fp16"),  # Mistral-7B
+    _prefill("P05", 2, 4096, 128, "bf16", num_q_heads=28, num_kv_heads=4),  # Qwen2.5-7B: group 7
+    _prefill("P06", 1, 32768, 128, "bf16", num_q_heads=28, num_kv_heads=4),
+    _prefill("P07", 8, 4096, 128, "bf16", num_q_heads=8, num_kv_heads=1),  # Llama-3-70B, TP8
+    _prefill("P08", 8, 2048, 64, "bf16"),  # Llama-3.2-1B
+    _prefill("P09", 4, 2048, 80, "bf16", num_q_heads=32, num_kv_heads=32),  # Phi-2 (MHA, head_dim 80)
+    _prefill("P10", 4, 2048, 96, "bf16", num_q_heads=32, num_kv_heads=32),  # Phi-3-mini
+    _prefill("P11", 4, 4096, 256, "bf16", num_q_heads=16, num_kv_heads=8),  # Gemma-2-9B
+    _prefill("P12", 2, 8192, 256, "bf16", num_q_heads=16, num_kv_heads=16),  # Gemma-7B
+    _prefill("P13", 4, 2048, 192, "bf16", num_q_heads=16, num_kv_heads=16),  # head_dim 192 (MLA-style prefill)
+    _prefill("P14", 4, 2048, 64, "bf16", num_q_heads=71, num_kv_heads=1),  # Falcon-7B (MQA)
+    _prefill("P15", 2, 4096, 128, "bf16", num_q_heads=48, num_kv_heads=1),  # StarCoder-15B (MQA)
+    _prefill("P16", 16, 1024, 128, "bf16", num_q_heads=12, num_kv_heads=2),  # Qwen2-1.5B: group 6
+    _prefill("P17", 4, 4096, 128, "bf16", num_q_heads=32, num_kv_heads=32),  # Llama-2-7B (MHA)
+    _prefill("P18", 64, 256, 128, "bf16"),  # many short sequences
+    _prefill("P19", 4, 4096, 64, "bf16", num_q_heads=64, num_kv_heads=8),  # gpt-oss-20b
+    Case("P20", 4, 512, 8192, 32, 8, 128, "bf16", True, "prefill"),  # chunked prefill against a cache
+    _prefill("P21", 8, 2048, 128, "fp16"),
+    _prefill("P22", 4, 3000, 128, "bf16", num_q_heads=32, num_kv_heads=4),  # Qwen3-30B-A3B
+    _prefill("P23", 2, 2048, 64, "fp32"),
+    _prefill("P24", 1, 4096, 128, "fp32"),
+)
+SWEEP_BY_NAME = {c.name.lower(): c for c in SHAPE_SWEEP}
+
+
 def parse_cases(text: str) -> list[Case]:
     """'S0,H1' -> [Case S0, Case H1] (case-insensitive, order kept, duplicates dropped)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -633,6 +702,119 @@ def run_sweep(torch, cupy_gqa, timer: Timer, seqlens, log) -> list[dict]:
     return results
 
 
+def best_torch_anchors(case: Case) -> tuple[str, ...]:
+    """The torch backends a sweep point is compared with: the faster of cuDNN and
+    flash (fp16 / bf16); fp32, which neither takes, the efficient backend on
+    expanded K/V (torch's auto runs the slow math backend for fp32 GQA)."""
+    return ("torch_efficient_expanded",) if case.dtype == "fp32" else ("torch_cudnn", "torch_flash")
+
+
+def run_shape_sweep(torch, cupy_gqa, timer: Timer, cases, log) -> list[dict]:
+    """Each shape-sweep point: cupy_gqa[auto] and its torch anchors, timed and
+    checked against the reference like the table's rows, as rows of the same
+    format plus kind, best_torch and vs_best (cupy_gqa time / the faster anchor's)."""
+    rows = []
+    for case in cases:
+        q, k, v = make_inputs(torch, case)
+        scope, index = reference_scope(case)
+        ref = reference(torch, case, q, k, v, index)
+        wanted = ("cupy_gqa[auto]", *best_torch_anchors(case))
+        impls = [(n, f) for n, f in cupy_gqa_impls(cupy_gqa, case, q, k, v) + torch_impls(torch, case, q, k, v)[0] if n in wanted]
+        point = {}
+        for name, fn in impls:
+            try:
+                row = measure(torch, timer, case, name, fn, ref, scope, index)
+            except Exception as e:
+                log(f"  {case.name:4} {name}: skipped ({_short(e)})")
+                torch.cuda.empty_cache()
+                continue
+            if name == "cupy_gqa[auto]":
+                row.note = f"auto runs {auto_kernel(case, q, k, v)}"
+            point[name] = row
+            log("  " + _progress(row))
+        ours = point.get("cupy_gqa[auto]")
+        anchors = [point[a] for a in best_torch_anchors(case) if a in point]
+        best = min(anchors, key=lambda r: r.ms) if anchors else None
+        for r in point.values():
+            d = r.to_json()
+            d.update(kind=case.kind, shape=case.describe())
+            if r is ours and best is not None:
+                d.update(best_torch=best.impl, vs_best=r.ms / best.ms)
+            rows.append(d)
+        del q, k, v, ref
+        torch.cuda.empty_cache()
+    return rows
+
+
+def sweep_summary(rows: list[dict]) -> dict:
+    """Per kind: the geometric mean and the worst of vs_best, and the worst point."""
+    out = {}
+    for kind in ("prefill", "decode"):
+        ratios = [(r["vs_best"], r["case"]) for r in rows if r.get("kind") == kind and "vs_best" in r]
+        if ratios:
+            geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
+            worst = max(ratios)
+            out[kind] = {"points": len(ratios), "geomean": geo, "worst": worst[0], "worst_case": worst[1]}
+    return out
+
+
+def plot_shape_sweep(rows: list[dict], path: Path, gpu_name: str) -> None:
+    """Each point's cupy_gqa / best-torch time, sorted, prefill and decode side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, kind in zip(axes, ("prefill", "decode")):
+        pts = sorted((r["vs_best"], r["case"]) for r in rows if r.get("kind") == kind and "vs_best" in r)
+        ys, names = [p[0] for p in pts], [p[1] for p in pts]
+        ax.bar(range(len(ys)), ys, color=["tab:green" if y <= 1 else "tab:red" for y in ys])
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(ys)), names, rotation=90, fontsize=7)
+        ax.set_title(f"{kind} ({len(ys)} shapes)")
+    axes[0].set_ylabel("cupy_gqa time / best torch time (below 1: faster)")
+    fig.suptitle(f"cupy_gqa auto against the faster of torch's cuDNN and flash (fp32: efficient), {gpu_name}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def render_sweep_markdown(env: dict, rows: list[dict], summary: dict, plot_name: str | None) -> str:
+    lines = [f"# cupy_gqa shape sweep on {env['gpu']}", ""]
+    lines += [f"- {key}: `{env[key]}`" for key in ("date", "command", "git_commit", "torch", "cudnn", "cupy", "driver")]
+    lines += ["", "Method: as `h200.md` (same harness, timer and reference); vs_best = cupy_gqa[auto] time /",
+              "the faster of torch_cudnn and torch_flash (fp32: torch_efficient_expanded) in the same run.", ""]
+    for kind, s in summary.items():
+        lines.append(f"- {kind}: {s['points']} points, geometric mean {s['geomean']:.3f}, worst {s['worst']:.3f} ({s['worst_case']})")
+    if plot_name:
+        lines += ["", f"![shape sweep]({plot_name})"]
+    lines += ["", "| case | kind | shape | impl | ms | rel_err | vs_best | note |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        vs = f"{r['vs_best']:.3f}" if "vs_best" in r else ""
+        lines.append(
+            f"| {r['case']} | {r['kind']} | {r['shape']} | {r['impl']} | {r['ms']:.4f} | {r['rel_err']:.1e} | {vs} | {r.get('note', '')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_sweep_results(out_dir: Path, tag: str, env: dict, rows: list[dict], *, plot: bool) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = sweep_summary(rows)
+    written, plot_name = [], None
+    if plot:
+        try:
+            plot_shape_sweep(rows, out_dir / f"{tag}_sweep.png", env["gpu"])
+            plot_name = f"{tag}_sweep.png"
+            written.append(out_dir / plot_name)
+        except ImportError as e:
+            print(f"bench_attention: no plot ({e})")
+    doc = {**env, "method": METHOD, "summary": summary, "rows": rows}
+    (out_dir / f"{tag}_sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out_dir / f"{tag}_sweep.md").write_text(render_sweep_markdown(env, rows, summary, plot_name))
+    return [out_dir / f"{tag}_sweep.json", out_dir / f"{tag}_sweep.md", *written]
+
+
 def compile_probe(torch, cupy_gqa, cases: list[Case]) -> dict:
     """First-call seconds of every cupy_gqa kernel per case, in this (fresh) process."""
     result = {}
@@ -828,13 +1010,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plot", action="store_true", help="skip the prefill sweep and its plot")
     p.add_argument("--no-compile-probe", action="store_true", help="skip the second process that measures compile_cached_s")
     p.add_argument("--list", action="store_true", help="print the selected cases and exit (no GPU needed)")
+    p.add_argument("--sweep", action="store_true",
+                   help=f"run the shape sweep ({len(SHAPE_SWEEP)} shapes of open models, SHAPE_SWEEP) instead of the "
+                        "table: <gpu>_sweep.json, .md and .png")
     p.add_argument("--compile-probe", action="store_true", help=argparse.SUPPRESS)  # the second process
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    cases: list[Case] = args.cases
+    cases: list[Case] = list(SHAPE_SWEEP) if args.sweep else args.cases
     if args.list:
         for c in cases:
             print(f"{c.name:4} {c.describe()}")
@@ -866,6 +1051,13 @@ def _bench(args, cases: list[Case], cache_dir: str) -> int:
     log(f"{env['gpu']}  torch {env['torch']}  cupy {env['cupy']}  cupy_gqa kernels {env['cupy_gqa_kernels']}")
     reps = (QUICK_FAST_REPS, QUICK_SLOW_REPS) if args.quick else (FAST_REPS, SLOW_REPS)
     timer = Timer(torch, fast_reps=reps[0], slow_reps=reps[1])
+    if args.sweep:
+        rows = run_shape_sweep(torch, cupy_gqa, timer, cases, log)
+        written = write_sweep_results(args.out, gpu_tag(env["gpu"]), env, rows, plot=not args.no_plot)
+        for kind, s in sweep_summary(rows).items():
+            print(f"{kind}: {s['points']} points, geometric mean {s['geomean']:.3f}, worst {s['worst']:.3f} ({s['worst_case']})")
+        log("wrote " + ", ".join(str(p) for p in written))
+        return 0
 
     rows, skipped, failed = [], [], False
     for case in cases:

@@ -349,3 +349,58 @@ def test_reference_and_naive_loop_follow_definition(seqlen_q, seqlen_k, causal, 
 
     loop = bench.naive_loop(torch, q, k, v, causal=causal)
     assert abs(loop.double().numpy() - expected).max() < 1e-5
+
+
+# ---------------------------------------------------------------------------
+# The shape sweep (--sweep)
+def test_shape_sweep_spans_the_shapes_of_open_models():
+    cases = bench.SHAPE_SWEEP
+    decode = [c for c in cases if c.kind == "decode"]
+    prefill = [c for c in cases if c.kind == "prefill"]
+    assert len(cases) >= 48 and len(decode) + len(prefill) == len(cases)
+    assert abs(len(decode) - len(prefill)) <= 4  # about half each
+    assert len({c.name for c in cases}) == len(cases)
+    groups = {c.group_size for c in cases}
+    assert 1 in groups and groups & {2, 3} and any(g >= 32 for g in groups) and 16 in groups
+    assert any(4 <= g <= 8 and g % 2 for g in groups)  # an odd group between 4 and 8
+    assert any(c.num_q_heads & (c.num_q_heads - 1) for c in cases)  # head counts that are not powers of two
+    assert {64, 80, 96, 128, 192, 256} <= {c.head_dim for c in cases}
+    assert min(c.batch for c in cases) == 1 and max(c.batch for c in cases) >= 64
+    keys = [c.seqlen_k for c in cases]
+    assert min(keys) <= 1024 and max(keys) >= 128 * 1024 and any(s % 64 for s in keys)
+    assert {"bf16", "fp16", "fp32"} <= {c.dtype for c in cases}
+    assert all(c.seqlen_q == 1 or 2 <= c.seqlen_q <= 8 for c in decode) and any(c.seqlen_q > 1 for c in decode)
+    assert all(c.causal for c in cases)
+
+
+def test_sweep_anchors_and_summary():
+    fp32 = bench.SWEEP_BY_NAME["d25"]
+    assert bench.best_torch_anchors(fp32) == ("torch_efficient_expanded",)
+    assert bench.best_torch_anchors(bench.SWEEP_BY_NAME["p01"]) == ("torch_cudnn", "torch_flash")
+    rows = [
+        {"case": "P01", "kind": "prefill", "vs_best": 0.5},
+        {"case": "P02", "kind": "prefill", "vs_best": 2.0},
+        {"case": "P02", "kind": "prefill"},  # an anchor's own row has no vs_best
+        {"case": "D01", "kind": "decode", "vs_best": 1.1},
+    ]
+    summary = bench.sweep_summary(rows)
+    assert summary["prefill"] == {"points": 2, "geomean": pytest.approx(1.0), "worst": 2.0, "worst_case": "P02"}
+    assert summary["decode"]["points"] == 1 and summary["decode"]["worst_case"] == "D01"
+
+
+def test_sweep_markdown_has_every_row_and_the_summary():
+    env = {k: k.upper() for k in ("gpu", "date", "command", "git_commit", "torch", "cudnn", "cupy", "driver")}
+    rows = [
+        {"case": "D01", "kind": "decode", "shape": "B1", "impl": "cupy_gqa[auto]", "ms": 0.1, "rel_err": 2e-3,
+         "vs_best": 0.97, "note": "auto runs decode"},
+        {"case": "D01", "kind": "decode", "shape": "B1", "impl": "torch_cudnn", "ms": 0.103, "rel_err": 2e-3},
+    ]
+    text = bench.render_sweep_markdown(env, rows, bench.sweep_summary(rows), None)
+    assert "decode: 1 points, geometric mean 0.970, worst 0.970 (D01)" in text
+    assert "| D01 | decode | B1 | cupy_gqa[auto] | 0.1000 | 2.0e-03 | 0.970 | auto runs decode |" in text
+    assert "| D01 | decode | B1 | torch_cudnn | 0.1030 | 2.0e-03 |  |  |" in text
+
+
+def test_sweep_list_needs_no_gpu():
+    out = subprocess.run([sys.executable, str(BENCH_PATH), "--sweep", "--list"], capture_output=True, text=True, check=True).stdout
+    assert len(out.splitlines()) == len(bench.SHAPE_SWEEP) and out.startswith("D01 ")
