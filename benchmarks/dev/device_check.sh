@@ -17,8 +17,10 @@ shift || true
 echo "$(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) $(git rev-parse --short HEAD 2>/dev/null)"
 case "$stage" in
   tests)
-    python3 -m pytest -q -n 8 -p no:cacheprovider tests "$@" >"$out/gpu_tests.txt" 2>&1
+    # a hung kernel must not eat the call: a time limit, and GPU processes left behind are killed
+    timeout -s KILL "${TESTS_LIMIT_S:-420}" python3 -m pytest -q -n 8 -p no:cacheprovider tests "$@" >"$out/gpu_tests.txt" 2>&1
     rc=$?
+    nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
     grep -iE "passed|failed|error" "$out/gpu_tests.txt" | grep -v Warning | tail -40
     exit $rc ;;
   sanitize)
