@@ -84,3 +84,63 @@ def _masked_pv(p, vb, visible):
     extra = np.where(visible[None][..., j], p[..., j] * vb[j, d], 0)
     np.add.at(pv, (slice(None), slice(None), d), extra)
     return pv
+
+
+def attention_backward_cpu(dout, q, k, v, out, lse, dq, dk, dv, *, causal: bool, softmax_scale: float, seqlens_k=None) -> None:
+    """The gradients of attention(q, k, v) for the upstream gradient ``dout``,
+    written into ``dq``, ``dk``, ``dv`` (shaped like q, k, v).
+
+    ``out`` and ``lse`` are the forward's results (lse natural-log, float32
+    (batch, num_q_heads, seqlen_q)); the probabilities are rebuilt from them,
+    P = exp(scale * q k^T - lse), as a tiled backward does. Per row,
+    delta = rowsum(dout * out), dS = P * (dout v^T - delta), and
+        dq = scale * dS k,   dk = scale * dS^T q,   dv = P^T dout,
+    with dk and dv of a KV head summed over the group_size query heads that
+    read it. Rows that see no key get dq = 0; keys that no row sees, and keys
+    past seqlens_k[b], get dk = dv = 0. Same masking rules as attention_cpu;
+    float32 arithmetic (float64 for float64 inputs, whose lse is rebuilt in
+    float64 when a float32 one is given).
+    """
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    group_size = num_q_heads // num_kv_heads
+    acc = np.float64 if q.dtype == np.float64 else np.float32
+    scale = acc(softmax_scale)
+    if acc is np.float64 and lse.dtype != np.float64:
+        # a float32 lse would cap float64 gradients at float32 accuracy: rebuild it in float64
+        lse = np.empty((batch, num_q_heads, seqlen_q))
+        attention_cpu(q, k, v, np.empty_like(q), lse, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k)
+
+    for b in range(batch):
+        len_b = seqlen_k if seqlens_k is None else int(seqlens_k[b])
+        offset = len_b - seqlen_q  # causal, bottom-right: t sees keys j <= t + offset
+        for kv_head in range(num_kv_heads):
+            heads = slice(kv_head * group_size, (kv_head + 1) * group_size)
+            dk_acc = np.zeros((seqlen_k, head_dim), dtype=acc)  # keys past len_b stay 0
+            dv_acc = np.zeros((seqlen_k, head_dim), dtype=acc)
+            for t0 in range(0, seqlen_q, Q_BLOCK):
+                t1 = min(seqlen_q, t0 + Q_BLOCK)
+                qb = np.swapaxes(q[b, t0:t1, heads, :], 0, 1).astype(acc)  # (group_size, rows, head_dim)
+                dob = np.swapaxes(dout[b, t0:t1, heads, :], 0, 1).astype(acc)
+                ob = np.swapaxes(out[b, t0:t1, heads, :], 0, 1).astype(acc)
+                lse_b = lse[b, heads, t0:t1].astype(acc)  # (group_size, rows)
+                delta = (dob * ob).sum(axis=-1)  # rowsum(dout * out)
+                t = np.arange(t0, t1)
+                n_keys = np.clip(t + offset + 1, 0, len_b) if causal else np.full(t1 - t0, len_b)
+                seen = n_keys > 0
+                lse_ref = np.where(seen[None, :], lse_b, 0)  # a row that sees no key has P = 0
+                dq_b = np.zeros_like(qb)
+                for j0 in range(0, int(n_keys.max(initial=0)), K_BLOCK):
+                    j1 = min(len_b, j0 + K_BLOCK)
+                    kb = k[b, j0:j1, kv_head, :].astype(acc)
+                    vb = v[b, j0:j1, kv_head, :].astype(acc)
+                    visible = np.arange(j0, j1)[None, :] < n_keys[:, None]  # (rows, keys)
+                    p = np.where(visible[None], np.exp((qb @ kb.T) * scale - lse_ref[..., None]), 0)
+                    dp = dob @ vb.T  # (group_size, rows, keys)
+                    ds = np.where(visible[None], p * (dp - delta[..., None]), 0)
+                    dq_b += _masked_pv(ds, kb, visible) * scale  # a non-finite K past a row's end adds nothing
+                    dk_acc[j0:j1] += np.einsum("grk,grd->kd", ds, qb) * scale
+                    dv_acc[j0:j1] += np.einsum("grk,grd->kd", p, dob)
+                dq[b, t0:t1, heads, :] = np.swapaxes(dq_b, 0, 1).astype(dq.dtype)
+            dk[b, :, kv_head, :] = dk_acc.astype(dk.dtype)
+            dv[b, :, kv_head, :] = dv_acc.astype(dv.dtype)

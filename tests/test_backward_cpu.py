@@ -1,0 +1,82 @@
+"""The backward pass of the NumPy backend (cupy_gqa.cpu.attention_backward_cpu)
+against the float64 reference of the definition, whose own gradients are
+checked by finite differences first."""
+import numpy as np
+import pytest
+
+from conftest import TOLERANCE, assert_close, random_qkv
+from cupy_gqa import cpu
+from reference import reference_attention, reference_attention_backward
+
+
+def _loss(q, k, v, dout, **kw):
+    return float((reference_attention(q, k, v, **kw)[0] * dout).sum())
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(3, 5), (5, 3), (4, 4)])
+def test_reference_gradients_match_finite_differences(causal, seqlen_q, seqlen_k):
+    """The reference's gradients are those of its forward (central differences, float64)."""
+    q, k, v = random_qkv(1, seqlen_q, seqlen_k, 4, 2, 3, "float64", seed=seqlen_q * 10 + seqlen_k)
+    dout = np.random.default_rng(1).standard_normal(q.shape)
+    grads = reference_attention_backward(dout, q, k, v, causal=causal)
+    eps = 1e-6
+    for x, g in zip((q, k, v), grads):
+        for idx in np.ndindex(x.shape):
+            old = x[idx]
+            x[idx] = old + eps
+            up = _loss(q, k, v, dout, causal=causal)
+            x[idx] = old - eps
+            down = _loss(q, k, v, dout, causal=causal)
+            x[idx] = old
+            assert abs((up - down) / (2 * eps) - g[idx]) < 1e-6, idx
+
+
+def _backward(dout, q, k, v, *, causal=True, softmax_scale=None, seqlens_k=None):
+    scale = 1.0 / np.sqrt(q.shape[3]) if softmax_scale is None else softmax_scale
+    out = np.full(q.shape, np.nan, dtype=q.dtype)
+    lse = np.full((q.shape[0], q.shape[2], q.shape[1]), np.nan, dtype=np.float32)
+    cpu.attention_cpu(q, k, v, out, lse, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k)
+    dq, dk, dv = (np.full(x.shape, np.nan, dtype=x.dtype) for x in (q, k, v))  # poisoned: every element written
+    cpu.attention_backward_cpu(dout, q, k, v, out, lse, dq, dk, dv, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k)
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (7, 1)])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(37, 53), (53, 37), (1, 300), (300, 300)])
+def test_backward_matches_the_reference(dtype, causal, heads, seqlen_q, seqlen_k):
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, *heads, 24, dtype, seed=seqlen_q + seqlen_k)
+    dout = random_qkv(2, seqlen_q, 1, heads[0], 1, 24, dtype, seed=7)[0]
+    got = _backward(dout, q, k, v, causal=causal)
+    want = reference_attention_backward(dout, q, k, v, causal=causal)
+    tol = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 3e-2, "float16": 4e-3}[dtype]
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert_close(g, w, tol, f"{name} {dtype}")
+
+
+def test_rows_without_keys_and_keys_past_seqlens_k_get_zero_gradients():
+    q, k, v = random_qkv(3, 9, 6, 4, 2, 8, "float32", seed=3)
+    dout = random_qkv(3, 9, 1, 4, 1, 8, "float32", seed=4)[0]
+    seqlens_k = np.array([6, 2, 0])
+    k[1, 2:], v[1, 2:] = np.nan, np.inf  # past the sequence's length: never read
+    dq, dk, dv = _backward(dout, q, k, v, seqlens_k=seqlens_k)
+    assert np.all(dq[0, :3] == 0)  # causal, 9 queries on 6 keys: the first 3 see none
+    assert np.all(dq[1, :7] == 0) and np.all(dq[2] == 0)
+    assert np.all(dk[1, 2:] == 0) and np.all(dv[1, 2:] == 0) and np.all(dk[2] == 0) and np.all(dv[2] == 0)
+    want = reference_attention_backward(dout, q, k, v, seqlens_k=seqlens_k)
+    for g, w in zip((dq, dk, dv), want):
+        assert_close(g, np.nan_to_num(w), 1e-5)
+
+
+def test_custom_scale_and_inputs_untouched():
+    q, k, v = random_qkv(1, 20, 20, 6, 3, 16, "float32", seed=9)
+    dout = random_qkv(1, 20, 1, 6, 1, 16, "float32", seed=10)[0]
+    copies = [x.copy() for x in (dout, q, k, v)]
+    got = _backward(dout, q, k, v, softmax_scale=0.7)
+    want = reference_attention_backward(dout, q, k, v, softmax_scale=0.7)
+    for g, w in zip(got, want):
+        assert_close(g, w, 1e-5)
+    for x, c in zip((dout, q, k, v), copies):
+        assert np.array_equal(x, c)
