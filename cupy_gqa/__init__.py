@@ -6,6 +6,6 @@
 
 __version__ = "0.1.0"
 
-from .api import KERNELS, attention
+from .api import KERNELS, attention, warmup
 
-__all__ = ["attention", "KERNELS", "__version__"]
+__all__ = ["attention", "warmup", "KERNELS", "__version__"]

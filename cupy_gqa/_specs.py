@@ -426,6 +426,18 @@ def rowwise_spec_for(dtype: str, head_dim: int, vec: bool, arch: Arch) -> Spec:
     return rowwise_spec(dtype, head_dim, vec and arch.sm80)
 
 
+def serves(spec: Spec, head_dim: int) -> bool:
+    """Whether ``spec`` is the specialization of its family for calls of ``head_dim``
+    (rowwise and hopper round head_dim up; decode's combine serves every one)."""
+    if spec.family == "rowwise":
+        return spec.head_dim == next(b for b in ROWWISE_BUCKETS if b >= head_dim)
+    if spec.family == "hopper":
+        return head_dim % 8 == 0 and spec.head_dim == hopper_head_dim_pad(head_dim)
+    if spec.family == "decode" and not spec.block_m:
+        return True
+    return spec.head_dim == head_dim
+
+
 @functools.lru_cache(maxsize=None)
 def specs_for(arch: Arch) -> tuple[Spec, ...]:
     """Every specialization that cupy_gqa may launch on ``arch``: its table."""

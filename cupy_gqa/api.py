@@ -341,3 +341,50 @@ def _check_out(out, outb, q_shape: tuple, qb, kb, vb, dtype: str) -> None:
         a_lo, a_hi = _interop.byte_span(a)
         if lo < a_hi and a_lo < hi:
             raise ValueError(f"out: must not overlap the memory of {name}")
+
+
+def warmup(*, dtypes=None, head_dims=None, device=None) -> int:
+    """Make every kernel that calls of these dtypes and head dims can launch on
+    a CUDA device ready now, so that no later call compiles: at a server's
+    start, or before capturing CUDA graphs (nothing may compile inside a
+    capture).
+
+    Parameters
+    ----------
+    dtypes : iterable of str, optional
+        Dtype names ("float16", "bfloat16", "float32", "float64"); default all.
+    head_dims : iterable of int, optional
+        Head dims the calls will have (1 to 256); default all.
+    device : int, optional
+        CUDA device; default CuPy's current one.
+
+    Each specialization of the device's kernel table that serves one of these
+    (dtype, head_dim) pairs is compiled by NVRTC, or loaded from CuPy's disk
+    cache when an earlier process compiled it, and loaded on the device; the
+    decode kernels' occupancy, which their launch plans read, is queried too.
+    Returns the number of specializations made ready. The first warm-up of a
+    full table compiles about a hundred kernels: a minute or two, once per
+    machine.
+    """
+    dtype_set = set(DTYPES) if dtypes is None else set(dtypes)
+    unknown = dtype_set - set(DTYPES)
+    if unknown:
+        raise ValueError(f"dtypes: expected names in {DTYPES}, got {sorted(unknown)}")
+    dims = None if head_dims is None else set(head_dims)
+    if dims is not None and not all(isinstance(d, numbers.Integral) and 1 <= d <= MAX_HEAD_DIM for d in dims):
+        raise ValueError(f"head_dims: expected integers in [1, {MAX_HEAD_DIM}], got {sorted(dims, key=str)}")
+    import cupy
+
+    from . import _compile, _specs
+
+    device = cupy.cuda.Device().id if device is None else int(device)
+    ready = 0
+    with cupy.cuda.Device(device):
+        for spec in _specs.specs_for(_plan.device_arch(device)):
+            if spec.dtype not in dtype_set or (dims is not None and not any(_specs.serves(spec, d) for d in dims)):
+                continue
+            _compile.get_kernel(spec)
+            if spec.family == "decode" and spec.block_m:  # the split kernels, not the combine
+                _plan._resident_slots(spec, device)
+            ready += 1
+    return ready

@@ -335,3 +335,17 @@ def test_other_architectures_tables(monkeypatch, cc, dtype, head_dim, seqlen_q):
     if not arch.sm80:
         assert family in ("rowwise", "decode") and (family == "rowwise" or dtype == "float32")
     run_case("auto", q, k, v)
+
+
+def test_warmup_leaves_nothing_to_compile():
+    """After warmup for (float16, head_dim 64), prefill and decode calls of that
+    kind load no new kernel (what a CUDA-graph capture needs)."""
+    from cupy_gqa import _compile
+
+    assert cupy_gqa.warmup(dtypes=["float16"], head_dims=[64]) > 0
+    before = set(_compile._kernels)
+    for seqlen_q in (1, 200):  # decode, prefill
+        q, k, v = (cupy.asarray(x) for x in random_qkv(2, seqlen_q, 300, 8, 2, 64, "float16", seed=seqlen_q))
+        cupy_gqa.attention(q, k, v)
+        cupy_gqa.attention(q, k, v, causal=False, kernel="rowwise")
+    assert set(_compile._kernels) == before

@@ -207,3 +207,48 @@ def test_tiled_and_decode_refuse_with_the_reason(monkeypatch):
     assert _plan.tiled_unsupported(problem, *arrays) is None
     spec = _specs.tiled_spec("bfloat16", 128, True, _specs.ARCHS["sm_89"])
     assert spec.smem <= 101376 and ", 128, 128, 32, 4, true," in spec.name
+
+
+def test_warmup_readies_the_devices_table_for_the_given_calls(monkeypatch):
+    """warmup compiles exactly the specializations of the device's table that
+    serve the named dtypes and head dims (and the decode occupancy queries)."""
+    cupy = pytest.importorskip("cupy")
+    import cupy_gqa
+    from cupy_gqa import _compile
+
+    class _Device:  # no GPU needed: the device context is a no-op
+        def __init__(self, device=None):
+            self.id = 0 if device is None else device
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    compiled, occupancy = [], []
+    monkeypatch.setattr(cupy.cuda, "Device", _Device)
+    monkeypatch.setattr(_plan, "compute_capability", lambda device: (8, 9))
+    monkeypatch.setattr(_compile, "get_kernel", lambda spec: compiled.append(spec))
+    monkeypatch.setattr(_plan, "_resident_slots", lambda spec, device: occupancy.append(spec))
+    n = cupy_gqa.warmup(dtypes=["bfloat16"], head_dims=[128, 80])
+    names = {s.name for s in compiled}
+    assert n == len(compiled) == len(names)
+    assert all(s.dtype == "bfloat16" for s in compiled)
+    table = {s.name for s in _specs.specs_for(_specs.ARCHS["sm_89"])}
+    assert names <= table  # sm_89's table: no hopper kernel, the 99 KB tiles
+    assert {s.family for s in compiled} == {"rowwise", "tiled", "decode"}
+    assert {s.head_dim for s in compiled if s.family == "rowwise"} == {128}  # 80 and 128 share the 128 bucket
+    assert {s.head_dim for s in compiled if s.family == "tiled"} == {128}  # tiled has no 80
+    assert [s.family for s in occupancy] == ["decode"] and occupancy[0].block_m == 16
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"dtypes": ["int8"]}, r"dtypes: expected names in \('float32', 'float16', 'bfloat16', 'float64'\), got \['int8'\]"),
+    ({"head_dims": [0, 64]}, r"head_dims: expected integers in \[1, 256\], got \[0, 64\]"),
+])
+def test_warmup_rejects_bad_arguments(kw, match):
+    import cupy_gqa
+
+    with pytest.raises(ValueError, match=match):
+        cupy_gqa.warmup(**kw)
