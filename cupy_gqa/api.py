@@ -116,6 +116,9 @@ def attention(
         host, since that would wait for the device: every kernel instead gives
         NaN rows (out and lse) for a batch whose value is out of range, and
         reads no key of it. Pass a host array to have the values checked.
+        While a CUDA graph is being captured only a CUDA array is taken (a
+        ValueError says so): a host array's copy would be captured with this
+        call's values.
     layout : {"bshd", "bhsd"}, default "bshd"
         The axis order of q, k, v and out. "bshd" is (batch, seqlen, heads,
         head_dim), as above (FlashAttention's order). "bhsd" is (batch, heads,
@@ -291,6 +294,12 @@ def _seqlens_k_backend(lens, frame: _interop.Frame):
     import cupy
 
     if where == "host":
+        if cupy.cuda.get_current_stream().is_capturing():
+            # the copy would be captured with this call's values, and every replay would reuse them
+            raise ValueError(
+                "seqlens_k: expected a CUDA int32 array while a CUDA graph is being captured "
+                "(a host array is copied at each call, and the graph would replay this call's values), got a host array"
+            )
         return cupy.asarray(a.astype(np.int32))  # async: CuPy stages it in pinned memory on the current stream
     if _interop._kind(a) == "torch":
         a = _interop.to_backend(a, _interop.Frame("torch", frame.device))

@@ -219,3 +219,23 @@ def test_softmax_scale_zero(dtype, seqlen_k):
     cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), softmax_scale=0.0, out=out, kernel="decode")
     ref, _ = reference_attention(q, k, v, causal=True, softmax_scale=0.0)
     assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"decode {dtype} scale 0")
+
+
+def test_host_seqlens_k_is_refused_during_graph_capture():
+    """A host seqlens_k would be copied into the graph with this call's values."""
+    q, k, v = (cupy.asarray(x) for x in random_qkv(2, 1, 256, 8, 2, 64, "bfloat16"))
+    cupy_gqa.attention(q, k, v, seqlens_k=[256, 100])  # compiled and planned before the capture
+    lens = cupy.asarray([256, 100], dtype=cupy.int32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            with pytest.raises(ValueError, match=r"seqlens_k: expected a CUDA int32 array while a CUDA graph is being captured"):
+                cupy_gqa.attention(q, k, v, seqlens_k=[256, 100])
+            out = cupy_gqa.attention(q, k, v, seqlens_k=lens)  # a device array is fine
+        finally:
+            graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    ref = reference_attention(*(cupy.asnumpy(x) for x in (q, k, v)), seqlens_k=[256, 100])[0]
+    assert_close(cupy.asnumpy(out), ref, TOLERANCE["bfloat16"], "replayed graph")
