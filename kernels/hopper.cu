@@ -4,23 +4,23 @@
  *
  * Algorithm
  * -----------------------------------------------------------------------------
- * The FlashAttention-2 algorithm of tiled.cu with its matrix products moved
- * from per-warp mma.sync to per-warpgroup wgmma.mma_async:
+ * FlashAttention's tiled online softmax (as in tiled.cu, rules in softmax.cuh)
+ * with the matrix products on wgmma.mma_async and the loads in a warpgroup of
+ * their own. Per consumer warpgroup (64 packed query rows):
  *
- *   load Q tile (BLOCK_M packed rows x HEAD_DIM_PAD) to shared memory
- *   for each K/V tile j (BLOCK_N keys) that some row of the CTA can see:
- *       K_j, V_j arrive in shared memory (cp.async, two stages: tile j+1 is
- *       in flight while tile j is computed)
- *       S  = Q K_j^T          wgmma, A = Q and B = K_j both from shared memory
- *       S *= scale log2 e; mask S (only tiles crossing the diagonal or the
- *       end of the keys)
- *       m' = max(m, rowmax S); P = exp2(S - m'); l = l exp2(m - m') + rowsum P
- *       O  = O exp2(m - m') + P V_j   wgmma, A = P from registers (fp32 -> T),
- *                                     B = V_j from shared memory
+ *   tile 0:  S = Q K_0^T;  P_0 = softmax part of S (below)
+ *   tile j:  issue S_j = Q K_j^T            (A = Q, B = K_j: shared memory)
+ *            issue O += P_{j-1} V_{j-1}     (A = P_{j-1} in registers, B = V)
+ *            wait for S_j; release K_j
+ *            mask S_j (tiles crossing the diagonal or the end of the keys);
+ *            m' = max(m, rowmax S_j * scale log2 e)   (lazily: only when it
+ *                 grows by more than 2^8, warp-uniform)
+ *            P_j = exp2(S_j * scale log2 e - m'), its row sums
+ *            -- all of this while P_{j-1} V_{j-1} runs on the tensor cores --
+ *            wait for P V; release V_{j-1}; O *= exp2(m - m'), l likewise
+ *   last:    O += P V of the last tile
  *   out = O / l;  lse = (m + log2 l) ln 2   (a row that sees no key: out 0,
- *                                            lse -inf)
- * The running max is raised lazily: O and l are rescaled only when some row
- * of the warp sees a score more than 2^8 above its reference.
+ *                                            lse -inf; a bad length: NaN)
  *
  * GQA packing (as in tiled.cu): the group = num_q_heads / num_kv_heads query
  * heads of one KV head form one row space, packed row r = t * group + g
@@ -28,27 +28,33 @@
  * shared memory serves all heads of the group.
  *
  * Grid and roles.  1-D grid of num_m_tiles * batch * num_kv_heads CTAs, mapped
- * by tile_of_block (common.cuh: causal tiles heaviest first). A CTA is
- * BLOCK_M / 64 warpgroups of 128 threads; warpgroup w owns packed rows
- * [64 w, 64 w + 64) of the tile and runs both matrix products for them.
- * Every thread takes part in the loads.
+ * by prefill_tile (common.cuh: causal tiles heaviest first). A CTA has
+ * BLOCK_M / 64 consumer warpgroups and one producer warpgroup (the last),
+ * 128 threads each:
+ *   producer   (setmaxnreg down to PRODUCER_REGS): cp.async of the Q tile,
+ *              then of K_j and V_j into rings of STAGES stages each, every
+ *              thread's copies arriving on the stage's "full" mbarrier as they
+ *              land; it waits only for the stage's "empty" mbarrier;
+ *   consumer w (setmaxnreg up to CONSUMER_REGS): packed rows [64 w, 64 w + 64)
+ *              of the tile, both matrix products and the softmax for them.
  *
  * Head dims.  Any head_dim that is a multiple of 8 up to HEAD_DIM_PAD runs;
  * the columns past head_dim are zero in shared memory (Q and K: they add
  * nothing to S; V: the extra output columns are never stored).
  *
- * Shared memory (dynamic, aligned to 1024 bytes).  Every tile is stored as
- * HEAD_DIM_PAD / 64 "slabs" of 64 columns; in a slab, row r is 128 bytes and
- * its 16-byte chunk c sits at r * 128 + ((c ^ (r % 8)) * 16) -- the 128-byte
- * swizzle that wgmma reads without bank conflicts (descriptor layout type 1):
- *   [ Q: BLOCK_M rows | K stage 0 | K stage 1 | V stage 0 | V stage 1 ]
- *   bytes = (BLOCK_M + 4 BLOCK_N) * HEAD_DIM_PAD * 2 (+ 1024 for alignment)
+ * Shared memory (dynamic, aligned to 1024 bytes; HopperSmem below).  Every
+ * tile is stored as HEAD_DIM_PAD / 64 "slabs" of 64 columns; in a slab, row r
+ * is 128 bytes and its 16-byte chunk c sits at r * 128 + ((c ^ (r % 8)) * 16)
+ * -- the 128-byte swizzle that wgmma reads without bank conflicts
+ * (descriptor layout type 1):
+ *   [ Q: BLOCK_M rows | K stages 0 .. STAGES-1 | V stages 0 .. STAGES-1 | mbarriers ]
  * K is read K-major (contiguous along head_dim, the reduction of Q K^T); V is
- * read by the same layout as the N-major B operand of P V (trans-b).
- * The output tile is staged through the Q tile's space, in the same layout.
+ * read by the same layout as the N-major B operand of P V (trans-b). The
+ * output tile is staged through the Q tile's space, in the same layout.
  *
  * Requirements (checked by cupy_gqa/_plan.py): sm_90, head_dim % 8 == 0,
  * head_dim stride 1, 16-byte aligned pointers and strides, scale_log2 > 0.
+ * benchmarks/NOTES_hopper.md has each step's prediction and outcome.
  */
 #include "common.cuh"
 #include "softmax.cuh"
