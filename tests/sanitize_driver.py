@@ -26,6 +26,7 @@ CASES = [
     (1, 9, 12, 2, 2, 1),
     (2, 4, 700, 8, 2, 128),  # decode with split keys (and the combine kernel)
     (3, 16, 300, 16, 1, 256),  # decode's largest rows and head_dim
+    (2, 70, 300, 8, 2, 192),  # hopper: head_dim padded to a third slab, several K/V tiles per CTA
 ]
 DTYPES = ["float32", "float16", "bfloat16", "float64"]
 
