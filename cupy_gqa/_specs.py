@@ -39,6 +39,7 @@ ARCHS = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def arch_of(major: int, minor: int) -> Arch:
     """The family of a device of compute capability major.minor: its own, else
     the nearest older one (sm_72 -> sm_70, sm_103 -> sm_100)."""
