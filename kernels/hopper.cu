@@ -236,13 +236,30 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         const index_t k_stride_s = p.k_stride[1], v_stride_s = p.v_stride[1];
         // one tile of K or V: chunk c is row c / CHP (key j * BLOCK_N + row), column chunk c % CHP
         auto load_tile = [&](unsigned dst, const T* base_ptr, index_t stride_s, const T* dummy, int j) {
+            if constexpr (128 % CHP == 0) {
+                // each thread keeps one column chunk and walks rows RS apart: one
+                // pointer step and one compare per copy (head dims 64, 128, 256)
+                constexpr int RS = 128 / CHP;
+                const int ch = pt % CHP, r0 = pt / CHP;
+                const bool col_ok = ch < ch_used;
+                const T* src = base_ptr + (index_t)(j * BLOCK_N + r0) * stride_s + ch * 8;
+                const unsigned d0 = dst + (ch / 8) * L::KV_SLAB;
+#pragma unroll
+                for (int i = 0; i < BLOCK_N / RS; ++i) {
+                    const int r = r0 + i * RS;
+                    const bool ok = col_ok && j * BLOCK_N + r < seqlen_k;
+                    cp_async_16(d0 + swizzle128(r, ch % 8), ok ? (const void*)src : (const void*)dummy, ok);
+                    src += RS * stride_s;
+                }
+            } else {
 #pragma unroll 4
-            for (int c = pt; c < BLOCK_N * CHP; c += 128) {
-                const int r = c / CHP, ch = c % CHP;
-                const int key = j * BLOCK_N + r;
-                const bool ok = key < seqlen_k && ch < ch_used;
-                cp_async_16(dst + (ch / 8) * L::KV_SLAB + swizzle128(r, ch % 8),
-                            ok ? (const void*)(base_ptr + (index_t)key * stride_s + ch * 8) : (const void*)dummy, ok);
+                for (int c = pt; c < BLOCK_N * CHP; c += 128) {
+                    const int r = c / CHP, ch = c % CHP;
+                    const int key = j * BLOCK_N + r;
+                    const bool ok = key < seqlen_k && ch < ch_used;
+                    cp_async_16(dst + (ch / 8) * L::KV_SLAB + swizzle128(r, ch % 8),
+                                ok ? (const void*)(base_ptr + (index_t)key * stride_s + ch * 8) : (const void*)dummy, ok);
+                }
             }
         };
         for (int j = 0; j < num_n; ++j) {
