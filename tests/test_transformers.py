@@ -1,0 +1,122 @@
+"""cupy_gqa as a transformers attention implementation (cupy_gqa/integrations/transformers.py).
+
+On the CPU the calls run the NumPy backend; the GPU tests run the kernels.
+Each model is built from a small config with random weights (no download) and
+compared with the same weights under attn_implementation="sdpa".
+"""
+import warnings
+
+import numpy as np
+import pytest
+
+from conftest import gpu_available
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from cupy_gqa.integrations import transformers as hf  # noqa: E402
+
+CONFIGS = {
+    "llama": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "mistral": ("MistralConfig", {"sliding_window": None}),
+}
+
+
+def _model(arch, attn, device="cpu", dtype=torch.float32):
+    cls_name, extra = CONFIGS[arch]
+    config = getattr(transformers, cls_name)(
+        vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, **extra,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype)
+    return model.to(device).eval()
+
+
+@pytest.fixture(autouse=True)
+def _registered():
+    hf.register()
+    hf._warned.clear()
+    yield
+    hf.register()  # strict off again
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The calls that reach cupy_gqa.attention (not a fallback)."""
+    import cupy_gqa
+
+    seen, attention = [], cupy_gqa.attention
+    monkeypatch.setattr(cupy_gqa, "attention", lambda *a, **kw: seen.append(a[0].shape) or attention(*a, **kw))
+    return seen
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_logits_and_greedy_tokens_match_sdpa(arch, calls):
+    ids = torch.randint(0, 101, (2, 23), generator=torch.Generator().manual_seed(1))
+    ours, theirs = _model(arch, "cupy_gqa"), _model(arch, "sdpa")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback on an unpadded batch
+        a, b = ours(ids).logits, theirs(ids).logits
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=2e-5)
+        gen_a = ours.generate(ids, max_new_tokens=6, do_sample=False)
+        gen_b = theirs.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(gen_a, gen_b)
+    # every layer (2) of every forward ran cupy_gqa: the forward, generate's prefill and its
+    # 5 decode steps (the 6th token comes from the 5th step's logits)
+    assert {shape[2] for shape in calls} == {23, 1} and len(calls) == 2 * (1 + 1 + 5)
+
+
+def test_static_cache_prefill_and_decode_match_sdpa(calls):
+    ids = torch.randint(0, 101, (1, 17), generator=torch.Generator().manual_seed(2))
+    ours, theirs = _model("llama", "cupy_gqa"), _model("llama", "sdpa")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # decode steps with a static cache carry a mask: they fall back
+        gen_a = ours.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static")
+        gen_b = theirs.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static")
+    assert torch.equal(gen_a, gen_b)
+    assert [shape[2] for shape in calls][:2] == [17, 17]  # the prefill into the empty static cache ran cupy_gqa
+
+
+def test_padded_batch_falls_back_once_with_a_warning_and_strict_raises():
+    ids = torch.randint(1, 101, (2, 12), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding
+    ours, theirs = _model("llama", "cupy_gqa"), _model("llama", "sdpa")
+    with torch.no_grad():
+        with pytest.warns(UserWarning, match="cupy_gqa: calls with an attention mask .* run transformers' sdpa"):
+            a = ours(ids, attention_mask=mask).logits
+        b = theirs(ids, attention_mask=mask).logits
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=2e-5)
+        hf.register(strict=True)
+        with pytest.raises(ValueError, match="cupy_gqa does not run calls with an attention mask"):
+            ours(ids, attention_mask=mask)
+
+
+def test_training_mode_with_grad_falls_back():
+    ids = torch.randint(0, 101, (1, 9), generator=torch.Generator().manual_seed(4))
+    model = _model("llama", "cupy_gqa")
+    with pytest.warns(UserWarning, match="require grad"):
+        loss = model(ids, labels=ids).loss
+    loss.backward()  # sdpa's backward ran
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_register_checks_its_argument():
+    with pytest.raises(TypeError, match="strict: expected a bool, got str"):
+        hf.register(strict="yes")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_logits_match_sdpa(dtype):
+    dt = getattr(torch, dtype)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(5)).cuda()
+    ours, theirs = _model("llama", "cupy_gqa", "cuda", dt), _model("llama", "sdpa", "cuda", dt)
+    with torch.no_grad():
+        a, b = ours(ids).logits.float(), theirs(ids).logits.float()
+        ref = _model("llama", "eager", "cuda", torch.float64)(ids).logits
+    err_ours = float((a.double() - ref).norm() / ref.norm())
+    err_theirs = float((b.double() - ref).norm() / ref.norm())
+    assert err_ours <= 1.5 * err_theirs + 1e-6, (err_ours, err_theirs)
