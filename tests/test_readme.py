@@ -44,5 +44,7 @@ def test_usage_keywords_exist():
     usage = readme[readme.index("## Usage") : readme.index("## Semantics")]
     used = set(re.findall(r"(\w+)=", usage)) - {"dtype", "device"}  # cupy / torch keywords in the example
     public = set(inspect.signature(cupy_gqa.attention).parameters) | set(inspect.signature(cupy_gqa.warmup).parameters)
-    public |= {"attn_implementation"}  # transformers' from_pretrained, in the integration's example
+    from cupy_gqa.integrations import transformers as hf  # imports transformers only when registering
+
+    public |= set(inspect.signature(hf.register).parameters) | {"attn_implementation"}  # and from_pretrained's
     assert used <= public, used - public
