@@ -120,3 +120,21 @@ def test_gpu_logits_match_sdpa(dtype):
     err_ours = float((a.double() - ref).norm() / ref.norm())
     err_theirs = float((b.double() - ref).norm() / ref.norm())
     assert err_ours <= 1.5 * err_theirs + 1e-6, (err_ours, err_theirs)
+
+
+def test_softcap_falls_back_to_eager_not_sdpa():
+    """Gemma 2 caps its logits: sdpa would drop the cap, so the fallback is the model's eager attention."""
+    config = transformers.Gemma2Config(
+        vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, attn_logit_softcapping=5.0,
+        sliding_window=4096,
+    )
+    ids = torch.randint(0, 101, (2, 19), generator=torch.Generator().manual_seed(6))
+    logits = {}
+    for attn in ("cupy_gqa", "eager"):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logits[attn] = model(ids).logits
+    np.testing.assert_allclose(logits["cupy_gqa"].numpy(), logits["eager"].numpy(), rtol=0, atol=1e-6)

@@ -80,12 +80,34 @@ def _fall_back(reason: str, module, query, key, value, attention_mask, dropout, 
     if eager:
         import importlib
 
-        # the model's own eager attention (it may apply softcap or sinks), else transformers' generic one
+        # the model's own eager attention (it applies softcap or sinks); it adds the mask to the
+        # scores, so the mask sdpa's rules built (bool, or None for plain causal) becomes additive
         modeling = importlib.import_module(type(module).__module__)
         forward = getattr(modeling, "eager_attention_forward")
+        attention_mask = _additive_mask(attention_mask, query, key, kwargs.get("is_causal", getattr(module, "is_causal", True)))
     else:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward as forward
     return forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def _additive_mask(attention_mask, query, key, is_causal):
+    """The mask as eager attention takes it: 0 where a query sees a key, the dtype's
+    lowest value elsewhere; a missing mask is the causal pattern (bottom-right)
+    or nothing."""
+    import torch
+
+    low = torch.finfo(query.dtype).min
+    if attention_mask is None:
+        if not is_causal:
+            return None
+        seqlen_q, seqlen_k = query.shape[2], key.shape[2]
+        i = torch.arange(seqlen_q, device=query.device)[:, None]
+        j = torch.arange(seqlen_k, device=query.device)[None, :]
+        attention_mask = (j <= i + seqlen_k - seqlen_q)[None, None]
+    if attention_mask.dtype == torch.bool:
+        zero = torch.zeros((), dtype=query.dtype, device=query.device)
+        return torch.where(attention_mask, zero, torch.full((), low, dtype=query.dtype, device=query.device))
+    return attention_mask
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
