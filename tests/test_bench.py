@@ -404,3 +404,20 @@ def test_sweep_markdown_has_every_row_and_the_summary():
 def test_sweep_list_needs_no_gpu():
     out = subprocess.run([sys.executable, str(BENCH_PATH), "--sweep", "--list"], capture_output=True, text=True, check=True).stdout
     assert len(out.splitlines()) == len(bench.SHAPE_SWEEP) and out.startswith("D01 ")
+
+
+def test_bench_model_smoke_run_on_the_cpu(tmp_path):
+    """benchmarks/bench_model.py end to end with the tiny config on the CPU (the NumPy backend)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    script = BENCH_PATH.parent / "bench_model.py"
+    subprocess.run(
+        [sys.executable, str(script), "--config", "tiny", "--device", "cpu", "--reps", "1", "--new-tokens", "4",
+         "--prompt-len", "24", "--prefill-len", "32", "--prefill-batch", "2", "--decode-batches", "1,2", "--out", str(tmp_path)],
+        check=True, capture_output=True, text=True, timeout=600,
+    )
+    doc = json.loads((tmp_path / "cpu_model.json").read_text())
+    for impl in ("sdpa", "cupy_gqa"):
+        r = doc["results"][impl]
+        assert r["prefill_ms"] > 0 and r["decode_b2_warm_tok_s"] > 0 and r["decode_b1_cold_tok_s"] > 0
+    assert "| prefill_ms |" in (tmp_path / "cpu_model.md").read_text()
