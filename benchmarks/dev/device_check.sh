@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One device-tool call that checks and measures this checkout on the GPU machine.
+# One command that checks and measures this checkout on a GPU machine.
 #   benchmarks/dev/device_check.sh tests        the GPU test suite (pytest -n 8)
 #   benchmarks/dev/device_check.sh sanitize     tests/sanitize.sh (all four compute-sanitizer tools)
 #   benchmarks/dev/device_check.sh bench [..]   benchmarks/bench_attention.py [args], results under $OUT/results
 #   benchmarks/dev/device_check.sh prefill      one call for a prefill-kernel change, each part under a time
 #                                               limit: the hopper and other-architecture GPU tests, the
 #                                               sanitizer on hopper, a quick H1-H7/N1 bench, SASS counts
-# Logs go to $OUT (the device tool brings them back); the last lines printed are a summary.
+# Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/device_check}
