@@ -946,15 +946,19 @@ def plot_sweep(sweep: list[dict], path: Path, gpu_name: str) -> None:
     plt.close(fig)
 
 
+def command_output(cmd) -> str | None:
+    """What a command prints (stripped), or None if it fails or prints nothing."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip() or None
+    except Exception:
+        return None
+
+
 def environment(torch, cupy, cupy_gqa) -> dict:
     def cuda_version(v: int) -> str:
         return f"{v // 1000}.{v % 1000 // 10}"
 
-    def run(cmd):
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip() or None
-        except Exception:
-            return None
+    run = command_output
 
     return {
         "gpu": torch.cuda.get_device_name(),

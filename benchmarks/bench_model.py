@@ -29,7 +29,6 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -132,11 +131,8 @@ def graph_step(torch, model, args, device) -> dict:
 def environment(torch, transformers) -> dict:
     import cupy_gqa
 
-    def run(cmd):
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip() or None
-        except Exception:
-            return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_attention import command_output as run  # the table's helper; imports no GPU stack
 
     return {
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

@@ -187,14 +187,20 @@ def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
     return issue or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
-@functools.lru_cache(maxsize=4096)
-def plan_tiled(problem: Problem, layout: tuple, arch: _specs.Arch) -> Launch:
-    spec = _specs.tiled_any_spec(problem.dtype, problem.head_dim, problem.causal, problem.precision, arch)
+def _prefill_launch(problem: Problem, layout: tuple, spec: _specs.Spec) -> Launch:
+    """The 1-D grid of the prefill kernels (tiled, tiled_tf32, hopper): one CTA per
+    block_m packed rows (seqlen_q * group_size of them) of each (batch, KV head)."""
     num_m_tiles = math.ceil(problem.seqlen_q * problem.group_size / spec.block_m)
     blocks = num_m_tiles * problem.batch * problem.num_kv_heads
     if blocks > MAX_GRID_X:
         raise ValueError(f"q: too many query rows for one launch ({blocks} blocks > {MAX_GRID_X})")
     return Launch(spec, (blocks,), make_params(problem, layout))
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_tiled(problem: Problem, layout: tuple, arch: _specs.Arch) -> Launch:
+    spec = _specs.tiled_any_spec(problem.dtype, problem.head_dim, problem.causal, problem.precision, arch)
+    return _prefill_launch(problem, layout, spec)
 
 
 def launch_tiled(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False) -> None:
@@ -255,11 +261,7 @@ def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def plan_hopper(problem: Problem, layout: tuple) -> Launch:
     spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
-    num_m_tiles = math.ceil(problem.seqlen_q * problem.group_size / spec.block_m)
-    blocks = num_m_tiles * problem.batch * problem.num_kv_heads
-    if blocks > MAX_GRID_X:
-        raise ValueError(f"q: too many query rows for one launch ({blocks} blocks > {MAX_GRID_X})")
-    return Launch(spec, (blocks,), make_params(problem, layout))
+    return _prefill_launch(problem, layout, spec)
 
 
 def launch_hopper(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False) -> None:
