@@ -252,8 +252,8 @@ def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
         return f"dtype {problem.dtype} (it takes {', '.join(_specs.HOPPER_DTYPES)})"
     if problem.head_dim % 8:
         return f"head_dim {problem.head_dim} (it takes multiples of 8 up to {_specs.MAX_HEAD_DIM})"
-    cc = compute_capability(q.device.id)
-    if cc != (9, 0):
+    if _specs.hopper_spec(problem.dtype, problem.head_dim, problem.causal, device_arch(q.device.id)) is None:
+        cc = compute_capability(q.device.id)  # the one table rule: hopper kernels are sm_90's alone
         return f"a device of compute capability {cc[0]}.{cc[1]} (it runs on 9.0, Hopper)"
     return _scale_issue(problem) or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
