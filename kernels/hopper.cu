@@ -29,7 +29,7 @@
  *
  * Grid and roles.  1-D grid of num_m_tiles * batch * num_kv_heads CTAs, mapped
  * by prefill_tile (common.cuh: causal tiles heaviest first). A CTA has
- * BLOCK_M / 64 consumer warpgroups and one producer warpgroup (the last),
+ * two consumer warpgroups (BLOCK_M = 128) and one producer warpgroup (the last),
  * 128 threads each:
  *   producer   (setmaxnreg down to PRODUCER_REGS): cp.async of the Q tile,
  *              then of K_j and V_j into rings of STAGES stages each, every
@@ -131,8 +131,12 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 template <int N> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
-// Named barrier for the 128 threads of one warpgroup (ids 1.., 0 is __syncthreads).
+// Named barriers (id 0 is __syncthreads): the 128 threads of one warpgroup
+// (ids 1, 2), and the turn-taking of the two consumer warpgroups (ids 3, 4).
 __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void pair_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void pair_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+enum { EPILOGUE_BAR = 1, TURN_BAR = 3 };
 
 constexpr int PRODUCER_REGS = 56;   // 56 + 2 x 224 = 3 x 168: what the producer frees, the consumers take
 constexpr int CONSUMER_REGS = 224;
@@ -162,7 +166,7 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                  float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p) {
     using namespace hopper_detail;
     static_assert(HEAD_DIM_PAD % 64 == 0 && HEAD_DIM_PAD <= 256, "head dims are padded to 64, 128, 192 or 256");
-    static_assert(BLOCK_M % 64 == 0 && BLOCK_N % 16 == 0, "wgmma tiles: 64 rows per warpgroup, 16 keys per step");
+    static_assert(BLOCK_M == 128 && BLOCK_N % 16 == 0, "two consumer warpgroups of 64 rows; 16 keys per step");
     using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES>;
     static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout (HopperSmem)");
     static_assert(STAGES >= 2, "the consumers hold V_{j-1} (P V) while V_j arrives");
@@ -337,14 +341,30 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         }
     };
 
+    // Ping-pong: the two consumer warpgroups take turns at issuing their matrix
+    // products (named barriers TURN_BAR + wg), so that the tensor cores work on
+    // one's while the other runs its softmax. Each has num_n + 1 turns (tile 0's
+    // S; S_j with P_{j-1} V_{j-1}; the last P V). Warpgroup 0 goes first, and
+    // warpgroup 1 passes no turn after its last, so every barrier phase that
+    // starts also completes.
+    const int turns = num_n > 0 ? num_n + 1 : 0;
+    int turn = 0;
+    auto take_turn = [&] { pair_sync(TURN_BAR + wg); };
+    auto pass_turn = [&] {
+        if (wg == 0 || ++turn < turns) pair_arrive(TURN_BAR + (wg ^ 1));
+    };
+    if (wg == 1 && turns > 0) pair_arrive(TURN_BAR);
+
     mbar_wait(q_full, 0);
     fence_proxy_async();                       // cp.async (generic proxy) writes -> wgmma reads
     if (num_n > 0) {                           // tile 0: S, softmax, P
         float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
         mbar_wait(k_full(0), 0);
         fence_proxy_async();
+        take_turn();
         wgmma_fence();
         issue_qk(s, 0);
+        pass_turn();
         wgmma_wait<0>();
         fence_regs(flat(s));
         mbar_arrive(k_empty(0));
@@ -359,9 +379,11 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         mbar_wait(k_full(j % STAGES), (j / STAGES) & 1);
         mbar_wait(v_full((j - 1) % STAGES), ((j - 1) / STAGES) & 1);
         fence_proxy_async();
+        take_turn();
         wgmma_fence();
         issue_qk(s, j);
         issue_pv(j - 1);
+        pass_turn();
         wgmma_wait<1>();                       // S_j is ready: K_j is free
         fence_regs(flat(s));
         mbar_arrive(k_empty(j % STAGES));
@@ -375,8 +397,10 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     if (num_n > 0) {                           // the last tile's P V
         mbar_wait(v_full((num_n - 1) % STAGES), ((num_n - 1) / STAGES) & 1);
         fence_proxy_async();
+        take_turn();
         wgmma_fence();
         issue_pv(num_n - 1);
+        pass_turn();
         wgmma_wait<0>();
         fence_regs(flat(o));
         mbar_arrive(v_empty((num_n - 1) % STAGES));
@@ -403,7 +427,7 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             }
         }
     }
-    warpgroup_sync(1 + wg);
+    warpgroup_sync(EPILOGUE_BAR + wg);
     const int ch_used = p.head_dim / 8;
     for (int c = tid - wg * 128; c < 64 * ch_used; c += 128) {
         const int r = wg * 64 + c / ch_used, ch = c - (c / ch_used) * ch_used;
