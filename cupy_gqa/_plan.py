@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _specs
+from . import _specs, _tma
 from ._compile import get_kernel
 
 MAX_GRID_X = 2**31 - 1  # CUDA's limit on gridDim.x
@@ -255,13 +255,38 @@ def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
     if _specs.hopper_spec(problem.dtype, problem.head_dim, problem.causal, device_arch(q.device.id)) is None:
         cc = compute_capability(q.device.id)  # the one table rule: hopper kernels are sm_90's alone
         return f"a device of compute capability {cc[0]}.{cc[1]} (it runs on 9.0, Hopper)"
+    if not _tma.available():
+        return "a CUDA driver without tensor maps (cuTensorMapEncodeTiled)"
+    issue = _tma.geometry_issue(k.shape, k.strides) or _tma.geometry_issue(v.shape, v.strides)
+    if issue is not None:
+        return f"k or v with {issue}"
     return _scale_issue(problem) or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
+@dataclass(frozen=True, eq=False)
+class HopperLaunch(Launch):
+    """A hopper launch: the prefill grid, and tensor maps of K and V for the
+    kernel's bulk copies (kernels/hopper.cu), encoded per array (_tma.py)."""
+
+    def __call__(self, q, k, v, out, lse, seqlens_k=None) -> None:
+        k_map = _tensor_map_arg(k.data.ptr, k.shape, k.strides, k.itemsize, self.spec.block_n)
+        v_map = _tensor_map_arg(v.data.ptr, v.shape, v.strides, v.itemsize, self.spec.block_n)
+        get_kernel(self.spec)(
+            self.grid, (self.spec.threads,), (q, k, v, out, lse, seqlens_k, self._params_arg, k_map, v_map),
+            shared_mem=self.spec.smem,
+        )
+
+
+@functools.lru_cache(maxsize=256)
+def _tensor_map_arg(ptr: int, shape: tuple, strides: tuple, itemsize: int, block_n: int):
+    return _by_value(_tma.tile_map(ptr, shape, strides, itemsize, block_n))
+
+
 @functools.lru_cache(maxsize=4096)
-def plan_hopper(problem: Problem, layout: tuple) -> Launch:
+def plan_hopper(problem: Problem, layout: tuple) -> HopperLaunch:
     spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
-    return _prefill_launch(problem, layout, spec)
+    launch = _prefill_launch(problem, layout, spec)
+    return HopperLaunch(launch.spec, launch.grid, launch.params)
 
 
 def launch_hopper(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False) -> None:

@@ -31,10 +31,13 @@
  * by prefill_tile (common.cuh: causal tiles heaviest first). A CTA has
  * two consumer warpgroups (BLOCK_M = 128) and one producer warpgroup (the last),
  * 128 threads each:
- *   producer   (setmaxnreg down to PRODUCER_REGS): cp.async of the Q tile,
- *              then of K_j and V_j into rings of STAGES stages each, every
- *              thread's copies arriving on the stage's "full" mbarrier as they
- *              land; it waits only for the stage's "empty" mbarrier;
+ *   producer   (setmaxnreg down to PRODUCER_REGS): cp.async of the Q tile;
+ *              then K_j and V_j into rings of STAGES stages each, by bulk
+ *              tensor copies (TMA: one thread, tensor maps from the host) that
+ *              complete on the stage's "full" mbarrier; it waits only for the
+ *              stage's "empty" mbarrier. The tile that holds the end of a
+ *              sequence shorter than the array (seqlens_k) goes by cp.async,
+ *              which zero-fills the keys past the end;
  *   consumer w (setmaxnreg up to CONSUMER_REGS): packed rows [64 w, 64 w + 64)
  *              of the tile, both matrix products and the softmax for them.
  *
@@ -53,7 +56,8 @@
  * output tile is staged through the Q tile's space, in the same layout.
  *
  * Requirements (checked by cupy_gqa/_plan.py): sm_90, head_dim % 8 == 0,
- * head_dim stride 1, 16-byte aligned pointers and strides, scale_log2 > 0.
+ * head_dim stride 1, 16-byte aligned pointers and strides (K and V: positive,
+ * below 2^40 bytes, as the copy engine takes them), scale_log2 > 0.
  * benchmarks/NOTES_hopper.md has each step's prediction and outcome.
  */
 #include "common.cuh"
@@ -127,6 +131,25 @@ __device__ __forceinline__ void cp_async_arrive(unsigned bar) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// ---- bulk tensor copies (TMA) ----------------------------------------------------
+// A tensor map (the driver's CUtensorMap, 128 bytes) is encoded on the host
+// (cupy_gqa/_tma.py) and passed as a __grid_constant__ kernel parameter.
+struct alignas(64) TensorMap { unsigned long long words[16]; };
+
+// The next phase of the mbarrier also waits for `bytes` bytes of bulk copies;
+// this is one of its counted arrivals.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// The box of `map` at coordinates (c0, c1, c2, c3), innermost first, to shared
+// memory at dst (laid out by the map's swizzle); its bytes count on mbarrier bar.
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap& map, unsigned bar, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+        ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
 // Register budget per warpgroup role (needs a register cap at entry: __launch_bounds__(.., 1)).
 template <int N> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
@@ -136,7 +159,8 @@ template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setm
 __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void pair_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void pair_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-enum { EPILOGUE_BAR = 1, TURN_BAR = 3 };
+__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 5, 128;\n" ::: "memory"); }
+enum { EPILOGUE_BAR = 1, TURN_BAR = 3 };  // and 5: the producer warpgroup
 
 constexpr int PRODUCER_REGS = 56;   // 56 + 2 x 224 = 3 x 168: what the producer frees, the consumers take
 constexpr int CONSUMER_REGS = 224;
@@ -163,7 +187,8 @@ struct HopperSmem {
 template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES>
 __global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
 hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p) {
+                 float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+                 const __grid_constant__ hopper_detail::TensorMap k_map, const __grid_constant__ hopper_detail::TensorMap v_map) {
     using namespace hopper_detail;
     static_assert(HEAD_DIM_PAD % 64 == 0 && HEAD_DIM_PAD <= 256, "head dims are padded to 64, 128, 192 or 256");
     static_assert(BLOCK_M == 128 && BLOCK_N % 16 == 0, "two consumer warpgroups of 64 rows; 16 keys per step");
@@ -198,8 +223,8 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     if (tid == 0) {
         mbar_init(q_full, 128);
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(k_full(s), 128);         // every producer thread arrives
-            mbar_init(v_full(s), 128);
+            mbar_init(k_full(s), 1);           // one producer thread arrives (and the copies' bytes land)
+            mbar_init(v_full(s), 1);
             mbar_init(k_empty(s), CONSUMERS);  // every consumer thread arrives
             mbar_init(v_empty(s), CONSUMERS);
         }
@@ -266,15 +291,35 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                 }
             }
         };
+        // Tile j of K or V into a stage. A tile inside the sequence's keys, or
+        // inside the array (the copy engine zero-fills rows past its end), goes
+        // by bulk tensor copies, one per slab, issued by one thread; the tile
+        // that holds the end of a shorter sequence (seqlens_k) goes by the
+        // warpgroup's cp.async, which zero-fills the keys past it: they are
+        // never read, so a NaN there can't reach P V.
+        auto fill = [&](unsigned full, unsigned dst, const TensorMap& map, const T* base_ptr, index_t stride_s,
+                        const T* dummy, int j) {
+            if (j * BLOCK_N + BLOCK_N <= seqlen_k || seqlen_k == p.seqlen_k) {
+                if (pt == 0) {
+                    mbar_expect_tx(full, L::KV_BYTES);
+#pragma unroll
+                    for (int sl = 0; sl < L::SLABS; ++sl)
+                        tma_load_4d(dst + sl * L::KV_SLAB, map, full, sl * 64, j * BLOCK_N, kvh, b);
+                }
+            } else {
+                load_tile(dst, base_ptr, stride_s, dummy, j);
+                cp_async_wait_all();
+                producer_sync();
+                if (pt == 0) mbar_arrive(full);
+            }
+        };
         for (int j = 0; j < num_n; ++j) {
             const int stage = j % STAGES;
             const unsigned parity = ((j / STAGES) + 1) & 1;  // the use of tile j - STAGES
             if (j >= STAGES) mbar_wait(k_empty(stage), parity);
-            load_tile(sK + stage * L::KV_BYTES, kbase, k_stride_s, k, j);
-            cp_async_arrive(k_full(stage));
+            fill(k_full(stage), sK + stage * L::KV_BYTES, k_map, kbase, k_stride_s, k, j);
             if (j >= STAGES) mbar_wait(v_empty(stage), parity);
-            load_tile(sV + stage * L::KV_BYTES, vbase, v_stride_s, v, j);
-            cp_async_arrive(v_full(stage));
+            fill(v_full(stage), sV + stage * L::KV_BYTES, v_map, vbase, v_stride_s, v, j);
         }
         cp_async_wait_all();                   // nothing in flight when the warpgroup exits
         return;

@@ -1,0 +1,37 @@
+"""The tensor-map geometry of the hopper kernel's bulk copies (cupy_gqa/_tma.py),
+on the CPU: what the driver's encoder is given for each layout."""
+import pytest
+
+from cupy_gqa import _tma
+
+
+def test_geometry_of_a_bshd_array():
+    # (batch 2, seqlen 300, heads 4, head_dim 80) bf16, contiguous
+    shape, strides = (2, 300, 4, 80), (300 * 4 * 80 * 2, 4 * 80 * 2, 80 * 2, 2)
+    dims, byte_strides, box = _tma.map_geometry(shape, strides, 2, 96)
+    assert dims == (80, 300, 4, 2)  # innermost first: head_dim, keys, heads, batch
+    assert byte_strides == (4 * 80 * 2, 80 * 2, 300 * 4 * 80 * 2)
+    assert box == (64, 96, 1, 1)  # 64 columns = 128 bytes, one swizzle row
+
+
+def test_geometry_of_a_bhsd_view_and_unit_extents():
+    # a (batch, heads, seqlen, head_dim) array seen as bshd: seq stride < head stride
+    shape, strides = (1, 50, 8, 128), (8 * 50 * 256, 256, 50 * 256, 2)
+    dims, byte_strides, _ = _tma.map_geometry(shape, strides, 2, 128)
+    assert dims == (128, 50, 8, 1) and byte_strides == (256, 50 * 256, 16)  # batch 1: never stepped
+
+
+@pytest.mark.parametrize(
+    "shape,strides,ok",
+    [
+        ((2, 10, 4, 64), (10 * 4 * 128, 4 * 128, 128, 2), True),
+        ((2, 10, 4, 64), (10 * 4 * 128, 4 * 128, 0, 2), False),  # heads broadcast: stride 0
+        ((1, 10, 1, 64), (0, 128, 0, 2), True),  # stride 0 on extents of 1 is never stepped
+        ((2, 10, 4, 64), (2**40, 4 * 128, 128, 2), False),
+    ],
+)
+def test_geometry_issue(shape, strides, ok):
+    issue = _tma.geometry_issue(shape, strides)
+    assert (issue is None) == ok
+    if not ok:
+        assert str(strides) in issue and "2**40" in issue
