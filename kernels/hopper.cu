@@ -103,8 +103,9 @@ __device__ __forceinline__ float (&flat(float (&frag)[N8][4]))[4 * N8] {
     return reinterpret_cast<float(&)[4 * N8]>(frag);
 }
 
-// Shared memory written through the generic proxy (cp.async, st.shared) is
-// ordered before this thread's later wgmma reads (async proxy) by this fence.
+// Shared memory written through the generic proxy (cp.async, st.shared) by this
+// thread is ordered before later async-proxy reads (wgmma): this thread's, or
+// another's that acquires what this thread releases after the fence.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // ---- mbarriers (shared memory, CTA scope) --------------------------------------
@@ -124,11 +125,6 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     } while (!done);
 }
 
-// The mbarrier receives one arrival when all of this thread's earlier cp.async
-// copies have landed (.noinc: the arrival is one of the counted ones).
-__device__ __forceinline__ void cp_async_arrive(unsigned bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // ---- bulk tensor copies (TMA) ----------------------------------------------------
@@ -259,7 +255,14 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                               : q;
             cp_async_16(sQ + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
         }
-        cp_async_arrive(q_full);
+        // Q has landed once this thread's copies have, and its writes (generic
+        // proxy) are ordered before the consumers' wgmma reads (async proxy) by
+        // this thread's proxy fence, before the arrival that releases them
+        auto q_arrive = [&] {
+            cp_async_wait_all();
+            fence_proxy_async();
+            mbar_arrive(q_full);
+        };
         const T* const kbase = k + (index_t)b * p.k_stride[0] + (index_t)kvh * p.k_stride[2];
         const T* const vbase = v + (index_t)b * p.v_stride[0] + (index_t)kvh * p.v_stride[2];
         const index_t k_stride_s = p.k_stride[1], v_stride_s = p.v_stride[1];
@@ -309,6 +312,7 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             } else {
                 load_tile(dst, base_ptr, stride_s, dummy, j);
                 cp_async_wait_all();
+                fence_proxy_async();           // as for Q (q_arrive)
                 producer_sync();
                 if (pt == 0) mbar_arrive(full);
             }
@@ -318,9 +322,11 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             const unsigned parity = ((j / STAGES) + 1) & 1;  // the use of tile j - STAGES
             if (j >= STAGES) mbar_wait(k_empty(stage), parity);
             fill(k_full(stage), sK + stage * L::KV_BYTES, k_map, kbase, k_stride_s, k, j);
+            if (j == 0) q_arrive();            // Q's copies had K_0's issue to land
             if (j >= STAGES) mbar_wait(v_empty(stage), parity);
             fill(v_full(stage), sV + stage * L::KV_BYTES, v_map, vbase, v_stride_s, v, j);
         }
+        if (num_n == 0) q_arrive();
         cp_async_wait_all();                   // nothing in flight when the warpgroup exits
         return;
     }
@@ -401,11 +407,9 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     if (wg == 1 && turns > 0) pair_arrive(TURN_BAR);
 
     mbar_wait(q_full, 0);
-    fence_proxy_async();                       // cp.async (generic proxy) writes -> wgmma reads
     if (num_n > 0) {                           // tile 0: S, softmax, P
         float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
         mbar_wait(k_full(0), 0);
-        fence_proxy_async();
         take_turn();
         wgmma_fence();
         issue_qk(s, 0);
@@ -423,7 +427,6 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
         mbar_wait(k_full(j % STAGES), (j / STAGES) & 1);
         mbar_wait(v_full((j - 1) % STAGES), ((j - 1) / STAGES) & 1);
-        fence_proxy_async();
         take_turn();
         wgmma_fence();
         issue_qk(s, j);
@@ -441,7 +444,6 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     }
     if (num_n > 0) {                           // the last tile's P V
         mbar_wait(v_full((num_n - 1) % STAGES), ((num_n - 1) / STAGES) & 1);
-        fence_proxy_async();
         take_turn();
         wgmma_fence();
         issue_pv(num_n - 1);
