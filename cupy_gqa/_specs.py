@@ -75,7 +75,8 @@ class Spec:
     head_dim: int  # largest head_dim this instantiation serves
     threads: int  # threads per block
     team: int = 1  # rowwise: threads that share one query row
-    block_m: int = 0  # tiled, decode: packed query rows per CTA
+    block_m: int = 0  # tiled, decode, hopper: packed query rows per CTA
+    block_n: int = 0  # hopper: keys per tile (the rows of a tensor-map box)
     smem: int = 0  # dynamic shared memory per block, bytes (the kernel's SMEM_BYTES, checked there)
     options: tuple = ()  # extra NVRTC options
     arch: str | None = None  # the one target it is built for (e.g. "sm_90a"); None: the device's own
@@ -295,6 +296,7 @@ HOPPER = {
         head_dim=dpad,
         threads=bm // 64 * 128 + 128,  # consumer warpgroups and one producer warpgroup
         block_m=bm,
+        block_n=bn,
         smem=hopper_smem(dpad, bm, bn, stages),
         options=(f"-arch={HOPPER_ARCH}",),
         arch=HOPPER_ARCH,

@@ -1,10 +1,11 @@
 """Launch plans (cupy_gqa/_plan.py) and the specialization table, as pure functions."""
+import math
 import re
 
 import numpy as np
 import pytest
 
-from cupy_gqa import _compile, _plan, _specs
+from cupy_gqa import _compile, _plan, _specs, _tma
 
 
 @pytest.mark.parametrize("total", [1, 127, 128, 129, 10**6, 2**31 * 128, 10**13])
@@ -153,6 +154,7 @@ def test_auto_prefill_choice(monkeypatch, cc, head_dim, dtype):
     architecture has a tile for it (none before 8.0; none for float32 head_dim
     256 in 99 KB of shared memory), else rowwise."""
     monkeypatch.setattr(_plan, "compute_capability", lambda device: cc)
+    monkeypatch.setattr(_tma, "available", lambda: True)  # a CUDA driver, as on any GPU machine
     problem = _plan.Problem(2, 500, 500, 32, 8, head_dim, dtype, True, head_dim**-0.5)
     itemsize = np.dtype(np.float32).itemsize if dtype == "float32" else 2
     shape = (2, 500, 32, head_dim)
@@ -173,6 +175,29 @@ def test_hopper_refuses_other_architectures(monkeypatch):
     layout = ((1, 10, 4, 64), (10 * 4 * 64 * 2, 4 * 64 * 2, 64 * 2, 2), 2)
     reason = _plan.hopper_unsupported(problem, *(_FakeDeviceArray(layout),) * 4)
     assert reason == "a device of compute capability 8.9 (it runs on 9.0, Hopper)"
+
+
+def test_hopper_launch_passes_tensor_maps_of_k_and_v(monkeypatch):
+    """A hopper launch hands the kernel the parameter struct and then the tensor
+    maps of K and V, encoded for the spec's tile of keys (no GPU: the kernel and
+    the driver's encoder are stand-ins)."""
+    calls, encoded = [], []
+    monkeypatch.setattr(_plan, "get_kernel", lambda spec: lambda *a, **kw: calls.append((spec, a, kw)))
+    monkeypatch.setattr(_tma, "tile_map", lambda *a: encoded.append(a) or np.zeros(1, _tma.TENSOR_MAP_DTYPE))
+    _plan._tensor_map_arg.cache_clear()
+    problem = _plan.Problem(2, 300, 300, 8, 2, 80, "bfloat16", True, 80**-0.5)
+    q_layout = ((2, 300, 8, 80), (300 * 8 * 160, 8 * 160, 160, 2), 2)
+    kv_layout = ((2, 300, 2, 80), (300 * 2 * 160, 2 * 160, 160, 2), 2)
+    q, k, v, out = (_FakeDeviceArray(q_layout), _FakeDeviceArray(kv_layout), _FakeDeviceArray(kv_layout), _FakeDeviceArray(q_layout))
+    k.data.ptr, v.data.ptr = 4096, 8192
+    launch = _plan.plan_hopper(problem, _plan._layout(q, k, v, out))
+    launch(q, k, v, out, None, None)
+    (spec, (grid, block, args), kw), = calls
+    assert spec.family == "hopper" and spec.head_dim == 128 and block == (spec.threads,) and kw["shared_mem"] == spec.smem
+    assert grid == (math.ceil(300 * 4 / spec.block_m) * 2 * 2,)
+    assert len(args) == 9 and args[:4] == (q, k, v, out)
+    assert encoded == [(4096, kv_layout[0], kv_layout[1], 2, spec.block_n), (8192, kv_layout[0], kv_layout[1], 2, spec.block_n)]
+    _plan._tensor_map_arg.cache_clear()
 
 
 def test_hopper_smem_fits_and_head_dims_pad():
