@@ -283,10 +283,20 @@ def _tensor_map_arg(ptr: int, shape: tuple, strides: tuple, itemsize: int, block
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_hopper(problem: Problem, layout: tuple) -> HopperLaunch:
+def plan_hopper(problem: Problem, layout: tuple, sms: int) -> HopperLaunch:
+    """Persistent: at most one CTA per SM (``sms`` of them), each walking the
+    prefill tiles in the order of _prefill_launch's grid, a grid apart."""
     spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
     launch = _prefill_launch(problem, layout, spec)
-    return HopperLaunch(launch.spec, launch.grid, launch.params)
+    return HopperLaunch(launch.spec, (min(launch.grid[0], sms),), launch.params)
+
+
+@functools.lru_cache(maxsize=64)
+def sm_count(device: int) -> int:
+    """Streaming multiprocessors of CUDA device ``device``."""
+    import cupy
+
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
 def launch_hopper(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False) -> None:
@@ -294,7 +304,7 @@ def launch_hopper(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checke
     reason = None if checked else hopper_unsupported(problem, q, k, v, out)
     if reason is not None:
         raise ValueError(f"kernel: 'hopper' does not support this call: {reason}; use kernel='auto', 'tiled' or 'rowwise'")
-    plan_hopper(problem, _layout(q, k, v, out))(q, k, v, out, lse, seqlens_k)
+    plan_hopper(problem, _layout(q, k, v, out), sm_count(q.device.id))(q, k, v, out, lse, seqlens_k)
 
 
 def decode_unsupported(problem: Problem, q, k, v, out) -> str | None:

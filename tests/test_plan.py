@@ -190,11 +190,16 @@ def test_hopper_launch_passes_tensor_maps_of_k_and_v(monkeypatch):
     kv_layout = ((2, 300, 2, 80), (300 * 2 * 160, 2 * 160, 160, 2), 2)
     q, k, v, out = (_FakeDeviceArray(q_layout), _FakeDeviceArray(kv_layout), _FakeDeviceArray(kv_layout), _FakeDeviceArray(q_layout))
     k.data.ptr, v.data.ptr = 4096, 8192
-    launch = _plan.plan_hopper(problem, _plan._layout(q, k, v, out))
-    launch(q, k, v, out, None, None)
-    (spec, (grid, block, args), kw), = calls
+    spec_block_m = _specs.HOPPER["bfloat16", 128, True].block_m
+    tiles = math.ceil(300 * 4 / spec_block_m) * 2 * 2
+    for sms, grid in ((132, (tiles,)), (7, (7,))):  # persistent: at most one CTA per SM
+        calls.clear()
+        encoded.clear()
+        _plan._tensor_map_arg.cache_clear()
+        _plan.plan_hopper(problem, _plan._layout(q, k, v, out), sms)(q, k, v, out, None, None)
+        (spec, (grid_, block, args), kw), = calls
+        assert grid_ == grid
     assert spec.family == "hopper" and spec.head_dim == 128 and block == (spec.threads,) and kw["shared_mem"] == spec.smem
-    assert grid == (math.ceil(300 * 4 / spec.block_m) * 2 * 2,)
     assert len(args) == 9 and args[:4] == (q, k, v, out)
     assert encoded == [(4096, kv_layout[0], kv_layout[1], 2, spec.block_n), (8192, kv_layout[0], kv_layout[1], 2, spec.block_n)]
     _plan._tensor_map_arg.cache_clear()
