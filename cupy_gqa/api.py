@@ -86,9 +86,8 @@ def attention(
         the split-KV kernel for a few query tokens against a long KV cache:
         float16, bfloat16 or float32, head_dim 64, 128 or 256, seqlen_q <= 16,
         a unit-stride head_dim axis and 16-byte aligned rows; with the keys cut
-        into several ranges it takes a float32 workspace of
-        ``batch * num_q_heads * seqlen_q * num_splits * (head_dim + 1)`` values
-        from CuPy's memory pool for the duration of the call. "tiled", "hopper"
+        into several ranges it takes a float32 workspace (see ``workspace``).
+        "tiled", "hopper"
         and "decode" raise ValueError for a call they don't support. "auto"
         picks "decode" when it applies and seqlen_q * group_size is at most 32
         for float16 and bfloat16 or 4 for float32
@@ -131,6 +130,19 @@ def attention(
         "bhsd" array is seen as a transposed "bshd" view), so nothing is
         copied; the result is in the same layout, and lse is (batch,
         num_q_heads, seqlen_q) in both.
+    workspace : float32 CUDA array, optional
+        Scratch for a decode call that splits the keys into num_splits > 1
+        ranges: ``4 * batch * num_q_heads * seqlen_q * num_splits * (head_dim
+        + 1)`` bytes, which ``decode_workspace_size(q, k, v, **kwargs)`` gives
+        for a call (0 when it doesn't split; num_splits is at most 64) and
+        ``decode_workspace(q, k, v, **kwargs)`` allocates. It must be of q's
+        framework and device, contiguous, 16-byte aligned, at least that
+        size, and overlap none of q, k, v, out and seqlens_k. Without it,
+        torch inputs take the scratch from torch's allocator (capture-aware)
+        and CuPy inputs from CuPy's memory pool, returned when the call
+        returns; while a CUDA graph is captured, CuPy inputs must pass one (a
+        ValueError says so): the graph writes into it at every replay. Other
+        calls, and CPU inputs, ignore it.
 
     Returns
     -------
@@ -147,6 +159,14 @@ def attention(
     to the input dtype. NaN or Inf inside the data propagates as it does in the
     float64 definition. CUDA work is launched on CuPy's current stream, or on
     torch's current stream for torch tensors, with no synchronisation.
+
+    The first call of each signature (framework, device, dtypes, shapes,
+    strides, alignment, flags) checks and plans it; later calls of that
+    signature check only what can differ (addresses: overlaps and alignment;
+    host seqlens_k values) and launch the kept plan (``_fast``). Every path
+    can be captured into a CUDA graph once its kernels are compiled
+    (``warmup``), with a CUDA seqlens_k and, for CuPy's capture of a split
+    decode call, a ``workspace``.
     """
     flags = (type(causal), causal, type(softmax_scale), softmax_scale, type(return_lse), return_lse, kernel, precision, layout)
     try:  # a repeat call of a signature seen before (CuPy arrays, torch CUDA tensors): _fast
