@@ -2,7 +2,8 @@
 
     python benchmarks/overhead.py [--shape B,Sq,Sk,Hq,Hkv,D] [--dtype float32] [--torch]
 
-Host time is measured with the GPU idle before each call (a synchronize, then
+The full calls after the first of their signature take the repeat-call path
+(cupy_gqa/_fast.py). Host time is measured with the GPU idle before each call (a synchronize, then
 perf_counter around the call), so a full launch queue can't inflate it. Kernel
 time is CUDA events around back-to-back launches of the cached launch plan,
 queued behind a spin kernel so that host launch time can't leave gaps.
@@ -18,7 +19,10 @@ import ml_dtypes
 import numpy as np
 
 import cupy_gqa
-from cupy_gqa import _compile, _interop, _plan
+from cupy_gqa import _compile, _fast, _interop, _plan
+
+
+FLAGS = (bool, True, type(None), None, bool, False, "auto", "highest", "bshd")
 
 
 def host_us(fn, calls):
@@ -52,11 +56,12 @@ def main():
     layout = _plan._layout(q, k, v, out)
     vec = head_dim % _plan._specs.vec_width(args.dtype) == 0
     if family == "decode":  # two kernels and a workspace: time its launch function
-        name = _plan._specs.decode_spec(args.dtype, head_dim, seqlen_q * num_q_heads // num_kv_heads).name
+        name = _plan._specs.decode_spec(args.dtype, head_dim, seqlen_q * num_q_heads // num_kv_heads, _plan.device_arch(q.device.id)).name
         launch = None
         run_plan = lambda: _plan.launch_decode(problem, q, k, v, out, None, None)  # noqa: E731
     else:
-        launch = _plan.plan_tiled(problem, layout) if family == "tiled" else _plan.plan_rowwise(problem, layout, vec)
+        arch = _plan.device_arch(q.device.id)
+        launch = _plan.plan_tiled(problem, layout, arch) if family == "tiled" else _plan.plan_rowwise(problem, layout, vec)
         name = launch.spec.name
         run_plan = lambda: launch(q, k, v, out, None)  # noqa: E731
     cupy_gqa.attention(q, k, v, out=out, kernel=family)
@@ -82,6 +87,7 @@ def main():
         "full call, cupy, out given": lambda: cupy_gqa.attention(q, k, v, out=out, kernel=family),
         "full call, cupy": lambda: cupy_gqa.attention(q, k, v, kernel=family),
         "raw launch of the plan": run_plan,
+        "repeat-call signature (_fast)": lambda: _fast.signature(q, k, v, out, None, None, FLAGS),
         "frame_of": lambda: _interop.frame_of({"q": q, "k": k, "v": v}),
         "cupy.empty": lambda: cupy.empty(q.shape, q.dtype),
     }
@@ -93,9 +99,12 @@ def main():
         import torch
 
         tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
+        tout = torch.empty_like(tq)
         ts = torch.cuda.current_stream()
         steps.update({
             "full call, torch": lambda: cupy_gqa.attention(tq, tk, tv, kernel=family),
+            "full call, torch, out given": lambda: cupy_gqa.attention(tq, tk, tv, out=tout, kernel=family),
+            "torch raw stream query": lambda: torch._C._cuda_getCurrentRawStream(0),
             "cupy.from_dlpack(torch)": lambda: cupy.from_dlpack(tq),
             "cupy.from_dlpack(to_dlpack(torch))": lambda: cupy.from_dlpack(torch.utils.dlpack.to_dlpack(tq)),
             "_interop.to_backend(torch)": lambda: _interop.to_backend(tq, _interop.frame_of({"q": tq})),

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import _specs, _tma
 from ._compile import get_kernel
+from ._launch import PackedLaunch
 
 MAX_GRID_X = 2**31 - 1  # CUDA's limit on gridDim.x
 
@@ -80,41 +81,58 @@ def make_params(problem: Problem, layout: tuple, total_threads: int = 0) -> np.n
     return params
 
 
-# CuPy passes a 1-element NumPy array by value, reading its address through
-# __array_interface__ at every launch, which for a structured dtype costs
-# several microseconds; CuPy's own wrapper for that argument, made once per
-# launch plan, skips it. (Older CuPy without it: the array itself.) CuPy is
-# imported at the first plan, so that the NumPy backend runs without it; with
-# no CuPy at all, plans can still be made (tests), just not launched.
-@functools.cache
-def _by_value_wrapper():
-    try:
-        from cupy.cuda import function as cupy_function
-    except ImportError:
-        cupy_function = None
-    return getattr(cupy_function, "CNumpyArray", lambda array: array)
+def _current_device() -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDevice()
 
 
-def _by_value(array):
-    return _by_value_wrapper()(array)
+def current_stream_ptr() -> int:
+    """CuPy's current stream on the current device, as a cudaStream_t."""
+    import cupy
+
+    return cupy.cuda.get_current_stream().ptr
+
+
+def address(a) -> int:
+    """The device address of a backend array, 0 for None (a null pointer)."""
+    return 0 if a is None else a.data.ptr
 
 
 @dataclass(frozen=True, eq=False)
 class Launch:
-    """Everything about a launch except the array arguments."""
+    """Everything about a launch except the array arguments.
+
+    :meth:`launch` takes the addresses and the stream (the repeat-call path);
+    calling it takes CuPy arrays on CuPy's current stream."""
 
     spec: _specs.Spec
     grid: tuple
     params: np.ndarray  # PARAMS_DTYPE, shape (1,)
 
-    def __post_init__(self):
-        object.__setattr__(self, "_params_arg", _by_value(self.params))
+    workspace_bytes = 0  # the prefill and rowwise kernels take no workspace
+    extra_args = ()  # per-launch values after the parameter struct (_launch.BLOBS)
 
-    def __call__(self, q, k, v, out, lse, seqlens_k=None) -> None:
+    def __post_init__(self):
+        object.__setattr__(self, "_packed", {})  # device -> PackedLaunch
+
+    def packed(self) -> PackedLaunch:
+        """The pre-packed launch on the current device (its kernel compiled or loaded at the first)."""
+        device = _current_device()
+        packed = self._packed.get(device)
+        if packed is None:
+            kernel = get_kernel(self.spec)
+            args = ("q", "k", "v", "out", "lse", "seqlens_k", self.params.tobytes(), *self.extra_args)
+            packed = PackedLaunch([(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], device, keep=(kernel,))
+            self._packed[device] = packed
+        return packed
+
+    def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0) -> None:
+        self.packed()(stream, q, k, v, out, lse, seqlens_k)
+
+    def __call__(self, q, k, v, out, lse, seqlens_k=None, workspace=None) -> None:
         # lse and seqlens_k None are passed as null pointers
-        get_kernel(self.spec)(
-            self.grid, (self.spec.threads,), (q, k, v, out, lse, seqlens_k, self._params_arg), shared_mem=self.spec.smem
-        )
+        self.launch(current_stream_ptr(), address(q), address(k), address(v), address(out), address(lse), address(seqlens_k))
 
 
 def _layout(*arrays) -> tuple:
@@ -161,15 +179,22 @@ def plan_rowwise(problem: Problem, layout: tuple, vec: bool) -> Launch:
     return Launch(spec, (grid_stride_blocks(total_threads, spec.threads),), make_params(problem, layout, total_threads))
 
 
-def launch_rowwise(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False) -> None:
-    # rowwise runs every call: nothing to check (checked is the common launch signature)
+def rowwise_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:
+    """The rowwise plan of a call (rowwise runs every call: nothing to check)."""
     layout = _layout(q, k, v, out)
     vec = (
         problem.head_dim % _specs.vec_width(problem.dtype) == 0
         and device_arch(q.device.id).sm80
         and _vector_issue(layout, (q, k, v, out)) is None
     )
-    plan_rowwise(problem, layout, vec)(q, k, v, out, lse, seqlens_k)
+    return plan_rowwise(problem, layout, vec)
+
+
+def launch_rowwise(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False, workspace=None) -> Launch:
+    """Launch the call's plan and return it (the common launch signature; rowwise takes no workspace)."""
+    plan = rowwise_plan_for(problem, q, k, v, out)
+    plan(q, k, v, out, lse, seqlens_k)
+    return plan
 
 
 def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
@@ -203,12 +228,18 @@ def plan_tiled(problem: Problem, layout: tuple, arch: _specs.Arch) -> Launch:
     return _prefill_launch(problem, layout, spec)
 
 
-def launch_tiled(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False) -> None:
+def tiled_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:
     """``checked``: choose_kernel has already found that tiled_unsupported is None."""
     reason = None if checked else tiled_unsupported(problem, q, k, v, out)
     if reason is not None:
         raise ValueError(f"kernel: 'tiled' does not support this call: {reason}; use kernel='auto' or 'rowwise'")
-    plan_tiled(problem, _layout(q, k, v, out), device_arch(q.device.id))(q, k, v, out, lse, seqlens_k)
+    return plan_tiled(problem, _layout(q, k, v, out), device_arch(q.device.id))
+
+
+def launch_tiled(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False, workspace=None) -> Launch:
+    plan = tiled_plan_for(problem, q, k, v, out, checked=checked)
+    plan(q, k, v, out, lse, seqlens_k)
+    return plan
 
 
 @functools.lru_cache(maxsize=64)
@@ -265,21 +296,28 @@ def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
 
 @dataclass(frozen=True, eq=False)
 class HopperLaunch(Launch):
-    """A hopper launch: the prefill grid, and tensor maps of K and V for the
-    kernel's bulk copies (kernels/hopper.cu), encoded per array (_tma.py)."""
+    """A hopper launch: the persistent prefill grid, and the tensor maps of K and
+    V for the kernel's bulk copies (kernels/hopper.cu), encoded by the driver
+    (_tma.py) at the first launch with each address and kept for the next."""
 
-    def __call__(self, q, k, v, out, lse, seqlens_k=None) -> None:
-        k_map = _tensor_map_arg(k.data.ptr, k.shape, k.strides, k.itemsize, self.spec.block_n)
-        v_map = _tensor_map_arg(v.data.ptr, v.shape, v.strides, v.itemsize, self.spec.block_n)
-        get_kernel(self.spec)(
-            self.grid, (self.spec.threads,), (q, k, v, out, lse, seqlens_k, self._params_arg, k_map, v_map),
-            shared_mem=self.spec.smem,
-        )
+    kv_layouts: tuple = ()  # (shape, byte strides, itemsize) of k and of v
+    extra_args = ("k_map", "v_map")
 
+    MAPS_KEPT = 64  # encoded tensor maps kept per plan (a serving loop reuses its cache's)
 
-@functools.lru_cache(maxsize=256)
-def _tensor_map_arg(ptr: int, shape: tuple, strides: tuple, itemsize: int, block_n: int):
-    return _by_value(_tma.tile_map(ptr, shape, strides, itemsize, block_n))
+    def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0) -> None:
+        self.packed()(stream, q, k, v, out, lse, seqlens_k, blobs=(self._tensor_map(0, k), self._tensor_map(1, v)))
+
+    def _tensor_map(self, which: int, ptr: int) -> bytes:
+        maps = self.__dict__.setdefault("_maps", {})
+        encoded = maps.get((which, ptr))
+        if encoded is None:
+            shape, strides, itemsize = self.kv_layouts[which]
+            encoded = _tma.tile_map(ptr, shape, strides, itemsize, self.spec.block_n).tobytes()
+            if len(maps) >= self.MAPS_KEPT:
+                maps.clear()
+            maps[(which, ptr)] = encoded
+        return encoded
 
 
 @functools.lru_cache(maxsize=4096)
@@ -288,7 +326,7 @@ def plan_hopper(problem: Problem, layout: tuple, sms: int) -> HopperLaunch:
     prefill tiles in the order of _prefill_launch's grid, a grid apart."""
     spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
     launch = _prefill_launch(problem, layout, spec)
-    return HopperLaunch(launch.spec, (min(launch.grid[0], sms),), launch.params)
+    return HopperLaunch(launch.spec, (min(launch.grid[0], sms),), launch.params, kv_layouts=layout[1:3])
 
 
 @functools.lru_cache(maxsize=64)
@@ -299,12 +337,18 @@ def sm_count(device: int) -> int:
     return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
-def launch_hopper(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False) -> None:
+def hopper_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:
     """``checked``: choose_kernel has already found that hopper_unsupported is None."""
     reason = None if checked else hopper_unsupported(problem, q, k, v, out)
     if reason is not None:
         raise ValueError(f"kernel: 'hopper' does not support this call: {reason}; use kernel='auto', 'tiled' or 'rowwise'")
-    plan_hopper(problem, _layout(q, k, v, out), sm_count(q.device.id))(q, k, v, out, lse, seqlens_k)
+    return plan_hopper(problem, _layout(q, k, v, out), sm_count(q.device.id))
+
+
+def launch_hopper(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False, workspace=None) -> Launch:
+    plan = hopper_plan_for(problem, q, k, v, out, checked=checked)
+    plan(q, k, v, out, lse, seqlens_k)
+    return plan
 
 
 def decode_unsupported(problem: Problem, q, k, v, out) -> str | None:
@@ -345,11 +389,16 @@ def decode_num_splits(problem: Problem, row_blocks: int, slots: int) -> int:
 class DecodeLaunch:
     """The split-KV decode kernel and, with num_splits > 1, its combine kernel.
 
-    Workspace (num_splits > 1): one float32 buffer from CuPy's memory pool on
-    the current stream, packed_rows * num_splits * (head_dim + 1) values
-    (packed_rows = batch * num_q_heads * seqlen_q): the partial outputs and
-    their lse. It returns to the pool when the call returns; the pool is
-    stream-ordered, so no synchronisation is needed."""
+    Workspace (num_splits > 1): workspace_bytes of float32 values, the partial
+    outputs (packed_rows * num_splits * head_dim, packed_rows = batch *
+    num_q_heads * seqlen_q) then their lse (packed_rows * num_splits), at a
+    16-byte aligned address. Calling the plan takes it as ``workspace``: a
+    caller's CuPy array (checked here), a function of the byte count that
+    returns one (torch's allocator, for torch inputs), or None: then it comes
+    from CuPy's memory pool on the current stream and returns to the pool when
+    the call returns (the pool is stream-ordered, so nothing waits), except
+    while the stream is captured into a CUDA graph, which such a buffer would
+    outlive: that raises a ValueError."""
 
     spec: _specs.Spec
     combine: _specs.Spec
@@ -365,27 +414,85 @@ class DecodeLaunch:
             return 0
         return 4 * self.workspace_rows * self.num_splits * (self.spec.head_dim + 1)
 
+    @property
+    def part_lse_offset(self) -> int:
+        """Bytes from the workspace's start to the partial lse."""
+        return 4 * self.workspace_rows * self.num_splits * self.spec.head_dim
+
     def __post_init__(self):
-        object.__setattr__(self, "_params_arg", _by_value(self.params))
-        object.__setattr__(self, "_num_splits_arg", np.int32(self.num_splits))
+        object.__setattr__(self, "_packed", {})  # device -> PackedLaunch
 
-    def __call__(self, q, k, v, out, lse, seqlens_k) -> None:
-        kernel = get_kernel(self.spec)
-        threads = (self.spec.threads,)
-        ns = self._num_splits_arg
-        smem = self.spec.smem
-        if self.num_splits == 1:
-            kernel(self.grid, threads, (q, k, v, out, lse, seqlens_k, self._params_arg, None, None, ns), shared_mem=smem)
-            return
-        import cupy
+    def packed(self) -> PackedLaunch:
+        """The pre-packed launch (decode, then combine when split) on the current device."""
+        device = _current_device()
+        packed = self._packed.get(device)
+        if packed is None:
+            params, ns = self.params.tobytes(), np.int32(self.num_splits).tobytes()
+            kernel = get_kernel(self.spec)
+            args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns)
+            kernels, keep = [(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], [kernel]
+            if self.num_splits > 1:
+                combine = get_kernel(self.combine)
+                args = ("out", "lse", "seqlens_k", params, "part_o", "part_lse", ns)
+                kernels.append((combine.kernel.ptr, self.combine_grid[0], self.combine.threads, self.combine.smem, args))
+                keep.append(combine)
+            packed = PackedLaunch(kernels, device, keep=keep, part_lse_offset=self.part_lse_offset)
+            self._packed[device] = packed
+        return packed
 
-        n_o = self.workspace_rows * self.num_splits * self.spec.head_dim
-        work = cupy.empty(n_o + self.workspace_rows * self.num_splits, dtype=cupy.float32)
-        part_o, part_lse = work[:n_o], work[n_o:]
-        kernel(self.grid, threads, (q, k, v, out, lse, seqlens_k, self._params_arg, part_o, part_lse, ns), shared_mem=smem)
-        get_kernel(self.combine)(
-            self.combine_grid, (self.combine.threads,), (out, lse, seqlens_k, self._params_arg, part_o, part_lse, ns)
+    def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0) -> None:
+        """``workspace``: the address of a checked workspace when num_splits > 1."""
+        self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace if self.num_splits > 1 else 0)
+
+    def __call__(self, q, k, v, out, lse, seqlens_k, workspace=None) -> None:
+        stream = current_stream_ptr()
+        work = 0
+        if self.num_splits > 1:
+            if workspace is None:
+                import cupy
+
+                if cupy.cuda.runtime.streamIsCapturing(stream):
+                    raise ValueError(workspace_capture_message(self.num_splits, self.workspace_bytes))
+                workspace = cupy.empty(self.workspace_bytes // 4, dtype=cupy.float32)  # CuPy's pool, this stream
+            elif callable(workspace):
+                workspace = workspace(self.workspace_bytes)
+            else:
+                check_workspace(workspace, self.workspace_bytes, {"q": q, "k": k, "v": v, "out": out, "seqlens_k": seqlens_k})
+            work = address(workspace)
+        self.launch(stream, address(q), address(k), address(v), address(out), address(lse), address(seqlens_k), work)
+
+
+def workspace_capture_message(num_splits: int, nbytes: int) -> str:
+    return (
+        f"workspace: expected a caller-owned buffer while a CUDA graph is being captured (this call splits the keys "
+        f"into {num_splits} ranges and needs a float32 workspace of {nbytes} bytes; a buffer from CuPy's memory pool "
+        f"would go back to the pool while the graph still writes to it), got None; pass "
+        f"workspace=cupy_gqa.decode_workspace(q, k, v, ...)"
+    )
+
+
+def check_workspace(workspace, needed: int, others: dict) -> None:
+    """A caller's workspace (a CuPy array, dtype and contiguity already checked)
+    for a call that needs ``needed`` bytes: its size, address and overlap with
+    the call's other arrays (``others``: name -> CuPy array or None)."""
+    if workspace.nbytes < needed:
+        raise ValueError(
+            f"workspace: expected at least {needed} bytes ({needed // 4} float32 values) for this call, "
+            f"got {workspace.nbytes} bytes; cupy_gqa.decode_workspace_size gives the size"
         )
+    if needed == 0:
+        return
+    ptr = workspace.data.ptr
+    if ptr % 16:
+        raise ValueError(f"workspace: expected a 16-byte aligned address, got {ptr:#x}")
+    hi = ptr + needed
+    for name, a in others.items():
+        if a is not None and a.size:
+            from ._interop import byte_span
+
+            a_lo, a_hi = byte_span(a)
+            if ptr < a_hi and a_lo < hi:
+                raise ValueError(f"workspace: must not overlap the memory of {name}")
 
 
 def _decode_plan(problem: Problem, layout: tuple, spec: _specs.Spec, num_splits: int) -> DecodeLaunch:
@@ -428,27 +535,40 @@ def _check_decode(problem: Problem, q, k, v, out) -> None:
         raise ValueError(f"kernel: 'decode' does not support this call: {reason}; use kernel='auto' or 'rowwise'")
 
 
-def launch_decode(problem: Problem, q, k, v, out, lse, seqlens_k, *, checked: bool = False) -> None:
+def decode_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> DecodeLaunch:
     """``checked``: choose_kernel has already found that decode_unsupported is None."""
     if not checked:
         _check_decode(problem, q, k, v, out)
     arch = device_arch(q.device.id)
     spec = _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size, arch)
     slots = _resident_slots(spec, q.device.id)
-    plan_decode(problem, _layout(q, k, v, out), slots, arch)(q, k, v, out, lse, seqlens_k)
+    return plan_decode(problem, _layout(q, k, v, out), slots, arch)
 
 
-def _launch_decode_forced_splits(problem: Problem, q, k, v, out, lse, seqlens_k, num_splits: int) -> None:
+def launch_decode(problem: Problem, q, k, v, out, lse, seqlens_k, *, checked: bool = False, workspace=None) -> DecodeLaunch:
+    """``checked``: choose_kernel has already found that decode_unsupported is None.
+    ``workspace``: as DecodeLaunch takes it."""
+    plan = decode_plan_for(problem, q, k, v, out, checked=checked)
+    plan(q, k, v, out, lse, seqlens_k, workspace)
+    return plan
+
+
+def _launch_decode_forced_splits(problem: Problem, q, k, v, out, lse, seqlens_k, num_splits: int, workspace=None) -> DecodeLaunch:
     """launch_decode with ``num_splits`` key ranges in place of the split rule's
     choice: for the tests of the split path and benchmarks/dev, not the API."""
     _check_decode(problem, q, k, v, out)
     rows = problem.seqlen_q * problem.group_size
     spec = _specs.decode_spec(problem.dtype, problem.head_dim, rows, device_arch(q.device.id))
-    _decode_plan(problem, _layout(q, k, v, out), spec, num_splits)(q, k, v, out, lse, seqlens_k)
+    plan = _decode_plan(problem, _layout(q, k, v, out), spec, num_splits)
+    plan(q, k, v, out, lse, seqlens_k, workspace)
+    return plan
 
 
-# The GPU kernel families, in the order the public ``kernel=`` lists them.
+# The GPU kernel families, in the order the public ``kernel=`` lists them: each
+# launches a validated call and returns its plan ...
 LAUNCH = {"rowwise": launch_rowwise, "tiled": launch_tiled, "hopper": launch_hopper, "decode": launch_decode}
+# ... or only makes the plan (checked as the launch would).
+PLAN_FOR = {"rowwise": rowwise_plan_for, "tiled": tiled_plan_for, "hopper": hopper_plan_for, "decode": decode_plan_for}
 
 # "auto" takes the decode kernel up to this many packed rows (seqlen_q * group_size)
 # per (batch, KV head), by dtype; beyond, the tiled kernel is faster (H200,

@@ -4,10 +4,11 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import sys
 
 import numpy as np
 
-from . import _interop, _plan
+from . import _fast, _interop, _plan
 from ._specs import DTYPES, MAX_HEAD_DIM, PRECISIONS
 from .cpu import attention_cpu
 
@@ -35,6 +36,7 @@ def attention(
     precision="highest",
     seqlens_k=None,
     layout="bshd",
+    workspace=None,
 ):
     """Causal grouped-query attention: ``softmax(scale * q k^T + mask) v`` per query head.
 
@@ -84,9 +86,8 @@ def attention(
         the split-KV kernel for a few query tokens against a long KV cache:
         float16, bfloat16 or float32, head_dim 64, 128 or 256, seqlen_q <= 16,
         a unit-stride head_dim axis and 16-byte aligned rows; with the keys cut
-        into several ranges it takes a float32 workspace of
-        ``batch * num_q_heads * seqlen_q * num_splits * (head_dim + 1)`` values
-        from CuPy's memory pool for the duration of the call. "tiled", "hopper"
+        into several ranges it takes a float32 workspace (see ``workspace``).
+        "tiled", "hopper"
         and "decode" raise ValueError for a call they don't support. "auto"
         picks "decode" when it applies and seqlen_q * group_size is at most 32
         for float16 and bfloat16 or 4 for float32
@@ -129,6 +130,19 @@ def attention(
         "bhsd" array is seen as a transposed "bshd" view), so nothing is
         copied; the result is in the same layout, and lse is (batch,
         num_q_heads, seqlen_q) in both.
+    workspace : float32 CUDA array, optional
+        Scratch for a decode call that splits the keys into num_splits > 1
+        ranges: ``4 * batch * num_q_heads * seqlen_q * num_splits * (head_dim
+        + 1)`` bytes, which ``decode_workspace_size(q, k, v, **kwargs)`` gives
+        for a call (0 when it doesn't split; num_splits is at most 64) and
+        ``decode_workspace(q, k, v, **kwargs)`` allocates. It must be of q's
+        framework and device, contiguous, 16-byte aligned, at least that
+        size, and overlap none of q, k, v, out and seqlens_k. Without it,
+        torch inputs take the scratch from torch's allocator (capture-aware)
+        and CuPy inputs from CuPy's memory pool, returned when the call
+        returns; while a CUDA graph is captured, CuPy inputs must pass one (a
+        ValueError says so): the graph writes into it at every replay. Other
+        calls, and CPU inputs, ignore it.
 
     Returns
     -------
@@ -145,7 +159,35 @@ def attention(
     to the input dtype. NaN or Inf inside the data propagates as it does in the
     float64 definition. CUDA work is launched on CuPy's current stream, or on
     torch's current stream for torch tensors, with no synchronisation.
+
+    The first call of each signature (framework, device, dtypes, shapes,
+    strides, alignment, flags) checks and plans it; later calls of that
+    signature check only what can differ (addresses: overlaps and alignment;
+    host seqlens_k values) and launch the kept plan (``_fast``). Every path
+    can be captured into a CUDA graph once its kernels are compiled
+    (``warmup``), with a CUDA seqlens_k and, for CuPy's capture of a split
+    decode call, a ``workspace``.
     """
+    flags = (type(causal), causal, type(softmax_scale), softmax_scale, type(return_lse), return_lse, kernel, precision, layout)
+    try:  # a repeat call of a signature seen before (CuPy arrays, torch CUDA tensors): _fast
+        found = _fast.signature(q, k, v, out, seqlens_k, workspace, flags)
+        entry = None if found is None else _fast.lookup(found[0])
+    except Exception:  # arguments no signature can hold (unhashable, ...): the full path says what is wrong
+        found = entry = None
+    if entry is not None:
+        result = entry(q, k, v, out, seqlens_k, workspace, found[1])
+        if result is not None:
+            return result
+    return _attention(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out, kernel=kernel,
+        precision=precision, seqlens_k=seqlens_k, layout=layout, workspace=workspace, flags=flags,
+    )  # fmt: skip
+
+
+def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, seqlens_k, layout, workspace, flags, plan_only=False):
+    """The full path: every check, the plan, the launch; then the signature's
+    entry for later calls. ``plan_only``: return the plan (or None where no
+    kernel runs) without allocating or launching anything but a new out."""
     if kernel not in _KERNEL_CHOICES:
         raise ValueError(f"kernel: expected one of {_KERNEL_CHOICES}, got {kernel!r}")
     if precision not in PRECISIONS:
@@ -156,13 +198,18 @@ def attention(
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name}: expected a bool, got {type(flag).__name__} {flag!r}")
 
-    named = {"q": q, "k": k, "v": v} if out is None else {"q": q, "k": k, "v": v, "out": out}
+    named = {"q": q, "k": k, "v": v}
+    if out is not None:
+        named["out"] = out
+    if workspace is not None:
+        named["workspace"] = workspace
     frame = _interop.frame_of(named)
     bhsd = layout == "bhsd"
     dtype = _check_shapes_and_dtypes(q, k, v, bhsd)
     batch, seqlen_q, num_q_heads, head_dim = (q.shape[0], q.shape[2], q.shape[1], q.shape[3]) if bhsd else q.shape
+    seqlen_k = k.shape[2 if bhsd else 1]
     softmax_scale = _check_scale(softmax_scale, head_dim)
-    lens = _check_seqlens_k(seqlens_k, frame, batch, k.shape[2 if bhsd else 1])
+    lens = _check_seqlens_k(seqlens_k, frame, batch, seqlen_k)
     if kernel != "auto" and not frame.on_gpu:
         raise ValueError(f"kernel: {kernel!r} runs on CUDA arrays; CPU inputs use the NumPy backend, kernel='auto'")
 
@@ -170,6 +217,9 @@ def attention(
         qb, kb, vb = (_interop.to_backend(x, frame) for x in (q, k, v))
         for name, a in (("q", qb), ("k", kb), ("v", vb)):
             _check_strides(name, a)
+        wsb = None
+        if workspace is not None and frame.on_gpu:  # CPU inputs need none: a given one is ignored
+            wsb = _check_workspace(workspace, frame)
         if out is None:
             out, outb = _interop.empty(tuple(q.shape), q, frame)  # contiguous in the caller's layout
         else:
@@ -177,14 +227,20 @@ def attention(
             _check_out(out, outb, tuple(q.shape), qb, kb, vb, dtype)
         if bhsd:  # from here on (batch, seqlen, heads, head_dim): transposed views, nothing copied
             qb, kb, vb, outb = (a.transpose(_BHSD_TO_BSHD) for a in (qb, kb, vb, outb))
+        problem = _plan.Problem.of(
+            qb, kb, dtype=dtype, causal=bool(causal), softmax_scale=softmax_scale, precision=precision
+        )
+        runs = frame.on_gpu and outb.size != 0 and problem.seqlen_k != 0
+        if plan_only:
+            if not runs:
+                return None
+            family = _plan.choose_kernel(problem, qb, kb, vb, outb) if kernel == "auto" else kernel
+            return _plan.PLAN_FOR[family](problem, qb, kb, vb, outb, checked=kernel == "auto")
         lse, lseb = (None, None)
         if return_lse:
             lse, lseb = _interop.empty((batch, num_q_heads, seqlen_q), q, frame, float32=True)
 
         lensb = _seqlens_k_backend(lens, frame)  # the last check, then the host array's copy
-        problem = _plan.Problem.of(
-            qb, kb, dtype=dtype, causal=bool(causal), softmax_scale=softmax_scale, precision=precision
-        )
         if outb.size == 0:
             pass  # nothing to compute, nothing launched
         elif problem.seqlen_k == 0:
@@ -195,9 +251,64 @@ def attention(
             attention_cpu(qb, kb, vb, outb, lseb, causal=problem.causal, softmax_scale=softmax_scale, seqlens_k=lensb)
         else:
             family = _plan.choose_kernel(problem, qb, kb, vb, outb) if kernel == "auto" else kernel
+            if wsb is not None:
+                ws_arg = wsb
+            elif frame.kind == "torch":  # torch's allocator: on torch's stream, and capture-aware
+                ws_arg = functools.partial(_torch_workspace, frame)
+            else:
+                ws_arg = None  # CuPy's pool (refused while capturing)
             # auto's choice has checked that the family supports the call; a forced one checks here
-            _plan.LAUNCH[family](problem, qb, kb, vb, outb, lseb, lensb, checked=kernel == "auto")
+            plan = _plan.LAUNCH[family](problem, qb, kb, vb, outb, lseb, lensb, checked=kernel == "auto", workspace=ws_arg)
+            if runs and plan is not None:
+                _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, (qb, kb, vb, outb, lensb),
+                          out_given="out" in named, return_lse=bool(return_lse),
+                          lse_shape=(batch, num_q_heads, seqlen_q), lens=lens, seqlen_k=seqlen_k)  # fmt: skip
     return (out, lse) if return_lse else out
+
+
+def _torch_workspace(frame: _interop.Frame, nbytes: int):
+    """A float32 workspace from torch's allocator, as a CuPy view (it keeps the tensor alive)."""
+    torch = sys.modules["torch"]
+    t = torch.empty(nbytes // 4, dtype=torch.float32, device=torch.device("cuda", frame.device))
+    return _interop.to_backend(t, frame)
+
+
+def _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, backend, *, out_given, return_lse, lse_shape, lens, seqlen_k):
+    """Keep this call's decisions for the later calls of its signature (_fast)."""
+    exact = {"torch": "torch.Tensor", "cupy": "cupy.ndarray"}.get(frame.kind)
+    if exact is None or f"{type(q).__module__.split('.')[0]}.{type(q).__name__}" != exact:
+        return  # foreign DLPack arrays and subclasses take the full path every call
+    _fast.register(type(q), frame.kind)
+    if lens is not None and lens[0] == "device" and type(seqlens_k) not in _fast._types:
+        t = type(seqlens_k)
+        kind = _interop._kind(seqlens_k)
+        if f"{t.__module__.split('.')[0]}.{t.__name__}" == {"torch": "torch.Tensor", "cupy": "cupy.ndarray"}.get(kind):
+            _fast.register(t, kind)
+    found = _fast.signature(q, k, v, out if out_given else None, seqlens_k, workspace, flags)
+    if found is None:
+        return
+    key, _ = found
+    qb, kb, vb, outb, lensb = backend
+    extent = lambda a: 0 if a is None else _interop.byte_span(a)[1] - _interop.byte_span(a)[0]  # noqa: E731
+    host_lens = None
+    if lens is not None and lens[0] == "host":
+        batch = lse_shape[0]
+
+        def host_lens(values):
+            checked = _check_seqlens_k(values, frame, batch, seqlen_k)
+            with _interop.running_on(frame):
+                return _seqlens_k_backend(checked, frame)
+
+    _fast.remember(
+        key,
+        _fast.Entry(
+            kind=frame.kind, device=frame.device, packed=plan.packed(), return_lse=return_lse,
+            out_shape=tuple(q.shape), lse_shape=lse_shape, dtype=q.dtype, aligned_out=key[5],
+            extents=(extent(qb), extent(kb), extent(vb), extent(outb), extent(lensb) if lens and lens[0] == "device" else 0),
+            ws_bytes=plan.workspace_bytes, host_lens=host_lens,
+            capture_message=_plan.workspace_capture_message(getattr(plan, "num_splits", 1), plan.workspace_bytes),
+        ),
+    )  # fmt: skip
 
 
 def _check_shapes_and_dtypes(q, k, v, bhsd: bool = False) -> str:
@@ -310,6 +421,18 @@ def _seqlens_k_backend(lens, frame: _interop.Frame):
     return a
 
 
+def _check_workspace(workspace, frame: _interop.Frame):
+    """A caller's decode workspace (framework and device already checked) as a
+    backend array: float32 and contiguous. Its size, address and overlap are
+    checked where the plan says how much of it the call uses."""
+    if _interop.dtype_name(workspace) != "float32":
+        raise TypeError(f"workspace: expected dtype float32, got {_interop.dtype_name(workspace)}")
+    wsb = _interop.to_backend(workspace, frame)
+    if not wsb.flags.c_contiguous:
+        raise ValueError(f"workspace: expected a contiguous array, got shape {wsb.shape} with strides {wsb.strides} bytes")
+    return wsb
+
+
 def _check_scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
@@ -350,6 +473,49 @@ def _check_out(out, outb, q_shape: tuple, qb, kb, vb, dtype: str) -> None:
         a_lo, a_hi = _interop.byte_span(a)
         if lo < a_hi and a_lo < hi:
             raise ValueError(f"out: must not overlap the memory of {name}")
+
+
+_ATTENTION_DEFAULTS = {
+    "causal": True, "softmax_scale": None, "return_lse": False, "out": None, "kernel": "auto",
+    "precision": "highest", "seqlens_k": None, "layout": "bshd", "workspace": None,
+}  # fmt: skip
+
+
+def decode_workspace_size(q, k, v, **kwargs) -> int:
+    """Bytes of the float32 workspace that ``attention(q, k, v, **kwargs)`` uses
+    (the same arrays and keywords): ``4 * batch * num_q_heads * seqlen_q *
+    num_splits * (head_dim + 1)`` when the decode kernel splits the keys into
+    num_splits > 1 ranges, else 0. num_splits depends on the device (its SMs
+    and the kernel's occupancy, queried here: the decode kernel is compiled or
+    loaded if it was not yet) and is at most ``_plan.DECODE_MAX_SPLITS`` (64),
+    so ``4 * batch * num_q_heads * seqlen_q * 64 * (head_dim + 1)`` bytes
+    serve every such call on any device. The call is checked as attention
+    checks it; nothing is launched (a new out is allocated to plan with)."""
+    unknown = sorted(set(kwargs) - set(_ATTENTION_DEFAULTS))
+    if unknown:
+        raise TypeError(f"decode_workspace_size: unexpected keyword {unknown[0]!r} (it takes attention's keywords)")
+    plan = _attention(q, k, v, **{**_ATTENTION_DEFAULTS, **kwargs}, flags=None, plan_only=True)
+    return 0 if plan is None else plan.workspace_bytes
+
+
+def decode_workspace(q, k, v, **kwargs):
+    """A workspace for ``attention(q, k, v, workspace=..., **kwargs)``: a new
+    contiguous float32 array of ``decode_workspace_size(q, k, v, **kwargs)``
+    bytes in q's framework and on q's device (a torch tensor for torch inputs,
+    else a CuPy array), or None when the call needs none (None is then the
+    right ``workspace``). Make it before capturing a CUDA graph and keep it as
+    long as the graph: the graph's launches write into it at every replay."""
+    nbytes = decode_workspace_size(q, k, v, **kwargs)
+    if nbytes == 0:
+        return None
+    frame = _interop.frame_of({"q": q})
+    if frame.kind == "torch":
+        torch = sys.modules["torch"]
+        return torch.empty(nbytes // 4, dtype=torch.float32, device=torch.device("cuda", frame.device))
+    import cupy
+
+    with cupy.cuda.Device(frame.device):
+        return cupy.empty(nbytes // 4, dtype=cupy.float32)
 
 
 def warmup(*, dtypes=None, head_dims=None, device=None) -> int:

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from cupy_gqa import _compile, _plan, _specs, _tma
+from cupy_gqa import _compile, _launch, _plan, _specs, _tma
 
 
 @pytest.mark.parametrize("total", [1, 127, 128, 129, 10**6, 2**31 * 128, 10**13])
@@ -179,30 +179,43 @@ def test_hopper_refuses_other_architectures(monkeypatch):
 
 def test_hopper_launch_passes_tensor_maps_of_k_and_v(monkeypatch):
     """A hopper launch hands the kernel the parameter struct and then the tensor
-    maps of K and V, encoded for the spec's tile of keys (no GPU: the kernel and
-    the driver's encoder are stand-ins)."""
-    calls, encoded = [], []
-    monkeypatch.setattr(_plan, "get_kernel", lambda spec: lambda *a, **kw: calls.append((spec, a, kw)))
-    monkeypatch.setattr(_tma, "tile_map", lambda *a: encoded.append(a) or np.zeros(1, _tma.TENSOR_MAP_DTYPE))
-    _plan._tensor_map_arg.cache_clear()
+    maps of K and V, encoded for the spec's tile of keys at each new address
+    (no GPU: the kernel, the driver's launch and its encoder are stand-ins)."""
+    launched, encoded = [], []
+
+    class _Kernel:
+        kernel = type("Function", (), {"ptr": 77})()
+
+    monkeypatch.setattr(_plan, "get_kernel", lambda spec: _Kernel())
+    monkeypatch.setattr(_plan, "_current_device", lambda: 0)
+    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, packed_values())))
+    _launch._bound.__dict__[0] = True  # device 0's context counts as bound in this thread
+
+    def tile_map(ptr, *rest):
+        encoded.append((ptr, *rest))
+        return np.full(1, bytes([len(encoded)]) * 128, _tma.TENSOR_MAP_DTYPE)
+
+    monkeypatch.setattr(_tma, "tile_map", tile_map)
     problem = _plan.Problem(2, 300, 300, 8, 2, 80, "bfloat16", True, 80**-0.5)
     q_layout = ((2, 300, 8, 80), (300 * 8 * 160, 8 * 160, 160, 2), 2)
     kv_layout = ((2, 300, 2, 80), (300 * 2 * 160, 2 * 160, 160, 2), 2)
-    q, k, v, out = (_FakeDeviceArray(q_layout), _FakeDeviceArray(kv_layout), _FakeDeviceArray(kv_layout), _FakeDeviceArray(q_layout))
-    k.data.ptr, v.data.ptr = 4096, 8192
-    spec_block_m = _specs.HOPPER["bfloat16", 128, True].block_m
-    tiles = math.ceil(300 * 4 / spec_block_m) * 2 * 2
-    for sms, grid in ((132, (tiles,)), (7, (7,))):  # persistent: at most one CTA per SM
-        calls.clear()
-        encoded.clear()
-        _plan._tensor_map_arg.cache_clear()
-        _plan.plan_hopper(problem, _plan._layout(q, k, v, out), sms)(q, k, v, out, None, None)
-        (spec, (grid_, block, args), kw), = calls
-        assert grid_ == grid
-    assert spec.family == "hopper" and spec.head_dim == 128 and block == (spec.threads,) and kw["shared_mem"] == spec.smem
-    assert len(args) == 9 and args[:4] == (q, k, v, out)
-    assert encoded == [(4096, kv_layout[0], kv_layout[1], 2, spec.block_n), (8192, kv_layout[0], kv_layout[1], 2, spec.block_n)]
-    _plan._tensor_map_arg.cache_clear()
+    layout = (q_layout, kv_layout, kv_layout, q_layout)
+    spec = _specs.HOPPER["bfloat16", 128, True]
+    tiles = math.ceil(300 * 4 / spec.block_m) * 2 * 2
+    assert _plan.plan_hopper(problem, layout, 132).grid == (tiles,)
+    plan = _plan.plan_hopper(problem, layout, 7)  # persistent: at most one CTA per SM
+    packed_values = lambda: plan.packed().values()  # noqa: E731
+    plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
+    plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)  # the same addresses: no new encoding
+    plan.launch(99, 1 << 20, 4096, 12288, 2 << 20, 0, 0)  # a new V
+    assert encoded == [(4096, *kv_layout, 128), (8192, *kv_layout, 128), (12288, *kv_layout, 128)]
+    assert [a[:9] for a, _ in launched] == [(77, 7, 1, 1, spec.threads, 1, 1, spec.smem, 99)] * 3
+    args = plan.packed().arg_addresses(0)
+    assert len(args) == 9
+    for (_, buf), maps in zip(launched, ((1, 2), (1, 2), (1, 3))):
+        assert buf[args[7] : args[7] + 128] == bytes([maps[0]]) * 128  # k_map
+        assert buf[args[8] : args[8] + 128] == bytes([maps[1]]) * 128  # v_map
+        assert buf[args[6] : args[6] + plan.params.nbytes] == plan.params.tobytes()
 
 
 def test_hopper_smem_fits_and_head_dims_pad():

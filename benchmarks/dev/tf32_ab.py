@@ -86,7 +86,7 @@ def main():
         out = cupy.empty_like(q)
         problem = _plan.Problem.of(q, k, dtype="float32", causal=True, softmax_scale=1 / np.sqrt(d))
         base = _plan.plan_tiled(problem, _plan._layout(q, k, v, out))
-        params = base._params_arg
+        params = base.params  # passed by value
         rows = np.linspace(0, seqlen - 1, 24).astype(int)
         done = set()
         table_mode = _specs.TILED_F32_TILES[d][3]

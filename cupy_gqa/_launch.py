@@ -1,0 +1,124 @@
+"""Kernel launches through the CUDA driver, with the arguments packed once.
+
+A launch plan (``_plan``) fixes everything about its kernels' arguments except
+the array addresses: the parameter struct, the number of key ranges, grid,
+block and shared memory. :class:`PackedLaunch` writes those values once into
+one host buffer, with an argument-pointer array per kernel pointing into it;
+a launch then writes the eight address slots (q, k, v, out, lse, seqlens_k and
+the two halves of the decode workspace) with one ``struct.pack_into`` and
+calls ``cuLaunchKernel`` for each kernel. The driver copies the argument
+values when it enqueues the launch, so the buffer can be rewritten as soon as
+the call returns; a lock keeps two threads from writing it at once.
+
+CuPy's ``RawKernel.__call__`` does the same work at every launch: it wraps
+each argument (an ndarray becomes a CArray with its shape and strides, a
+scalar a CScalar, a NumPy struct a CNumpyArray) and looks the kernel up by
+device. Nothing here allocates device memory, synchronises or compiles, so a
+launch can be captured into a CUDA graph.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+
+import numpy as np
+
+# The address slots, in the order they are packed.
+SLOTS = ("q", "k", "v", "out", "lse", "seqlens_k", "part_o", "part_lse")
+_ADDRESSES = struct.Struct(f"<{len(SLOTS)}Q")
+# Values of BLOB_BYTES written at each launch after the addresses: the hopper
+# kernel's tensor maps of K and V (_tma.py), which hold the arrays' addresses.
+BLOBS = ("k_map", "v_map")
+BLOB_BYTES = 128
+
+# cupy.cuda.driver.launchKernel, bound at the first PackedLaunch: cuLaunchKernel(function,
+# grid x, y, z, block x, y, z, shared memory, stream, argument pointers, extra)
+_driver_launch = None
+
+
+_bound = threading.local()  # attributes: the devices whose context this thread has bound
+
+
+def _bind_context(device: int) -> None:
+    """Bind ``device``'s primary context to this thread, once per thread: the
+    driver launches in the thread's current context, which a thread that has
+    used no runtime call yet lacks (cudaSetDevice binds it; it is no stream
+    operation, so it is legal during a capture too)."""
+    from cupy.cuda import runtime
+
+    runtime.setDevice(device)
+    _bound.__dict__[device] = True
+
+
+class PackedLaunch:
+    """One or more kernels launched back to back with pre-packed arguments.
+
+    ``kernels``: (function handle, grid_x, threads, shared_mem, args) for each
+    kernel, in launch order, where each arg is a slot name (an address written
+    at each launch) or ``bytes`` (a value fixed for the plan, passed by value).
+    ``device``: the CUDA device whose context holds the functions.
+    ``keep``: objects that own the function handles (their modules stay loaded).
+    ``part_lse_offset``: bytes from the workspace's start to its second slot
+    (the decode kernels' partial lse).
+    """
+
+    def __init__(self, kernels, device: int, keep=(), part_lse_offset: int = 0):
+        global _driver_launch
+        if _driver_launch is None:
+            from cupy.cuda import driver
+
+            _driver_launch = driver.launchKernel
+        offsets: dict[bytes, int] = {}
+        size = _ADDRESSES.size + len(BLOBS) * BLOB_BYTES
+        for *_, args in kernels:
+            for arg in args:
+                if isinstance(arg, bytes) and arg not in offsets:
+                    offsets[arg] = size
+                    size += -(-len(arg) // 8) * 8  # every value 8-byte aligned
+        self._buffer = np.zeros(size // 8, np.uint64)
+        raw = self._buffer.view(np.uint8)
+        for value, offset in offsets.items():
+            raw[offset : offset + len(value)] = np.frombuffer(value, np.uint8)
+        base = self._buffer.ctypes.data
+        self._argvs = []  # kept alive: the driver reads them at each launch
+        self._calls = []
+        for function, grid_x, threads, smem, args in kernels:
+            argv = np.array([base + (self._slot_offset(a) if isinstance(a, str) else offsets[a]) for a in args], np.uint64)
+            self._argvs.append(argv)
+            self._calls.append((int(function), int(grid_x), int(threads), int(smem), argv.ctypes.data))
+        self.device = device
+        self._keep = tuple(keep)
+        self._part_lse_offset = part_lse_offset
+        self._lock = threading.Lock()
+        self._bytes = memoryview(self._buffer).cast("B")
+
+    @staticmethod
+    def _slot_offset(name: str) -> int:
+        if name in BLOBS:
+            return _ADDRESSES.size + BLOBS.index(name) * BLOB_BYTES
+        return SLOTS.index(name) * 8
+
+    def __call__(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
+                 blobs: tuple = ()) -> None:
+        """Launch every kernel on ``stream`` (a cudaStream_t) with these addresses
+        (0 for a null pointer) and ``blobs`` (BLOBS' values, in order); the
+        current device must be ``device``."""
+        if self.device not in _bound.__dict__:
+            _bind_context(self.device)
+        part_lse = workspace + self._part_lse_offset if workspace else 0
+        with self._lock:
+            _ADDRESSES.pack_into(self._buffer, 0, q, k, v, out, lse, seqlens_k, workspace, part_lse)
+            for i, blob in enumerate(blobs):
+                start = _ADDRESSES.size + i * BLOB_BYTES
+                self._bytes[start : start + BLOB_BYTES] = blob
+            for function, grid_x, threads, smem, argv in self._calls:
+                _driver_launch(function, grid_x, 1, 1, threads, 1, 1, smem, stream, argv, 0)
+
+    def values(self) -> bytes:
+        """The argument buffer as it stands (tests)."""
+        return self._buffer.tobytes()
+
+    def arg_addresses(self, kernel: int = 0) -> list[int]:
+        """Offsets into the buffer of kernel ``kernel``'s arguments (tests)."""
+        base = self._buffer.ctypes.data
+        return [int(a) - base for a in self._argvs[kernel]]
