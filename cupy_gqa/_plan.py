@@ -296,7 +296,7 @@ def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
 
 @dataclass(frozen=True, eq=False)
 class HopperLaunch(Launch):
-    """A hopper launch: the persistent prefill grid, and the tensor maps of K and
+    """A hopper launch: the prefill grid, and the tensor maps of K and
     V for the kernel's bulk copies (kernels/hopper.cu), encoded by the driver
     (_tma.py) at the first launch with each address and kept for the next."""
 
@@ -321,20 +321,10 @@ class HopperLaunch(Launch):
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_hopper(problem: Problem, layout: tuple, sms: int) -> HopperLaunch:
-    """Persistent: at most one CTA per SM (``sms`` of them), each walking the
-    prefill tiles in the order of _prefill_launch's grid, a grid apart."""
+def plan_hopper(problem: Problem, layout: tuple) -> HopperLaunch:
     spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
     launch = _prefill_launch(problem, layout, spec)
-    return HopperLaunch(launch.spec, (min(launch.grid[0], sms),), launch.params, kv_layouts=layout[1:3])
-
-
-@functools.lru_cache(maxsize=64)
-def sm_count(device: int) -> int:
-    """Streaming multiprocessors of CUDA device ``device``."""
-    import cupy
-
-    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+    return HopperLaunch(launch.spec, launch.grid, launch.params, kv_layouts=layout[1:3])
 
 
 def hopper_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:
@@ -342,7 +332,7 @@ def hopper_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) ->
     reason = None if checked else hopper_unsupported(problem, q, k, v, out)
     if reason is not None:
         raise ValueError(f"kernel: 'hopper' does not support this call: {reason}; use kernel='auto', 'tiled' or 'rowwise'")
-    return plan_hopper(problem, _layout(q, k, v, out), sm_count(q.device.id))
+    return plan_hopper(problem, _layout(q, k, v, out))
 
 
 def launch_hopper(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False, workspace=None) -> Launch:

@@ -141,18 +141,16 @@ struct KeyRange {
 struct TileOfBlock {
     int b, kv_head, m_tile;
 };
-// (index: the tile's place in that order, blockIdx.x for a CTA per tile; a
-// persistent CTA walks the order with a stride of the grid.)
 template <bool CAUSAL>
-__device__ __forceinline__ TileOfBlock tile_of_block(int num_m_tiles, int batch, int num_kv_heads, unsigned index) {
+__device__ __forceinline__ TileOfBlock tile_of_block(int num_m_tiles, int batch, int num_kv_heads) {
     const int num_bh = batch * num_kv_heads;
     int m_tile, bh;
     if (CAUSAL) {
-        m_tile = num_m_tiles - 1 - (int)(index / num_bh);
-        bh = (int)(index % num_bh);
+        m_tile = num_m_tiles - 1 - (int)(blockIdx.x / num_bh);
+        bh = (int)(blockIdx.x % num_bh);
     } else {
-        bh = (int)(index / num_m_tiles);
-        m_tile = (int)(index % num_m_tiles);
+        bh = (int)(blockIdx.x / num_m_tiles);
+        m_tile = (int)(blockIdx.x % num_m_tiles);
     }
     const int b = bh / num_kv_heads;
     return {b, bh - b * num_kv_heads, m_tile};
@@ -172,10 +170,9 @@ struct PrefillTile {
 __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k);
 
 template <bool CAUSAL, int BLOCK_M>
-__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group,
-                                                           unsigned index = blockIdx.x) {
+__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group) {
     const int packed_rows = p.seqlen_q * group;
-    const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, index);
+    const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads);
     const int row0 = t.m_tile * BLOCK_M;
     const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
     const int seqlen_k = max(len, 0);

@@ -202,14 +202,14 @@ def test_hopper_launch_passes_tensor_maps_of_k_and_v(monkeypatch):
     layout = (q_layout, kv_layout, kv_layout, q_layout)
     spec = _specs.HOPPER["bfloat16", 128, True]
     tiles = math.ceil(300 * 4 / spec.block_m) * 2 * 2
-    assert _plan.plan_hopper(problem, layout, 132).grid == (tiles,)
-    plan = _plan.plan_hopper(problem, layout, 7)  # persistent: at most one CTA per SM
+    plan = _plan.plan_hopper(problem, layout)
+    assert plan.grid == (tiles,)
     packed_values = lambda: plan.packed().values()  # noqa: E731
     plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
     plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)  # the same addresses: no new encoding
     plan.launch(99, 1 << 20, 4096, 12288, 2 << 20, 0, 0)  # a new V
     assert encoded == [(4096, *kv_layout, 128), (8192, *kv_layout, 128), (12288, *kv_layout, 128)]
-    assert [a[:9] for a, _ in launched] == [(77, 7, 1, 1, spec.threads, 1, 1, spec.smem, 99)] * 3
+    assert [a[:9] for a, _ in launched] == [(77, tiles, 1, 1, spec.threads, 1, 1, spec.smem, 99)] * 3
     args = plan.packed().arg_addresses(0)
     assert len(args) == 9
     for (_, buf), maps in zip(launched, ((1, 2), (1, 2), (1, 3))):
