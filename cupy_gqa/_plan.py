@@ -569,14 +569,17 @@ DECODE_AUTO_MAX_ROWS = {"float32": 4, "float16": 32, "bfloat16": 32}
 def choose_kernel(problem: Problem, q, k, v, out) -> str:
     """The kernel ``kernel="auto"`` runs for this call: the decode kernel for a
     few query rows per KV head, else the Hopper kernel on sm_90 where it is
-    the faster tensor-core kernel (_specs.HOPPER_AUTO_OVER_TILED) or the only
+    the faster tensor-core kernel (_specs.HOPPER_AUTO_OVER_TILED, for
+    HOPPER_AUTO_MIN_KEYS keys or more) or the only
     one, else the mma.sync tensor-core kernel, each when it supports the
     call, else the rowwise kernel, which runs anything."""
     if problem.seqlen_q * problem.group_size <= DECODE_AUTO_MAX_ROWS.get(problem.dtype, 0) and decode_unsupported(problem, q, k, v, out) is None:
         return "decode"
     tiled = tiled_unsupported(problem, q, k, v, out) is None
     if hopper_unsupported(problem, q, k, v, out) is None and (
-        not tiled or _specs.HOPPER_AUTO_OVER_TILED[_specs.hopper_head_dim_pad(problem.head_dim)]
+        not tiled
+        or _specs.HOPPER_AUTO_OVER_TILED[_specs.hopper_head_dim_pad(problem.head_dim)]
+        and problem.seqlen_k >= _specs.HOPPER_AUTO_MIN_KEYS
     ):
         return "hopper"
     return "tiled" if tiled else "rowwise"

@@ -266,9 +266,13 @@ HOPPER_TILES = {
 HOPPER_DTYPES = ("float16", "bfloat16")
 HOPPER_ARCH = "sm_90a"
 # Padded head dims at which kernel="auto" prefers hopper to tiled when both
-# apply, as measured on the H200 (benchmarks/NOTES_hopper.md); where tiled
-# does not apply (head_dim 80, 160, 192, ...), auto takes hopper anyway.
-HOPPER_AUTO_OVER_TILED = {64: False, 128: False, 192: True, 256: True}
+# apply and the keys number at least HOPPER_AUTO_MIN_KEYS, as measured on the
+# H200 (benchmarks/NOTES_hopper.md: hopper 1.07 ms against tiled 1.58 at H1,
+# 4096 keys; tiled ahead at H3, 512 keys, where hopper's per-CTA cost weighs
+# most, and at D64). Where tiled does not apply (head_dim 80, 160, 192, ...),
+# auto takes hopper anyway.
+HOPPER_AUTO_OVER_TILED = {64: False, 128: True, 192: True, 256: True}
+HOPPER_AUTO_MIN_KEYS = 1024
 
 
 def hopper_head_dim_pad(head_dim: int) -> int:
