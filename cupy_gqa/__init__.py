@@ -6,6 +6,6 @@
 
 __version__ = "0.1.0"
 
-from .api import KERNELS, attention, warmup
+from .api import KERNELS, attention, attention_backward, warmup
 
-__all__ = ["attention", "warmup", "KERNELS", "__version__"]
+__all__ = ["attention", "attention_backward", "warmup", "KERNELS", "__version__"]
