@@ -536,11 +536,11 @@ def launch_backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, seqle
     arch = device_arch(q.device.id)
     mma = backward_mma_unsupported(problem, arch) is None
     targets = (dq, dk, dv)
-    if mma:
-        q, k, v, dout = (a if _vector_ok(a) else cupy.ascontiguousarray(a) for a in (q, k, v, dout))
+    if mma:  # fp16 / bf16: copies move the 16-bit patterns (uint16 views), whatever CuPy makes of the dtype
+        q, k, v, dout = (a if _vector_ok(a) else cupy.ascontiguousarray(a.view(np.uint16)).view(a.dtype) for a in (q, k, v, dout))
         dq, dk, dv = (a if _vector_ok(a) else cupy.empty(a.shape, a.dtype) for a in (dq, dk, dv))
     layout = (*_layout(q, k, v, out, dout, dq, dk, dv), lse.strides)
     plan_backward(problem, layout, arch, mma)(dout, q, k, v, out, lse, dq, dk, dv, seqlens_k)
     for target, result in zip(targets, (dq, dk, dv)):
         if result is not target:
-            target[...] = result
+            target.view(np.uint16)[...] = result.view(np.uint16)

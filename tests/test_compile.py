@@ -106,3 +106,16 @@ def test_a_wrong_shared_memory_size_does_not_compile(spec):
     wrong = dataclasses.replace(spec, name=spec.name[: -len(f"{spec.smem}>")] + f"{spec.smem + 16}>")
     report = compile_offline(wrong, "sm_90")
     assert not report.ok and "SMEM_BYTES is not the size of the shared-memory layout" in report.log
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_backward_kernels_compile_without_spills(arch):
+    """kernels/backward.cu: every specialization of the architecture's table
+    compiles, with no spills and no stack frame (the dK/dV accumulators and the
+    S, dP fragments all stay in registers)."""
+    specs = [s for s in specs_for(ARCHS[arch]) if s.family == "backward"]
+    assert {s.name.split("<")[0] for s in specs} == {"bwd_preprocess", "bwd_dq_rows", "bwd_dkdv_rows", "bwd_dq_mma", "bwd_dkdv_mma"}
+    for spec in specs:
+        report = compile_offline(spec, arch)
+        assert report.ok, report.log
+        assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), (spec.name, report.log)
