@@ -6,6 +6,7 @@ a GPU; the reference test needs torch (CPU is enough) and skips without it.
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -460,3 +461,21 @@ def test_backward_case_rows_print_time_and_memory():
     line = bench._progress(row)
     assert "2.0000 ms" in line and "peak extra 4.0 MiB" in line
     assert bench.memory_table([row])[1] == [["G1", "cupy_gqa[auto]", "4.0", "1.0e-03", "—"]]
+
+
+def test_train_check_smoke_run_on_the_cpu(tmp_path):
+    """benchmarks/train_check.py with the tiny config on the CPU (float32, the NumPy backend):
+    both runs start from the same weights and data, so their first losses agree."""
+    pytest.importorskip("torch")
+    script = BENCH_PATH.parent / "train_check.py"
+    subprocess.run(
+        [sys.executable, str(script), "--config", "tiny", "--device", "cpu", "--steps", "4", "--out", str(tmp_path)],
+        check=True, capture_output=True, text=True, timeout=600,
+    )
+    doc = json.loads((tmp_path / "cpu_train.json").read_text())
+    sdpa, ours = doc["results"]["sdpa"], doc["results"]["cupy_gqa"]
+    assert len(sdpa["losses"]) == len(ours["losses"]) == 4
+    assert all(math.isfinite(x) for x in sdpa["losses"] + ours["losses"])
+    assert abs(sdpa["losses"][0] - ours["losses"][0]) < 1e-5  # same forward
+    assert abs(sdpa["losses"][-1] - ours["losses"][-1]) < 1e-3  # and the same gradients, step after step
+    assert doc["precision"] == "float32" and "| cupy_gqa |" in (tmp_path / "cpu_train.md").read_text()
