@@ -237,7 +237,10 @@ def test_warmup_readies_the_devices_table_for_the_given_calls(monkeypatch):
     assert all(s.dtype == "bfloat16" for s in compiled)
     table = {s.name for s in _specs.specs_for(_specs.ARCHS["sm_89"])}
     assert names <= table  # sm_89's table: no hopper kernel, the 99 KB tiles
-    assert {s.family for s in compiled} == {"rowwise", "tiled", "decode"}
+    assert {s.family for s in compiled} == {"rowwise", "tiled", "decode", "backward"}
+    backward = {s.name.split("<")[0]: s for s in compiled if s.family == "backward" and "_mma<" in s.name}
+    assert {s.head_dim for s in compiled if "_mma<" in s.name} == {96, 128}  # 80 pads to 96
+    assert set(backward) == {"bwd_dq_mma", "bwd_dkdv_mma"}
     assert {s.head_dim for s in compiled if s.family == "rowwise"} == {128}  # 80 and 128 share the 128 bucket
     assert {s.head_dim for s in compiled if s.family == "tiled"} == {128}  # tiled has no 80
     assert [s.family for s in occupancy] == ["decode"] and occupancy[0].block_m == 16
