@@ -668,6 +668,18 @@ def backward_inputs(torch, cupy_gqa, case: Case):
     return q, k, v, dout, out, lse
 
 
+def backward_kernel(case: Case, q, k) -> str:
+    """The backward kernels cupy_gqa runs for this case: backward_mma (tensor cores) or backward_rows."""
+    import cupy
+
+    from cupy_gqa import _plan
+
+    qb, kb = (cupy.from_dlpack(x) for x in (q, k))
+    problem = _plan.Problem.of(qb, kb, dtype=qb.dtype.name, causal=case.causal, softmax_scale=case.head_dim**-0.5)
+    mma = _plan.backward_mma_unsupported(problem, _plan.device_arch(qb.device.id)) is None
+    return "backward_mma" if mma else "backward_rows"
+
+
 def backward_cupy_impls(cupy_gqa, case: Case, q, k, v, dout, out, lse) -> list:
     return [("cupy_gqa[auto]", lambda: cupy_gqa.attention_backward(dout, q, k, v, out, lse, causal=case.causal))]
 
@@ -774,6 +786,8 @@ def run_backward_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[l
             torch.cuda.empty_cache()
             continue
         fn = None  # frees a torch anchor's retained graph
+        if name == "cupy_gqa[auto]":
+            row.note = (row.note + "; " if row.note else "") + f"auto runs {backward_kernel(case, q, k)}"
         rows.append(row)
         log("  " + _progress(row))
     del q, k, v, dout, out, lse, refs
