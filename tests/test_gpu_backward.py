@@ -262,6 +262,7 @@ def test_torch_autograd_on_cuda(torch, dtype):
     k = torch.randn(2, 300, 2, 64, device="cuda", dtype=tdtype, requires_grad=True)
     v = torch.randn(2, 300, 2, 64, device="cuda", dtype=tdtype, requires_grad=True)
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the inputs are ready
     with torch.cuda.stream(stream):
         out = cupy_gqa.attention(q, k, v)
         dout = torch.randn_like(out)
