@@ -29,6 +29,13 @@ What is measured
       the same for a second process that reuses the folder (on-disk NVRTC cache hit).
       A value near zero for a kernel means an earlier row of the same process already
       built the same specialization.
+    * Backward cases (G1-G3) time the backward pass alone: cupy_gqa.attention_backward
+      given dout, out and lse from cupy_gqa's forward, and for torch
+      torch.autograd.grad on a forward run once, beforehand, in the same backend (its
+      graph retained). TFLOP/s counts 10 * head_dim per visible pair (five matrix
+      products: 2.5x the forward's); rel_err is the largest of dq's, dk's and dv's
+      against float64 gradients of the definition. G1's first call also reports the
+      peak memory beyond the inputs (and the forward's saved graph) and the gradients.
     * M1 measures memory, not time: torch.cuda.max_memory_allocated during one call,
       minus what was allocated before it, minus the output. CuPy's allocator is routed
       through torch's caching allocator for the whole run, so cupy_gqa's scratch counts.
@@ -96,7 +103,7 @@ class Case:
     head_dim: int
     dtype: str  # "fp32", "bf16" or "fp16"
     causal: bool = True
-    kind: str = "prefill"  # "prefill", "decode" or "memory" (peak memory, not time)
+    kind: str = "prefill"  # "prefill", "decode", "backward" (the backward pass) or "memory" (peak memory, not time)
 
     @property
     def group_size(self) -> int:
@@ -134,6 +141,9 @@ CASES: tuple[Case, ...] = (
     _prefill("H5", 4, 2048, 80, "bf16"),  # head dims of real models beyond 64 / 128
     _prefill("H6", 4, 2048, 192, "bf16"),
     _prefill("H7", 4, 2048, 256, "bf16"),
+    _prefill("G1", 4, 4096, 128, "bf16", kind="backward"),  # the backward pass (time only)
+    _prefill("G2", 4, 2048, 64, "bf16", kind="backward"),
+    _prefill("G3", 4, 1024, 64, "fp32", kind="backward"),
     Case("D1", 16, 1, 8192, 32, 8, 128, "bf16", True, "decode"),  # one new token against a cache
     Case("D2", 64, 1, 2048, 32, 8, 128, "bf16", True, "decode"),
     _prefill("M1", 1, 32768, 128, "fp32", kind="memory"),
@@ -246,9 +256,14 @@ def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
     return n * (first_count + seqlen_k) // 2
 
 
+BACKWARD_FLOP_FACTOR = 2.5  # the backward pass: five matrix products to the forward's two
+
+
 def attention_flops(case: Case) -> int:
-    """4 * head_dim per visible pair (QK^T and PV, a multiply-add each) * batch * num_q_heads."""
-    return 4 * case.head_dim * visible_pairs(case.seqlen_q, case.seqlen_k, case.causal) * case.batch * case.num_q_heads
+    """4 * head_dim per visible pair (QK^T and PV, a multiply-add each) * batch * num_q_heads;
+    for a backward case 2.5 times that (QK^T, dO V^T, P^T dO, dS^T Q, dS K)."""
+    flops = 4 * case.head_dim * visible_pairs(case.seqlen_q, case.seqlen_k, case.causal) * case.batch * case.num_q_heads
+    return int(flops * BACKWARD_FLOP_FACTOR) if case.kind == "backward" else flops
 
 
 def kv_bytes(case: Case) -> int:
@@ -637,8 +652,153 @@ def measure(torch, timer: Timer, case: Case, name: str, fn, ref, scope: str, ind
     return finish_row(row, case)
 
 
+# ---------------------------------------------------------------------------
+# The backward pass (kind "backward")
+# ---------------------------------------------------------------------------
+BACKWARD_MEMORY_CASES = ("G1",)  # backward cases whose first call also reports peak extra memory
+
+
+def backward_inputs(torch, cupy_gqa, case: Case):
+    """q, k, v, dout, and out, lse from cupy_gqa's forward."""
+    q, k, v = make_inputs(torch, case)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    dout = torch.randn(q.shape, dtype=q.dtype, device=DEVICE, generator=gen)
+    with torch.no_grad():
+        out, lse = cupy_gqa.attention(q, k, v, causal=case.causal, return_lse=True)
+    return q, k, v, dout, out, lse
+
+
+def backward_kernel(case: Case, q, k) -> str:
+    """The backward kernels cupy_gqa runs for this case: backward_mma (tensor cores) or backward_rows."""
+    import cupy
+
+    from cupy_gqa import _plan
+
+    qb, kb = (cupy.from_dlpack(x) for x in (q, k))
+    problem = _plan.Problem.of(qb, kb, dtype=qb.dtype.name, causal=case.causal, softmax_scale=case.head_dim**-0.5)
+    mma = _plan.backward_mma_unsupported(problem, _plan.device_arch(qb.device.id)) is None
+    return "backward_mma" if mma else "backward_rows"
+
+
+def backward_cupy_impls(cupy_gqa, case: Case, q, k, v, dout, out, lse) -> list:
+    return [("cupy_gqa[auto]", lambda: cupy_gqa.attention_backward(dout, q, k, v, out, lse, causal=case.causal))]
+
+
+def backward_torch_impls(torch, case: Case, q, k, v, dout) -> list:
+    """(name, make) for the torch anchors: make() runs the forward once in the
+    backend (raising if it can't) and returns the timed backward call."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    mask = _torch_mask_kwargs(torch, case, q.device)
+
+    def anchor(backend, expanded):
+        def make():
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            ql, kl, vl = leaves
+            if expanded:  # the efficient backend rejects enable_gqa: K, V repeated in the graph
+                kl, vl = (x.repeat_interleave(case.group_size, dim=2) for x in (kl, vl))
+            with sdpa_kernel(backend):
+                o = F.scaled_dot_product_attention(
+                    ql.transpose(1, 2), kl.transpose(1, 2), vl.transpose(1, 2), enable_gqa=not expanded, **mask
+                )
+            do = dout.transpose(1, 2)
+            return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+        return make
+
+    return [
+        ("torch_flash", anchor(SDPBackend.FLASH_ATTENTION, False)),
+        ("torch_cudnn", anchor(SDPBackend.CUDNN_ATTENTION, False)),
+        ("torch_efficient_expanded", anchor(SDPBackend.EFFICIENT_ATTENTION, True)),
+    ]
+
+
+def reference_backward(torch, case: Case, q, k, v, dout, index: tuple[slice, ...]):
+    """float64 (dq, dk, dv) of the definition on the batches and KV-head groups that
+    index selects (reference_scope), by autograd through the float64 forward."""
+    batches = range(case.batch)[index[0]]
+    g = case.group_size
+    q_heads = range(case.num_q_heads)[index[2]] if len(index) > 2 else range(case.num_q_heads)
+    kv_heads = sorted({h // g for h in q_heads})
+    offset = case.seqlen_k - case.seqlen_q
+    key = torch.arange(case.seqlen_k, device=q.device)
+    grads = [torch.empty((len(batches), n, len(kv_heads) * m, case.head_dim), dtype=torch.float64, device=q.device)
+             for n, m in ((case.seqlen_q, g), (case.seqlen_k, 1), (case.seqlen_k, 1))]  # fmt: skip
+    for bi, b in enumerate(batches):
+        for hi, h in enumerate(kv_heads):
+            qb = q[b, :, h * g : (h + 1) * g].double().transpose(0, 1).requires_grad_()  # (g, seqlen_q, head_dim)
+            kh, vh = (x[b, :, h].double().requires_grad_() for x in (k, v))
+            s = (qb @ kh.T) * case.head_dim**-0.5
+            if case.causal:
+                hidden = key[None, :] > torch.arange(case.seqlen_q, device=q.device)[:, None] + offset
+                s = s.masked_fill(hidden, -math.inf)
+            o = torch.softmax(s, dim=-1).nan_to_num(0.0) @ vh
+            dq, dk, dv = torch.autograd.grad(o, (qb, kh, vh), dout[b, :, h * g : (h + 1) * g].double().transpose(0, 1))
+            grads[0][bi, :, hi * g : (hi + 1) * g] = dq.transpose(0, 1)
+            grads[1][bi, :, hi], grads[2][bi, :, hi] = dk, dv
+            del s, o
+    return grads
+
+
+def measure_backward(torch, timer: Timer, case: Case, name: str, fn, refs, scope: str, index) -> Row:
+    """One backward row: the first call (compile; peak memory for BACKWARD_MEMORY_CASES),
+    rel_err of the worst gradient, then the timer."""
+    row = Row(case.name, name, ref_scope=scope)
+    memory = case.name in BACKWARD_MEMORY_CASES
+    if memory:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    grads, first_s = _first_call(torch, fn)
+    if memory:
+        peak = torch.cuda.max_memory_allocated()
+        row.peak_extra_mib = (peak - base - sum(g.numel() * g.element_size() for g in grads)) / 2**20
+        row.note = "peak beyond inputs and gradients"
+    kv_index = index if len(index) < 3 else (index[0], slice(None), slice(0, len(range(case.num_q_heads)[index[2]]) // case.group_size))
+    row.rel_err = max(rel_err(g, r, i) for g, r, i in zip(grads, refs, (index, kv_index, kv_index)))
+    del grads
+    t = timer(fn)
+    row.ms, row.reps = t.ms, t.reps
+    if name.startswith("cupy_gqa"):
+        row.compile_s = max(0.0, first_s - t.ms * 1e-3)
+    return finish_row(row, case)
+
+
+def run_backward_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row], list[dict], bool]:
+    """Benchmark one backward case, as run_case does a forward one."""
+    q, k, v, dout, out, lse = backward_inputs(torch, cupy_gqa, case)
+    scope, index = reference_scope(case)
+    refs = reference_backward(torch, case, q, k, v, dout, index)
+    rows, skipped, failed = [], [], False
+    impls = [(name, lambda fn=fn: fn) for name, fn in backward_cupy_impls(cupy_gqa, case, q, k, v, dout, out, lse)]
+    for name, make in impls + backward_torch_impls(torch, case, q, k, v, dout):
+        try:
+            fn = make()
+            row = measure_backward(torch, timer, case, name, fn, refs, scope, index)
+        except Exception as e:
+            expected = not name.startswith("cupy_gqa") or isinstance(e, (ValueError, TypeError))
+            failed |= not expected
+            skipped.append({"case": case.name, "impl": name, "reason": _short(e) if expected else f"FAILED {_short(e)}"})
+            log(f"  {case.name:4} {name}: {'skipped' if expected else 'FAILED'} ({_short(e)})")
+            fn = None
+            torch.cuda.empty_cache()
+            continue
+        fn = None  # frees a torch anchor's retained graph
+        if name == "cupy_gqa[auto]":
+            row.note = (row.note + "; " if row.note else "") + f"auto runs {backward_kernel(case, q, k)}"
+        rows.append(row)
+        log("  " + _progress(row))
+    del q, k, v, dout, out, lse, refs
+    torch.cuda.empty_cache()
+    return rows, skipped, failed
+
+
 def run_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row], list[dict], bool]:
     """Benchmark one case. Returns (rows, skipped impls, whether a cupy_gqa call failed unexpectedly)."""
+    if case.kind == "backward":
+        return run_backward_case(torch, cupy_gqa, timer, case, log)
     q, k, v = make_inputs(torch, case)
     scope, index = reference_scope(case)
     ref = reference(torch, case, q, k, v, index)
@@ -672,9 +832,11 @@ def run_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row],
 
 
 def _progress(r: Row) -> str:
-    if r.peak_extra_mib is not None:
+    if r.peak_extra_mib is not None and r.ms is None:
         return f"{r.case:4} {r.impl:26} peak extra {r.peak_extra_mib:9.1f} MiB   rel_err {r.rel_err:.1e}"
     extra = f"  compile {r.compile_s:.2f} s" if r.compile_s is not None else ""
+    if r.peak_extra_mib is not None:
+        extra += f"  peak extra {r.peak_extra_mib:.1f} MiB"
     return f"{r.case:4} {r.impl:26} {r.ms:9.4f} ms x{r.reps:<3} {r.tflops:7.1f} TF/s {r.gbps:8.1f} GB/s  rel_err {r.rel_err:.1e}{extra}"
 
 
@@ -819,13 +981,18 @@ def compile_probe(torch, cupy_gqa, cases: list[Case]) -> dict:
     """First-call seconds of every cupy_gqa kernel per case, in this (fresh) process."""
     result = {}
     for case in cases:
-        q, k, v = make_inputs(torch, case)
-        for name, fn in cupy_gqa_impls(cupy_gqa, case, q, k, v):
+        if case.kind == "backward":
+            q, k, v, dout, out, lse = backward_inputs(torch, cupy_gqa, case)
+            impls = backward_cupy_impls(cupy_gqa, case, q, k, v, dout, out, lse)
+        else:
+            q, k, v = make_inputs(torch, case)
+            impls = cupy_gqa_impls(cupy_gqa, case, q, k, v)
+        for name, fn in impls:
             try:
                 result[f"{case.name}/{name}"] = _first_call(torch, fn)[1]
             except Exception:  # unsupported here; the main process already reported why
                 pass
-        del q, k, v
+        del q, k, v, impls
         torch.cuda.empty_cache()
     return result
 
@@ -903,7 +1070,7 @@ def render_markdown(env: dict, rows: list[Row], skipped: list[dict], sweep: list
     parts += ["", "## Method", "", "```", METHOD, "```", "", "## Time", "", format_markdown(*table(rows))]
     mem_headers, mem_cells = memory_table(rows)
     if mem_cells:
-        parts += ["", "## Peak device memory beyond inputs and output (M1)", "", format_markdown(mem_headers, mem_cells)]
+        parts += ["", "## Peak device memory beyond inputs and output (M1; G1: the backward pass)", "", format_markdown(mem_headers, mem_cells)]
     if skipped:
         parts += ["", "## Not run", ""] + [f"- {s['case']} {s['impl']}: {s['reason']}" for s in skipped]
     if sweep:

@@ -28,8 +28,10 @@ def table(results: dict) -> str:
     for r in rows:
         kernel = re.search(r"auto runs (\w+)", r.get("note", ""))
         kernel = kernel.group(1) if kernel else "?"
-        if r.get("peak_extra_mib") is not None:
+        if r.get("peak_extra_mib") is not None and r.get("ms") is None:
             what = f"{r['peak_extra_mib']:.1f} MiB beyond inputs and outputs"
+        elif r.get("peak_extra_mib") is not None:  # a backward case with its peak memory
+            what = f"{r['ms']:.4f} ms, {r['tflops']:.1f} TFLOP/s, {r['peak_extra_mib']:.1f} MiB extra"
         elif r["case"].startswith("D"):
             what = f"{r['ms']:.4f} ms, {r['gbps']:.0f} GB/s"
         else:

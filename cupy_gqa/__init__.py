@@ -6,6 +6,6 @@
 
 __version__ = "0.1.0"
 
-from .api import KERNELS, attention, decode_workspace, decode_workspace_size, warmup
+from .api import KERNELS, attention, attention_backward, decode_workspace, decode_workspace_size, warmup
 
-__all__ = ["attention", "decode_workspace", "decode_workspace_size", "warmup", "KERNELS", "__version__"]
+__all__ = ["attention", "attention_backward", "decode_workspace", "decode_workspace_size", "warmup", "KERNELS", "__version__"]

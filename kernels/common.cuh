@@ -132,6 +132,16 @@ struct KeyRange {
     }
 };
 
+// The first packed row (packed row pr = query pr / group, common to the
+// prefill kernels) that sees key `key`, with causal masking aligned
+// bottom-right (query t sees keys j <= t + diag, diag = seqlen_k - seqlen_q):
+// query max(0, key - diag); 0 without the mask. The backward pass's key
+// blocks (kernels/backward.cu) read the packed rows from there on. (key < seqlen_k,
+// so the query is at most seqlen_q and the packed row fits an int.)
+__device__ __forceinline__ int first_row_seeing(int key, int diag, int group, bool causal) {
+    return causal ? max(0, key - diag) * group : 0;
+}
+
 // The 1-D grid of the tiled kernels: CTA blockIdx.x -> (batch b, KV head
 // kv_head, tile m_tile of BLOCK_M packed query rows), num_m_tiles tiles per
 // (b, kv_head).

@@ -6,6 +6,7 @@ a GPU; the reference test needs torch (CPU is enough) and skips without it.
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -95,6 +96,13 @@ def test_attention_flops_table_cases():
     assert bench.attention_flops(c["s0"]) == 4 * 2 * 8 * 32 * 3240
 
 
+def test_backward_flops_are_2_5_times_the_forward():
+    c = bench.CASE_BY_NAME
+    s = 4096
+    assert bench.attention_flops(c["g1"]) == 10 * 4 * 32 * 128 * s * (s + 1) // 2  # 5 products of 2 flops each
+    assert bench.attention_flops(c["g1"]) == int(2.5 * bench.attention_flops(c["h1"]))
+
+
 def test_kv_bytes():
     # batch * seqlen_k * num_kv_heads * head_dim * itemsize * 2 (K and V)
     assert bench.kv_bytes(_case()) == 2 * 5 * 2 * 8 * 2 * 2 == 640
@@ -127,6 +135,9 @@ EXPECTED_CASES = {
     "H5": (4, 2048, 2048, 32, 8, 80, "bf16", True, "prefill"),
     "H6": (4, 2048, 2048, 32, 8, 192, "bf16", True, "prefill"),
     "H7": (4, 2048, 2048, 32, 8, 256, "bf16", True, "prefill"),
+    "G1": (4, 4096, 4096, 32, 8, 128, "bf16", True, "backward"),
+    "G2": (4, 2048, 2048, 32, 8, 64, "bf16", True, "backward"),
+    "G3": (4, 1024, 1024, 32, 8, 64, "fp32", True, "backward"),
     "D1": (16, 1, 8192, 32, 8, 128, "bf16", True, "decode"),
     "D2": (64, 1, 2048, 32, 8, 128, "bf16", True, "decode"),
     "M1": (1, 32768, 32768, 32, 8, 128, "fp32", True, "memory"),
@@ -421,3 +432,50 @@ def test_bench_model_smoke_run_on_the_cpu(tmp_path):
         r = doc["results"][impl]
         assert r["prefill_ms"] > 0 and r["decode_b2_warm_tok_s"] > 0 and r["decode_b1_cold_tok_s"] > 0
     assert "| prefill_ms |" in (tmp_path / "cpu_model.md").read_text()
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(5, 9), (9, 5), (7, 7)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_reference_backward_follows_definition(seqlen_q, seqlen_k, causal):
+    """bench's float64 gradients (autograd through the definition) against tests/reference.py's,
+    on the whole output and on the KV-head-0 subset that large cases use."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from reference import reference_attention_backward
+
+    case = bench.Case("T", 2, seqlen_q, seqlen_k, 6, 2, 8, "fp32", causal, "backward")
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(s, generator=g) for s in ((2, seqlen_q, 6, 8), (2, seqlen_k, 2, 8), (2, seqlen_k, 2, 8), (2, seqlen_q, 6, 8)))
+    want = reference_attention_backward(*(x.numpy() for x in (dout, q, k, v)), causal=causal)
+    got = bench.reference_backward(torch, case, q, k, v, dout, (slice(None),))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b, atol=1e-12)
+    sub = bench.reference_backward(torch, case, q, k, v, dout, (slice(0, 1), slice(None), slice(0, 3)))
+    np.testing.assert_allclose(sub[0].numpy(), want[0][:1, :, :3], atol=1e-12)
+    np.testing.assert_allclose(sub[1].numpy(), want[1][:1, :, :1], atol=1e-12)
+
+
+def test_backward_case_rows_print_time_and_memory():
+    row = bench.finish_row(bench.Row("G1", "cupy_gqa[auto]", ms=2.0, reps=20, rel_err=1e-3, peak_extra_mib=4.0), bench.CASE_BY_NAME["g1"])
+    line = bench._progress(row)
+    assert "2.0000 ms" in line and "peak extra 4.0 MiB" in line
+    assert bench.memory_table([row])[1] == [["G1", "cupy_gqa[auto]", "4.0", "1.0e-03", "—"]]
+
+
+def test_train_check_smoke_run_on_the_cpu(tmp_path):
+    """benchmarks/train_check.py with the tiny config on the CPU (float32, the NumPy backend):
+    both runs start from the same weights and data, so their first losses agree."""
+    pytest.importorskip("torch")
+    script = BENCH_PATH.parent / "train_check.py"
+    subprocess.run(
+        [sys.executable, str(script), "--config", "tiny", "--device", "cpu", "--steps", "4", "--out", str(tmp_path)],
+        check=True, capture_output=True, text=True, timeout=600,
+    )
+    doc = json.loads((tmp_path / "cpu_train.json").read_text())
+    sdpa, ours = doc["results"]["sdpa"], doc["results"]["cupy_gqa"]
+    assert len(sdpa["losses"]) == len(ours["losses"]) == 4
+    assert all(math.isfinite(x) for x in sdpa["losses"] + ours["losses"])
+    assert abs(sdpa["losses"][0] - ours["losses"][0]) < 1e-5  # same forward
+    assert abs(sdpa["losses"][-1] - ours["losses"][-1]) < 1e-3  # and the same gradients, step after step
+    assert doc["precision"] == "float32" and "| cupy_gqa |" in (tmp_path / "cpu_train.md").read_text()

@@ -24,6 +24,11 @@ def test_compile_command_covers_the_architectures_table(arch, capsys):
         assert spec.name in printed
     assert f"{len(specs)}/{len(specs)} specializations compiled for {arch}" in printed
     assert "FAILED" not in printed
+    # the backward kernels (kernels/backward.cu): no spills, no stack frame (the dK/dV
+    # accumulators and the S, dP fragments all stay in registers)
+    backward = [line.split() for line in printed.splitlines() if line.startswith("bwd_")]
+    assert len(backward) == sum(s.family == "backward" for s in specs) > 0
+    assert all(cols[-3:] == ["0", "0", "0"] for cols in backward), [c for c in backward if c[-3:] != ["0", "0", "0"]]
     others = {s.name for s in SPECS} - {s.name for s in specs}
     assert not any(f"{name} " in printed for name in others)
 
@@ -106,3 +111,5 @@ def test_a_wrong_shared_memory_size_does_not_compile(spec):
     wrong = dataclasses.replace(spec, name=spec.name[: -len(f"{spec.smem}>")] + f"{spec.smem + 16}>")
     report = compile_offline(wrong, "sm_90")
     assert not report.ok and "SMEM_BYTES is not the size of the shared-memory layout" in report.log
+
+

@@ -80,13 +80,15 @@ def test_concurrent_streams_torch_and_cupy(n_streams):
         assert_close(cupy.asnumpy(out), ref, TOLERANCE["float16"], "cupy stream")
 
 
-def test_requires_grad_is_refused():
+def test_requires_grad_records_the_backward():
     (q, k, v), _ = torch_qkv(torch.float32, requires_grad=True)
-    with pytest.raises(ValueError, match=r"q: requires_grad=True, but cupy_gqa.attention has no backward pass yet"):
-        cupy_gqa.attention(q, k, v)
+    out = cupy_gqa.attention(q, k, v)
+    assert out.requires_grad and out.is_cuda
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert dq.shape == q.shape and dk.shape == k.shape and bool(torch.isfinite(dq).all())
     with torch.no_grad():
-        out = cupy_gqa.attention(q.detach(), k.detach(), v.detach())
-    assert not out.requires_grad
+        res = cupy_gqa.attention(q.detach(), k.detach(), v.detach())
+    assert not res.requires_grad
 
 
 def test_mixed_frameworks_and_devices():

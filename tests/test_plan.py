@@ -294,7 +294,10 @@ def test_warmup_readies_the_devices_table_for_the_given_calls(monkeypatch):
     assert all(s.dtype == "bfloat16" for s in compiled)
     table = {s.name for s in _specs.specs_for(_specs.ARCHS["sm_89"])}
     assert names <= table  # sm_89's table: no hopper kernel, the 99 KB tiles
-    assert {s.family for s in compiled} == {"rowwise", "tiled", "decode"}
+    assert {s.family for s in compiled} == {"rowwise", "tiled", "decode", "backward"}
+    backward = {s.name.split("<")[0]: s for s in compiled if s.family == "backward" and "_mma<" in s.name}
+    assert {s.head_dim for s in compiled if "_mma<" in s.name} == {96, 128}  # 80 pads to 96
+    assert set(backward) == {"bwd_dq_mma", "bwd_dkdv_mma"}
     assert {s.head_dim for s in compiled if s.family == "rowwise"} == {128}  # 80 and 128 share the 128 bucket
     assert {s.head_dim for s in compiled if s.family == "tiled"} == {128}  # tiled has no 80
     assert [s.family for s in occupancy] == ["decode"] and occupancy[0].block_m == 16
@@ -309,3 +312,53 @@ def test_warmup_rejects_bad_arguments(kw, match):
 
     with pytest.raises(ValueError, match=match):
         cupy_gqa.warmup(**kw)
+
+
+# --- the backward pass -------------------------------------------------------------
+
+
+def test_backward_params_struct_matches_the_kernels():
+    # kernels/backward.cu: struct BwdParams, static_assert(sizeof == 336)
+    dt = _plan.BWD_PARAMS_DTYPE
+    assert dt.itemsize == 336
+    assert [dt.fields[n][1] for n in dt.names] == [0, 176, 208, 240, 272, 304, 328]
+    source = (_compile.KERNEL_DIR / "backward.cu").read_text()
+    body = source[source.index("struct BwdParams {") : source.index("};", source.index("struct BwdParams {"))]
+    body = re.sub(r"//[^\n]*", "", body)
+    positions = [re.search(rf"\b{name}\b", body).start() for name in dt.names]
+    assert positions == sorted(positions), "fields must be declared in the same order"
+
+
+def _bwd_layout(b, sq, sk, hq, hkv, d, itemsize):
+    def contiguous(shape):
+        return (shape, tuple(int(np.prod(shape[i + 1 :])) * itemsize for i in range(4)), itemsize)
+
+    q, kv = contiguous((b, sq, hq, d)), contiguous((b, sk, hkv, d))
+    return (q, kv, kv, q, q, q, kv, kv, (hq * sq * 4, sq * 4, 4))
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_86", "sm_90", "sm_120"])
+@pytest.mark.parametrize("dtype", _specs.DTYPES)
+@pytest.mark.parametrize("head_dim", [1, 8, 20, 32, 40, 64, 96, 128, 136, 192, 256])
+def test_backward_plan_picks_a_kernel_of_the_table(arch, dtype, head_dim):
+    a = _specs.ARCHS[arch]
+    problem = _plan.Problem(2, 100, 77, 8, 2, head_dim, dtype, True, 0.125)
+    mma = _plan.backward_mma_unsupported(problem, a) is None
+    assert mma == (dtype in ("float16", "bfloat16") and head_dim % 8 == 0 and a.sm80)
+    plan = _plan.plan_backward(problem, _bwd_layout(2, 100, 77, 8, 2, head_dim, _specs.ITEMSIZE[dtype]), a, mma)
+    table = set(_specs.specs_for(a))
+    assert {plan.pre, plan.dq, plan.dkdv} <= table
+    assert all(_specs.serves(s, head_dim) for s in (plan.pre, plan.dq, plan.dkdv))
+    assert plan.dq.head_dim >= head_dim and plan.dkdv.head_dim >= head_dim
+    assert ("_mma<" in plan.dq.name) == mma and ("_mma<" in plan.dkdv.name) == mma
+    packed = 100 * 4
+    assert plan.grids[1] == (-(-packed // plan.dq.block_m) * 4,)  # rows per CTA
+    assert plan.grids[2] == (-(-77 // plan.dkdv.block_m) * 4,)  # keys per CTA
+    p = plan.params[0]
+    assert p["scale"] == 0.125 and p["a"]["group_size"] == 4 and list(p["lse_stride"]) == [800, 100, 1]
+
+
+def test_backward_tensor_cores_need_a_positive_scale():
+    a = _specs.ARCHS["sm_90"]
+    assert _plan.backward_mma_unsupported(_plan.Problem(1, 4, 4, 2, 1, 64, "float16", True, -0.5), a) is not None
+    assert _plan.backward_mma_unsupported(_plan.Problem(1, 4, 4, 2, 1, 64, "float16", True, 0.5), a) is None

@@ -93,13 +93,22 @@ def test_padded_batch_falls_back_once_with_a_warning_and_strict_raises():
             ours(ids, attention_mask=mask)
 
 
-def test_training_mode_with_grad_falls_back():
-    ids = torch.randint(0, 101, (1, 9), generator=torch.Generator().manual_seed(4))
-    model = _model("llama", "cupy_gqa")
-    with pytest.warns(UserWarning, match="require grad"):
-        loss = model(ids, labels=ids).loss
-    loss.backward()  # sdpa's backward ran
-    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+def test_training_with_grad_runs_cupy_gqa_and_matches_sdpa_gradients(calls):
+    """Inputs that require grad run cupy_gqa (no fallback, no warning), and its
+    backward gives sdpa's gradients."""
+    ids = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(4))
+    ours, theirs = _model("llama", "cupy_gqa").train(), _model("llama", "sdpa").train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback
+        loss_a = ours(ids, labels=ids).loss
+    loss_b = theirs(ids, labels=ids).loss
+    assert len(calls) == 2  # both layers ran cupy_gqa
+    loss_a.backward()
+    loss_b.backward()
+    np.testing.assert_allclose(loss_a.item(), loss_b.item(), rtol=1e-5)
+    for (name, pa), pb in zip(ours.named_parameters(), theirs.parameters()):
+        assert pa.grad is not None, name
+        np.testing.assert_allclose(pa.grad.numpy(), pb.grad.numpy(), rtol=1e-3, atol=1e-5, err_msg=name)
 
 
 def test_register_checks_its_argument():

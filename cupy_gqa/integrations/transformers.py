@@ -13,9 +13,10 @@ transformers then passes no mask at all, padded batches included.)
 cupy_gqa runs a call when:
   - there is no mask;
   - no dropout is active;
-  - no input requires a gradient (there is no backward pass yet);
   - it has no softcap, learned sinks or position bias.
-The causal pattern is then cupy_gqa's bottom-right one. A prefill whose keys
+Inputs that require grad run too: cupy_gqa.attention records its own backward
+(cupy_gqa.attention_backward) with torch autograd. The causal pattern is then
+cupy_gqa's bottom-right one. A prefill whose keys
 are a whole preallocated (static) cache is cut to the prefill's own keys, as
 transformers' sdpa does.
 
@@ -50,16 +51,12 @@ def register(*, strict: bool = False, name: str = NAME) -> None:
 
 def _unsupported(module, query, key, value, attention_mask, dropout, kwargs) -> str | None:
     """Why cupy_gqa can't run this call of transformers' attention, or None."""
-    import torch
-
     if kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None:
         return "softcap or attention sinks"
     if attention_mask is not None:
         return "an attention mask (padding, sliding window or a custom pattern)"
     if dropout and module.training:
         return "attention dropout"
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
-        return "inputs that require grad (cupy_gqa has no backward pass yet)"
     if kwargs.get("position_bias") is not None:
         return "a position bias"
     if kwargs.get("output_attentions"):

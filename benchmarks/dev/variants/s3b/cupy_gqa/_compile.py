@@ -1,0 +1,138 @@
+"""Kernel sources and the compile cache.
+
+Sources are read from ``kernels/`` at runtime. Local ``#include "x.cuh"`` lines
+are inlined when a source is read, so the text handed to NVRTC is the whole
+program and CuPy's on-disk cache (keyed by source and options) can never serve
+a binary built from an older header.
+
+:func:`get_kernel` compiles each specialization once per process and device,
+thread-safely; a process that compiled it before finds it in CuPy's on-disk
+cache. :func:`compile_offline` drives NVRTC directly for a named architecture,
+which needs no GPU (``python -m cupy_gqa compile``).
+"""
+from __future__ import annotations
+
+import functools
+import pathlib
+import re
+import threading
+from dataclasses import dataclass
+
+from ._specs import Spec
+
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+# Installed wheel: cupy_gqa/kernels/. Source checkout: the top-level kernels/.
+KERNEL_DIR = next(
+    (d for d in (_PACKAGE_DIR / "kernels", _PACKAGE_DIR.parent / "kernels") if (d / "common.cuh").is_file()),
+    _PACKAGE_DIR / "kernels",
+)
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
+
+
+@functools.cache
+def source(filename: str) -> str:
+    """The text of ``kernels/<filename>`` with local includes inlined (each once)."""
+    seen: set[str] = set()
+
+    def expand(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        text = (KERNEL_DIR / name).read_text()
+        return _INCLUDE.sub(lambda m: f"// begin {m.group(1)}\n{expand(m.group(1))}\n// end {m.group(1)}", text)
+
+    return expand(filename)
+
+
+@functools.cache
+def _cuda_include_dirs() -> tuple[str, ...]:
+    """CUDA headers (cuda_fp16.h, ...) from the nvidia-cuda-runtime wheel, if installed.
+
+    Without the wheel, CuPy falls back to the system toolkit (CUDA_PATH)."""
+    try:
+        from cuda import pathfinder
+
+        found = pathfinder.find_nvidia_header_directory("cudart")
+    except Exception:  # no pathfinder or no wheel: rely on CuPy's own search
+        return ()
+    return (str(found),) if found else ()
+
+
+def compile_options(spec: Spec) -> tuple[str, ...]:
+    return ("-std=c++17", *(f"-I{d}" for d in _cuda_include_dirs()), *spec.options)
+
+
+_lock = threading.Lock()
+_kernels: dict = {}
+
+
+def get_kernel(spec: Spec):
+    """The ``cupy.RawKernel`` for ``spec`` on the current device, compiled once."""
+    import cupy
+
+    key = (spec.name, spec.options, cupy.cuda.Device().id)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        with _lock:
+            kernel = _kernels.get(key)
+            if kernel is None:
+                module = cupy.RawModule(
+                    code=source(spec.source), options=compile_options(spec), name_expressions=[spec.name]
+                )
+                kernel = module.get_function(spec.name)  # compiles (or loads from disk) here
+                if spec.smem > 48 * 1024:
+                    kernel.max_dynamic_shared_size_bytes = spec.smem
+                _kernels[key] = kernel
+    return kernel
+
+
+# --- offline compile, no GPU needed -----------------------------------------------
+
+
+@dataclass
+class CompileReport:
+    spec: Spec
+    arch: str
+    ok: bool
+    registers: int | None
+    spill_stores: int | None
+    spill_loads: int | None
+    stack_frame: int | None
+    log: str
+
+
+def _ptxas_number(log: str, pattern: str) -> int | None:
+    m = re.search(pattern, log)
+    return int(m.group(1)) if m else None
+
+
+def compile_offline(spec: Spec, arch: str) -> CompileReport:
+    """Compile ``spec`` for ``arch`` (e.g. ``sm_90``) with NVRTC and read ptxas' report.
+
+    A spec built for one target (``spec.arch``, e.g. sm_90a) compiles for that target."""
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(source(spec.source), spec.source, [], [])
+    try:
+        nvrtc.addNameExpression(prog, spec.name)
+        # a spec built for one target names it in its own options (-arch=sm_90a)
+        target = [] if spec.arch else [f"--gpu-architecture={arch}"]
+        options = [*target, "-Xptxas", "-v", *compile_options(spec)]
+        try:
+            nvrtc.compileProgram(prog, options)
+            ok = True
+        except nvrtc.NVRTCError:
+            ok = False
+        log = nvrtc.getProgramLog(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    return CompileReport(
+        spec=spec,
+        arch=arch,
+        ok=ok,
+        registers=_ptxas_number(log, r"Used (\d+) registers"),
+        spill_stores=_ptxas_number(log, r"(\d+) bytes spill stores"),
+        spill_loads=_ptxas_number(log, r"(\d+) bytes spill loads"),
+        stack_frame=_ptxas_number(log, r"(\d+) bytes stack frame"),
+        log=log,
+    )

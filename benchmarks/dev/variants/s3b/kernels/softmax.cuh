@@ -1,0 +1,242 @@
+// softmax.cuh: the online-softmax rules every kernel follows, written once.
+//
+// Log2 domain. A score is s = (q . k) * softmax_scale * log2(e). A key that a
+// row must not see (past its causal end, past the sequence or the key range)
+// gets s = -inf after the scaling, so that it weighs exp2(-inf) = 0 whatever
+// the scale, 0 included. (A kernel whose scale is > 0, checked on the host,
+// may mask first and multiply inside the exp2: -inf * scale is still -inf.)
+//
+// Per row the state is (m, l, o): the reference m (the running max of the
+// scores, or, with the lazy rescale, up to 2^threshold below it), and
+//     l = sum_j exp2(s_j - m),   o = sum_j exp2(s_j - m) v_j.
+// Update with new scores s_j:
+//     m'    = max(m, max_j s_j)          (lazy: only when max_j s_j > m + threshold)
+//     alpha = exp2(m - ref(m')),  p_j = exp2(s_j - ref(m'))
+//     l'    = l alpha + sum_j p_j,  o' = o alpha + sum_j p_j v_j
+// where ref(m) = m, except 0 while the row has seen no key (m = -inf), so that
+// no (-inf) - (-inf) makes a NaN. Merging two states (key groups, warps,
+// splits) is the same rule with the other side's m in place of max_j s_j.
+// End of a row: out = o / l, lse = (m + log2 l) ln 2 (natural log); a row that
+// saw no key writes out 0 and lse -inf; a row of a sequence whose length is
+// bad (seqlens_k[b] outside [0, seqlen_k]) writes NaN, out and lse.
+#pragma once
+#include "common.cuh"
+
+namespace softmax {
+
+template <typename A> __host__ __device__ constexpr A ln2() { return A(0.69314718055994530942); }
+
+// The exp2 of the scores, as a type: ex2.approx (float; 2^-inf = 0) or exact.
+struct FastExp2 {
+    __device__ __forceinline__ float operator()(float x) const { return fast_exp2(x); }
+};
+struct ExactExp2 {  // exp2f, or exp2 in double
+    template <typename A> __device__ __forceinline__ A operator()(A x) const { return exp2_acc(x); }
+};
+
+// The reference that exp2 subtracts: m, or 0 while the row has seen no key.
+template <typename A> __device__ __forceinline__ A ref(A m) { return m == neg_inf<A>() ? (A)0 : m; }
+
+// A row's move to the reference m_new (>= m): m = m_new; returns the factor
+// alpha = exp2(m_old - ref(m_new)) for l and o (0 while m_old = -inf).
+template <typename A, class Exp2> __device__ __forceinline__ A raise_ref(A& m, A m_new, Exp2 exp2) {
+    const A alpha = exp2(m - ref(m_new));
+    m = m_new;
+    return alpha;
+}
+
+// Weights of two states (m, ..) and (m_b, ..) in their merge, and its m.
+// A side with m = -inf (no key) weighs 0.
+__device__ __forceinline__ void merge_weights(float m, float m_b, float& m_new, float& wa, float& wb) {
+    m_new = fmaxf(m, m_b);
+    const float m_ref = ref(m_new);
+    wa = exp2f(m - m_ref);
+    wb = exp2f(m_b - m_ref);
+}
+
+// The weight of a state (m_s, ..) in a merge of several whose largest m is
+// m_max (all -inf: no side saw a key, and each weighs 0).
+__device__ __forceinline__ float merge_weight(float m_s, float m_max) { return exp2f(m_s - ref(m_max)); }
+
+// ---- the end of a row ------------------------------------------------------------
+// seen: the row saw some key (else out 0, lse -inf); bad: its sequence length is
+// bad (out and lse NaN). Where seen is not given it is l > 0: the largest score
+// a row saw weighs exp2(s - m) >= 1 in l. (The test is made after the bad one,
+// as written here: a seen computed up front changes the epilogue's branches.)
+// out = o * out_scale(l, ..)
+template <typename A> __device__ __forceinline__ A out_scale(A l, bool seen, bool bad) {
+    return bad ? (A)quiet_nan() : seen ? (A)1 / l : (A)0;
+}
+template <typename A> __device__ __forceinline__ A out_scale(A l, bool bad) {
+    return bad ? (A)quiet_nan() : l > (A)0 ? (A)1 / l : (A)0;
+}
+// out = normalized(o, l, ..), dividing (the decode kernels)
+__device__ __forceinline__ float normalized(float o, float l, bool seen) { return seen ? o / l : 0.f; }
+// lse in log2 units (a split's partial result), and natural, as the kernels write it
+template <typename A> __device__ __forceinline__ A lse2(A m, A l, bool seen) {
+    return seen ? m + log2_acc(l) : neg_inf<A>();
+}
+template <typename A> __device__ __forceinline__ float lse(A m, A l, bool seen, bool bad) {
+    return bad ? quiet_nan() : seen ? (float)((m + log2_acc(l)) * ln2<A>()) : neg_inf<float>();
+}
+template <typename A> __device__ __forceinline__ float lse(A m, A l, bool bad) {
+    return bad ? quiet_nan() : l > (A)0 ? (float)((m + log2_acc(l)) * ln2<A>()) : neg_inf<float>();
+}
+
+// ---- tensor-core fragments ---------------------------------------------------------
+// An m16n8 accumulator fragment float[4] holds, in lane (g = lane / 4, c = lane % 4),
+// elements (row g, cols 2c, 2c+1) (e = 0, 1) and (row g + 8, same cols) (e = 2, 3):
+// row hf of the lane is elements 2 hf, 2 hf + 1, and the quad (4 lanes) shares the row.
+// S: s[NT][4], NT n8 tiles of keys; O: o[DT][4], DT n8 tiles of dims; per row
+// hf: m[hf], l[hf] (l: the lane's partial sum, reduced over the quad at the end).
+
+// Scores of keys past last[hf] (row hf's last visible key) become -inf; element
+// (nt, e) is key key0 + 8 nt + 2 (lane % 4) + (e & 1).
+template <int NT>
+__device__ __forceinline__ void frag_mask(float (&s)[NT][4], int key0, int lane, const int (&last)[2]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (key0 + nt * 8 + (lane & 3) * 2 + (e & 1) > last[e >> 1]) s[nt][e] = neg_inf<float>();
+}
+
+// Row hf's max of s over the quad.
+template <int NT>
+__device__ __forceinline__ float frag_row_max(const float (&s)[NT][4], int hf) {
+    float mx = neg_inf<float>();
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    return mx;
+}
+
+// Row sum over the quad of the lanes' partial l.
+__device__ __forceinline__ float frag_row_sum(float l) {
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    return l;
+}
+
+// Row hf of s becomes P = exp2(s - m_ref) (SCALE_IN_EXP2: exp2(s * scale - m_ref));
+// returns the lane's part of rowsum(P), summed from the first pair (no 0 + ..).
+template <bool SCALE_IN_EXP2, int NT, class Exp2>
+__device__ __forceinline__ float frag_row_probabilities(float (&s)[NT][4], int hf, float m_ref, float scale, Exp2 exp2) {
+    float rs;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const float x0 = s[nt][2 * hf], x1 = s[nt][2 * hf + 1];
+        const float p0 = exp2(SCALE_IN_EXP2 ? fmaf(x0, scale, -m_ref) : x0 - m_ref);
+        const float p1 = exp2(SCALE_IN_EXP2 ? fmaf(x1, scale, -m_ref) : x1 - m_ref);
+        s[nt][2 * hf] = p0;
+        s[nt][2 * hf + 1] = p1;
+        rs = nt == 0 ? p0 + p1 : rs + (p0 + p1);
+    }
+    return rs;
+}
+
+// One tile's update (see the top) of the lane's rows in MT m16 blocks: s
+// becomes P in place. SCALE_IN_EXP2: s is unscaled and scale (> 0) is applied
+// inside the exp2 (s * scale - ref); else s is already scaled. LAZY > 0: m is
+// raised only when some row of the warp sees a score more than LAZY above it
+// (warp-uniform branch; P <= 2^LAZY meanwhile); 0: at every tile.
+template <int LAZY, bool SCALE_IN_EXP2, int MT, int NT, int DT, class Exp2>
+__device__ __forceinline__ void frag_update(float (&s)[MT][NT][4], float (&o)[MT][DT][4], float (&m)[MT][2],
+                                            float (&l)[MT][2], float scale, Exp2 exp2) {
+    float mxs[MT][2];  // rowmax(S), scaled
+    bool rescale = true;
+    if constexpr (LAZY > 0) {  // all rows' maxima first, for the warp's vote
+        bool grow = false;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const float mx = frag_row_max(s[mt], hf);
+                mxs[mt][hf] = SCALE_IN_EXP2 ? mx * scale : mx;
+                grow |= mxs[mt][hf] > m[mt][hf] + (float)LAZY;
+            }
+        rescale = __any_sync(0xffffffffu, grow);
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            if constexpr (LAZY == 0) {  // each row's max where it is used
+                const float mx = frag_row_max(s[mt], hf);
+                mxs[mt][hf] = SCALE_IN_EXP2 ? mx * scale : mx;
+            }
+            if (rescale) {
+                const float alpha = raise_ref(m[mt][hf], fmaxf(m[mt][hf], mxs[mt][hf]), exp2);
+                l[mt][hf] *= alpha;
+#pragma unroll
+                for (int dt = 0; dt < DT; ++dt) {
+                    o[mt][dt][2 * hf] *= alpha;
+                    o[mt][dt][2 * hf + 1] *= alpha;
+                }
+            }
+            l[mt][hf] += frag_row_probabilities<SCALE_IN_EXP2>(s[mt], hf, ref(m[mt][hf]), scale, exp2);
+        }
+}
+
+// The same for one m16 block (MT = 1) held without the block index.
+template <int LAZY, bool SCALE_IN_EXP2, int NT, int DT, class Exp2>
+__device__ __forceinline__ void frag_update(float (&s)[NT][4], float (&o)[DT][4], float (&m)[2], float (&l)[2],
+                                            float scale, Exp2 exp2) {
+    frag_update<LAZY, SCALE_IN_EXP2>(reinterpret_cast<float(&)[1][NT][4]>(s), reinterpret_cast<float(&)[1][DT][4]>(o),
+                                     reinterpret_cast<float(&)[1][2]>(m), reinterpret_cast<float(&)[1][2]>(l), scale,
+                                     exp2);
+}
+
+// The same update in two halves, for a kernel whose O is still being written by
+// the tensor cores while P is computed (hopper.cu): frag_probabilities raises m
+// (lazily, LAZY > 0) and turns s into P, returning whether the warp raised its
+// reference, with the factors in alpha and the lane's row sums in rs;
+// frag_rescale then brings O and l along once O is free.
+template <int LAZY, bool SCALE_IN_EXP2, int NT, class Exp2>
+__device__ __forceinline__ bool frag_probabilities(float (&s)[NT][4], float (&m)[2], float (&alpha)[2], float (&rs)[2],
+                                                   float scale, Exp2 exp2) {
+    static_assert(LAZY > 0, "the split update is the lazy one");
+    float mxs[2];
+    bool grow = false;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const float mx = frag_row_max(s, hf);
+        mxs[hf] = SCALE_IN_EXP2 ? mx * scale : mx;
+        grow |= mxs[hf] > m[hf] + (float)LAZY;
+    }
+    const bool rescale = __any_sync(0xffffffffu, grow);
+    // The exponentials are written into both arms of the branch: ptxas schedules
+    // within a basic block, and in one after the branch it may hoist the caller's
+    // next wait (for the tensor cores writing O) above them.
+    if (rescale) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            alpha[hf] = raise_ref(m[hf], fmaxf(m[hf], mxs[hf]), exp2);
+            rs[hf] = frag_row_probabilities<SCALE_IN_EXP2>(s, hf, ref(m[hf]), scale, exp2);
+        }
+    } else {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) rs[hf] = frag_row_probabilities<SCALE_IN_EXP2>(s, hf, ref(m[hf]), scale, exp2);
+    }
+    return rescale;
+}
+
+template <int DT>
+__device__ __forceinline__ void frag_rescale(float (&o)[DT][4], float (&l)[2], bool rescale, const float (&alpha)[2],
+                                             const float (&rs)[2]) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        if (rescale) {
+            l[hf] *= alpha[hf];
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                o[dt][2 * hf] *= alpha[hf];
+                o[dt][2 * hf + 1] *= alpha[hf];
+            }
+        }
+        l[hf] += rs[hf];
+    }
+}
+
+}  // namespace softmax

@@ -1,0 +1,11 @@
+"""cupy_gqa: causal grouped-query attention for NVIDIA GPUs, compiled at runtime by NVRTC.
+
+    import cupy_gqa
+    out = cupy_gqa.attention(q, k, v)   # CuPy arrays, torch tensors or NumPy arrays
+"""
+
+__version__ = "0.1.0"
+
+from .api import KERNELS, attention, warmup
+
+__all__ = ["attention", "warmup", "KERNELS", "__version__"]

@@ -1,0 +1,1 @@
+"""Integrations of cupy_gqa.attention with other libraries (each optional)."""

@@ -1,0 +1,443 @@
+/*
+ * hopper.cu -- prefill on Hopper's warpgroup tensor cores (wgmma, sm_90a),
+ * fp16 and bf16, causal or not, compiled at runtime by NVRTC.
+ *
+ * Algorithm
+ * -----------------------------------------------------------------------------
+ * FlashAttention's tiled online softmax (as in tiled.cu, rules in softmax.cuh)
+ * with the matrix products on wgmma.mma_async and the loads in a warpgroup of
+ * their own. Per consumer warpgroup (64 packed query rows):
+ *
+ *   tile 0:  S = Q K_0^T;  P_0 = softmax part of S (below)
+ *   tile j:  issue S_j = Q K_j^T            (A = Q, B = K_j: shared memory)
+ *            issue O += P_{j-1} V_{j-1}     (A = P_{j-1} in registers, B = V)
+ *            wait for S_j; release K_j
+ *            mask S_j (tiles crossing the diagonal or the end of the keys);
+ *            m' = max(m, rowmax S_j * scale log2 e)   (lazily: only when it
+ *                 grows by more than 2^8, warp-uniform)
+ *            P_j = exp2(S_j * scale log2 e - m'), its row sums
+ *            -- all of this while P_{j-1} V_{j-1} runs on the tensor cores --
+ *            wait for P V; release V_{j-1}; O *= exp2(m - m'), l likewise
+ *   last:    O += P V of the last tile
+ *   out = O / l;  lse = (m + log2 l) ln 2   (a row that sees no key: out 0,
+ *                                            lse -inf; a bad length: NaN)
+ *
+ * GQA packing (as in tiled.cu): the group = num_q_heads / num_kv_heads query
+ * heads of one KV head form one row space, packed row r = t * group + g
+ * (query position t, query head kv_head * group + g), so each K/V tile in
+ * shared memory serves all heads of the group.
+ *
+ * Grid and roles.  1-D grid of num_m_tiles * batch * num_kv_heads CTAs, mapped
+ * by prefill_tile (common.cuh: causal tiles heaviest first). A CTA has
+ * two consumer warpgroups (BLOCK_M = 128) and one producer warpgroup (the last),
+ * 128 threads each:
+ *   producer   (setmaxnreg down to PRODUCER_REGS): cp.async of the Q tile,
+ *              then of K_j and V_j into rings of STAGES stages each, every
+ *              thread's copies arriving on the stage's "full" mbarrier as they
+ *              land; it waits only for the stage's "empty" mbarrier;
+ *   consumer w (setmaxnreg up to CONSUMER_REGS): packed rows [64 w, 64 w + 64)
+ *              of the tile, both matrix products and the softmax for them.
+ *
+ * Head dims.  Any head_dim that is a multiple of 8 up to HEAD_DIM_PAD runs;
+ * the columns past head_dim are zero in shared memory (Q and K: they add
+ * nothing to S; V: the extra output columns are never stored).
+ *
+ * Shared memory (dynamic, aligned to 1024 bytes; HopperSmem below).  Every
+ * tile is stored as HEAD_DIM_PAD / 64 "slabs" of 64 columns; in a slab, row r
+ * is 128 bytes and its 16-byte chunk c sits at r * 128 + ((c ^ (r % 8)) * 16)
+ * -- the 128-byte swizzle that wgmma reads without bank conflicts
+ * (descriptor layout type 1):
+ *   [ Q: BLOCK_M rows | K stages 0 .. STAGES-1 | V stages 0 .. STAGES-1 | mbarriers ]
+ * K is read K-major (contiguous along head_dim, the reduction of Q K^T); V is
+ * read by the same layout as the N-major B operand of P V (trans-b). The
+ * output tile is staged through the Q tile's space, in the same layout.
+ *
+ * Requirements (checked by cupy_gqa/_plan.py): sm_90, head_dim % 8 == 0,
+ * head_dim stride 1, 16-byte aligned pointers and strides, scale_log2 > 0.
+ * benchmarks/NOTES_hopper.md has each step's prediction and outcome.
+ */
+#include "common.cuh"
+#include "softmax.cuh"
+#include "wgmma.cuh"
+
+namespace hopper_detail {
+
+enum { RESCALE_THRESHOLD = 8 };  // log2 units: P <= 2^8 between rescales (softmax.cuh: LAZY)
+
+// Byte offset of 16-byte chunk c (0..7) of row r inside a 128-byte-swizzled slab.
+__device__ __forceinline__ unsigned swizzle128(int r, int c) {
+    return (unsigned)(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+// wgmma shared-memory matrix descriptor: start address, leading and stride
+// byte offsets (each >> 4), layout type 1 = 128-byte swizzle.
+//   K-major (Q, K):  stride = 1024 (8 rows of 128 bytes), leading unused (1).
+//   N-major (V):     stride = 1024 (8 key rows), leading = bytes between slabs
+//                    (the next 64 columns of N).
+__device__ __forceinline__ unsigned long long make_smem_desc(unsigned addr, unsigned leading, unsigned stride) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16) |
+           ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// Pin accumulator registers at this point of the program: the compiler must
+// not move their reads above a wgmma_wait nor their writes below a wgmma.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// An accumulator held as m16n8 fragments [n8 tiles][4], as the flat register
+// list wgmma takes (wgmma.cuh: the same order).
+template <int N8>
+__device__ __forceinline__ float (&flat(float (&frag)[N8][4]))[4 * N8] {
+    return reinterpret_cast<float(&)[4 * N8]>(frag);
+}
+
+// Shared memory written through the generic proxy (cp.async, st.shared) is
+// ordered before this thread's later wgmma reads (async proxy) by this fence.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// ---- mbarriers (shared memory, CTA scope) --------------------------------------
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Wait until the phase of the given parity has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// The mbarrier receives one arrival when all of this thread's earlier cp.async
+// copies have landed (.noinc: the arrival is one of the counted ones).
+__device__ __forceinline__ void cp_async_arrive(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Register budget per warpgroup role (needs a register cap at entry: __launch_bounds__(.., 1)).
+template <int N> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// Named barriers (id 0 is __syncthreads): the 128 threads of one warpgroup
+// (ids 1, 2), and the turn-taking of the two consumer warpgroups (ids 3, 4).
+__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void pair_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void pair_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+enum { EPILOGUE_BAR = 1, TURN_BAR = 3 };
+
+constexpr int PRODUCER_REGS = 56;   // 56 + 2 x 224 = 3 x 168: what the producer frees, the consumers take
+constexpr int CONSUMER_REGS = 224;
+
+}  // namespace hopper_detail
+
+
+// Shared-memory layout, one definition for the kernel and for cupy_gqa/_specs.py
+// (hopper_smem), which passes its byte count as SMEM_BYTES: a static_assert
+// in the kernel holds the two together.
+template <int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES>
+struct HopperSmem {
+    static constexpr int SLABS = HEAD_DIM_PAD / 64;
+    static constexpr int Q_SLAB = BLOCK_M * 128;   // bytes of one 64-column slab of the Q tile
+    static constexpr int KV_SLAB = BLOCK_N * 128;  // ... of a K or V tile
+    static constexpr int Q_BYTES = SLABS * Q_SLAB;
+    static constexpr int KV_BYTES = SLABS * KV_SLAB;
+    static constexpr int BARRIERS = 1 + 4 * STAGES;   // q_full; full and empty of each K and each V stage
+    // tiles from a 1024-aligned base (Q, STAGES K tiles, STAGES V tiles), then
+    // the barriers; + 1024 slack for the alignment
+    static constexpr int BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 1024;
+};
+
+template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
+hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p) {
+    using namespace hopper_detail;
+    static_assert(HEAD_DIM_PAD % 64 == 0 && HEAD_DIM_PAD <= 256, "head dims are padded to 64, 128, 192 or 256");
+    static_assert(BLOCK_M == 128 && BLOCK_N % 16 == 0, "two consumer warpgroups of 64 rows; 16 keys per step");
+    using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES>;
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout (HopperSmem)");
+    static_assert(STAGES >= 2, "the consumers hold V_{j-1} (P V) while V_j arrives");
+    constexpr int CHP = HEAD_DIM_PAD / 8;      // 16-byte chunks per padded row
+    constexpr int KD = HEAD_DIM_PAD / 16;      // k-steps of Q K^T
+    constexpr int NT = BLOCK_N / 8;            // n8 tiles of S (keys)
+    constexpr int DT = HEAD_DIM_PAD / 8;       // n8 tiles of O (head dims)
+    constexpr int CONSUMERS = BLOCK_M / 64 * 128;
+
+    const int seqlen_q = p.seqlen_q, num_q_heads = p.num_q_heads;
+
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned base = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+    unsigned char* const smem = smem_raw + (base - raw);
+    const unsigned sQ = base;
+    const unsigned sK = sQ + L::Q_BYTES;       // K stage s at sK + s * KV_BYTES
+    const unsigned sV = sK + STAGES * L::KV_BYTES;
+    const unsigned bars = sV + STAGES * L::KV_BYTES;
+    const unsigned q_full = bars;              // the Q tile has landed
+    // K and V run in pipelines of their own: K_j is free again once Q K_j^T is
+    // done, V_j only once P_j V_j is, a tile later (see the consumer loop)
+    auto k_full = [&](int s) { return bars + 8 * (1 + s); };               // K stage s has landed
+    auto k_empty = [&](int s) { return bars + 8 * (1 + STAGES + s); };     // ... and has been read
+    auto v_full = [&](int s) { return bars + 8 * (1 + 2 * STAGES + s); };  // V stage s has landed
+    auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * STAGES + s); }; // ... and has been read
+
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        mbar_init(q_full, 128);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(k_full(s), 128);         // every producer thread arrives
+            mbar_init(v_full(s), 128);
+            mbar_init(k_empty(s), CONSUMERS);  // every consumer thread arrives
+            mbar_init(v_empty(s), CONSUMERS);
+        }
+    }
+    __syncthreads();
+
+    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, p.num_q_heads / p.num_kv_heads);
+    const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
+    const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
+    const KeyRange<CAUSAL>& keys = tile.keys;
+    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
+
+    if (tid >= CONSUMERS) {
+        // =========================== producer warpgroup ===========================
+        // 16-byte cp.async chunks into the swizzled slabs: chunk c of a tile of R
+        // rows is row c / CHP, column chunk c % CHP; rows past the data and the
+        // padding columns are zero-filled. K_j goes to K stage j % STAGES once
+        // the consumers have released it, then V_j to its V stage likewise;
+        // each thread's copies arrive on the stage's full barrier when they
+        // land (cp.async.mbarrier.arrive), so the producer only ever waits for
+        // free stages.
+        regs_dec<PRODUCER_REGS>();
+        const int pt = tid - CONSUMERS;
+        const int ch_used = p.head_dim / 8;    // chunks that hold data; the rest are zero
+        for (int c = pt; c < BLOCK_M * CHP; c += 128) {
+            const int r = c / CHP, ch = c % CHP;
+            const int pr = row0 + r;
+            const bool ok = pr < packed_rows && ch < ch_used;
+            const int t = pr / group, g = pr - (pr / group) * group;
+            const T* src = ok ? q + (index_t)b * p.q_stride[0] + (index_t)t * p.q_stride[1] +
+                                    (index_t)q_head_of(kvh, g, group) * p.q_stride[2] + ch * 8
+                              : q;
+            cp_async_16(sQ + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
+        }
+        cp_async_arrive(q_full);
+        const T* const kbase = k + (index_t)b * p.k_stride[0] + (index_t)kvh * p.k_stride[2];
+        const T* const vbase = v + (index_t)b * p.v_stride[0] + (index_t)kvh * p.v_stride[2];
+        const index_t k_stride_s = p.k_stride[1], v_stride_s = p.v_stride[1];
+        // one tile of K or V: chunk c is row c / CHP (key j * BLOCK_N + row), column chunk c % CHP
+        auto load_tile = [&](unsigned dst, const T* base_ptr, index_t stride_s, const T* dummy, int j) {
+            if constexpr (128 % CHP == 0) {
+                // each thread keeps one column chunk and walks rows RS apart: one
+                // pointer step and one compare per copy (head dims 64, 128, 256)
+                constexpr int RS = 128 / CHP;
+                const int ch = pt % CHP, r0 = pt / CHP;
+                const bool col_ok = ch < ch_used;
+                const T* src = base_ptr + (index_t)(j * BLOCK_N + r0) * stride_s + ch * 8;
+                const unsigned d0 = dst + (ch / 8) * L::KV_SLAB;
+#pragma unroll
+                for (int i = 0; i < BLOCK_N / RS; ++i) {
+                    const int r = r0 + i * RS;
+                    const bool ok = col_ok && j * BLOCK_N + r < seqlen_k;
+                    cp_async_16(d0 + swizzle128(r, ch % 8), ok ? (const void*)src : (const void*)dummy, ok);
+                    src += RS * stride_s;
+                }
+            } else {
+#pragma unroll 4
+                for (int c = pt; c < BLOCK_N * CHP; c += 128) {
+                    const int r = c / CHP, ch = c % CHP;
+                    const int key = j * BLOCK_N + r;
+                    const bool ok = key < seqlen_k && ch < ch_used;
+                    cp_async_16(dst + (ch / 8) * L::KV_SLAB + swizzle128(r, ch % 8),
+                                ok ? (const void*)(base_ptr + (index_t)key * stride_s + ch * 8) : (const void*)dummy, ok);
+                }
+            }
+        };
+        for (int j = 0; j < num_n; ++j) {
+            const int stage = j % STAGES;
+            const unsigned parity = ((j / STAGES) + 1) & 1;  // the use of tile j - STAGES
+            if (j >= STAGES) mbar_wait(k_empty(stage), parity);
+            load_tile(sK + stage * L::KV_BYTES, kbase, k_stride_s, k, j);
+            cp_async_arrive(k_full(stage));
+            if (j >= STAGES) mbar_wait(v_empty(stage), parity);
+            load_tile(sV + stage * L::KV_BYTES, vbase, v_stride_s, v, j);
+            cp_async_arrive(v_full(stage));
+        }
+        cp_async_wait_all();                   // nothing in flight when the warpgroup exits
+        return;
+    }
+
+    // ============================ consumer warpgroups ============================
+    regs_inc<CONSUMER_REGS>();
+    const float scale_log2 = (float)p.scale_log2;
+    const int wg = tid / 128;                  // rows [64 wg, 64 wg + 64) of the tile
+    const int lane = tid & 31;
+    const int my_row = wg * 64 + ((tid / 32) & 3) * 16 + (lane >> 2);  // + 8 hf: the lane's rows hf = 0, 1
+
+    // the wgmma accumulators as m16n8 fragments (wgmma.cuh: the same layout)
+    float o[DT][4];                            // O: DT n8 tiles of head dims
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
+    float m_run[2] = {neg_inf<float>(), neg_inf<float>()};  // reference max, log2 units
+    float l_run[2] = {0.f, 0.f};               // the lane's part of the row sums
+    unsigned pa[BLOCK_N / 16][4];              // P of the last tile as wgmma A fragments
+
+    const unsigned long long desc_q = make_smem_desc(sQ + wg * 64 * 128, 16, 1024);
+    const unsigned long long desc_k0 = make_smem_desc(sK, 16, 1024);
+    const unsigned long long desc_v0 = make_smem_desc(sV, L::KV_SLAB, 1024);
+    // a k-step of Q K^T moves 32 bytes inside a slab, then to the next slab
+    auto kstep = [](int kd, int slab_bytes) { return (unsigned long long)(((kd / 4) * slab_bytes + (kd % 4) * 32) >> 4); };
+    auto stage_off = [](int j) { return (unsigned long long)(((j % STAGES) * L::KV_BYTES) >> 4); };
+
+    // S = Q K_j^T and O += P V_j (asynchronous: committed, not waited for)
+    auto issue_qk = [&](float (&s)[NT][4], int j) {
+        const unsigned long long desc_k = desc_k0 + stage_off(j);
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd)
+            Wgmma<T, BLOCK_N>::ss(flat(s), desc_q + kstep(kd, L::Q_SLAB), desc_k + kstep(kd, L::KV_SLAB), kd);
+        wgmma_commit();
+    };
+    auto issue_pv = [&](int jv) {
+        const unsigned long long desc_v = desc_v0 + stage_off(jv);
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            Wgmma<T, HEAD_DIM_PAD>::rs(flat(o), pa[kk], desc_v + (unsigned long long)((kk * 16 * 128) >> 4), 1);
+        wgmma_commit();
+    };
+
+    // Mask S of tile j (tiles crossing the diagonal or the end of the keys), then
+    // P = exp2(S * scale_log2 - m) in place (softmax.cuh, lazy rescale).
+    auto probabilities = [&](float (&s)[NT][4], int j, float (&alpha)[2], float (&rs)[2]) {
+        const int n0 = j * BLOCK_N;
+        if (n0 + BLOCK_N > keys.free) {
+            const int last[2] = {keys.last_key(row0 + my_row), keys.last_key(row0 + my_row + 8)};
+            softmax::frag_mask(s, n0, lane, last);
+        }
+        return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2, softmax::FastExp2());
+    };
+    // P as the A operand of the next P V: the S fragment of keys 16 kk .. is P's
+    auto to_operand = [&](const float (&s)[NT][4]) {
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+            pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);          // row r,     keys 16 kk + 2c, +1
+            pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);          // row r + 8
+            pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);  // row r,     keys 16 kk + 8 + 2c, +1
+            pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);  // row r + 8
+        }
+    };
+
+    // Ping-pong: the two consumer warpgroups take turns at issuing their matrix
+    // products (named barriers TURN_BAR + wg), so that the tensor cores work on
+    // one's while the other runs its softmax. Each has num_n + 1 turns (tile 0's
+    // S; S_j with P_{j-1} V_{j-1}; the last P V). Warpgroup 0 goes first, and
+    // warpgroup 1 passes no turn after its last, so every barrier phase that
+    // starts also completes.
+    const int turns = num_n > 0 ? num_n + 1 : 0;
+    int turn = 0;
+    auto take_turn = [&] { pair_sync(TURN_BAR + wg); };
+    auto pass_turn = [&] {
+        if (wg == 0 || ++turn < turns) pair_arrive(TURN_BAR + (wg ^ 1));
+    };
+    if (wg == 1 && turns > 0) pair_arrive(TURN_BAR);
+
+    mbar_wait(q_full, 0);
+    fence_proxy_async();                       // cp.async (generic proxy) writes -> wgmma reads
+    if (num_n > 0) {                           // tile 0: S, softmax, P
+        float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
+        mbar_wait(k_full(0), 0);
+        fence_proxy_async();
+        take_turn();
+        wgmma_fence();
+        issue_qk(s, 0);
+        pass_turn();
+        wgmma_wait<0>();
+        fence_regs(flat(s));
+        mbar_arrive(k_empty(0));
+        const bool rescale = probabilities(s, 0, alpha, rs);
+        softmax::frag_rescale(o, l_run, rescale, alpha, rs);
+        to_operand(s);
+    }
+    for (int j = 1; j < num_n; ++j) {
+        // S_j = Q K_j^T, then O += P_{j-1} V_{j-1} behind it on the tensor cores;
+        // the softmax of S_j runs while P V does
+        float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
+        mbar_wait(k_full(j % STAGES), (j / STAGES) & 1);
+        mbar_wait(v_full((j - 1) % STAGES), ((j - 1) / STAGES) & 1);
+        fence_proxy_async();
+        take_turn();
+        wgmma_fence();
+        issue_qk(s, j);
+        issue_pv(j - 1);
+        pass_turn();
+        wgmma_wait<1>();                       // S_j is ready: K_j is free
+        fence_regs(flat(s));
+        mbar_arrive(k_empty(j % STAGES));
+        const bool rescale = probabilities(s, j, alpha, rs);
+        wgmma_wait<0>();                       // P_{j-1} V_{j-1} is done: V_{j-1} is free
+        fence_regs(flat(o));
+        mbar_arrive(v_empty((j - 1) % STAGES));
+        softmax::frag_rescale(o, l_run, rescale, alpha, rs);
+        to_operand(s);
+    }
+    if (num_n > 0) {                           // the last tile's P V
+        mbar_wait(v_full((num_n - 1) % STAGES), ((num_n - 1) / STAGES) & 1);
+        fence_proxy_async();
+        take_turn();
+        wgmma_fence();
+        issue_pv(num_n - 1);
+        pass_turn();
+        wgmma_wait<0>();
+        fence_regs(flat(o));
+        mbar_arrive(v_empty((num_n - 1) % STAGES));
+    }
+
+    // ---- epilogue: O / l into this warpgroup's rows of the Q tile, then out ----------
+    // (only this warpgroup's wgmmas read those rows, and they are done)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const float l = softmax::frag_row_sum(l_run[hf]);
+        const float inv = softmax::out_scale(l, len < 0);
+        const int r = my_row + 8 * hf;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8
+            const unsigned addr = (dt / 8) * L::Q_SLAB + swizzle128(r, dt % 8) + 4 * (lane & 3);
+            *reinterpret_cast<unsigned*>(smem + (sQ - base) + addr) = pack2<T>(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+        }
+        if (lse != nullptr && (lane & 3) == 0) {
+            const int pr = row0 + r;
+            if (pr < packed_rows) {
+                const int t = pr / group, g = pr - (pr / group) * group;
+                lse[((index_t)b * num_q_heads + q_head_of(kvh, g, group)) * seqlen_q + t] = softmax::lse(m_run[hf], l, len < 0);
+            }
+        }
+    }
+    warpgroup_sync(EPILOGUE_BAR + wg);
+    const int ch_used = p.head_dim / 8;
+    for (int c = tid - wg * 128; c < 64 * ch_used; c += 128) {
+        const int r = wg * 64 + c / ch_used, ch = c - (c / ch_used) * ch_used;
+        const int pr = row0 + r;
+        if (pr < packed_rows) {
+            const int t = pr / group, g = pr - (pr / group) * group;
+            T* dst = out + (index_t)b * p.o_stride[0] + (index_t)t * p.o_stride[1] +
+                     (index_t)q_head_of(kvh, g, group) * p.o_stride[2] + ch * 8;
+            *reinterpret_cast<uint4*>(dst) =
+                *reinterpret_cast<const uint4*>(smem + (sQ - base) + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8));
+        }
+    }
+}

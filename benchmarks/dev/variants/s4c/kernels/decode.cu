@@ -1,0 +1,682 @@
+// decode.cu: split-KV decode, a few query tokens against a long KV cache.
+//
+// Algorithm
+//   Decoding attends seqlen_q = 1 .. 16 new tokens per sequence to a cache of
+//   thousands of keys: the work is reading K and V once, at memory speed.
+//   GQA packing: one CTA takes ROWS packed rows r = t * group_size + g
+//   (query position t, head g of the KV head's group; query head
+//   q_head = kv_head * group_size + g) of one (batch b, kv_head), so every
+//   K/V byte it reads serves all group_size heads and all seqlen_q tokens.
+//   When seqlen_q * group_size > ROWS the rows come in row blocks, one CTA
+//   each; the row blocks of one key range run side by side and share K/V in L2.
+//   Split-KV: the keys [0, len) of sequence b (len = seqlens_k[b], or seqlen_k)
+//   are cut into num_splits equal ranges (whole steps), one CTA each, so that
+//   batch * num_kv_heads CTAs that would not fill the GPU become enough.
+//
+//   Inside a CTA the keys of its range go round-robin to "key groups" of
+//   LANES = HEAD_DIM / 8 lanes: lane l of a group holds dims
+//   d = (c * LANES + l) * W + e (16-byte chunks c of W elements, 8 dims per
+//   lane) of q (pre-scaled by softmax_scale * log2 e) for each row, and of its
+//   output accumulator. Per step a group loads U keys' K and V rows (U = 4:
+//   8 16-byte loads per lane in flight; fp32 has 2 chunks per row, U = 2) and runs
+//   an online softmax over them, per row (log2 domain):
+//       s_u   = q . k_u                  (partial dot, then xor-shuffles over LANES)
+//       s_u   = -inf where key u is past the row's causal end (or the range)
+//       m'    = max(m, s_0 .. s_U-1)
+//       o     = o * exp2(m - m') + sum_u exp2(s_u - m') * v_u
+//       l     = l * exp2(m - m') + sum_u exp2(s_u - m')
+//   The loads of the next step are issued before the current step is
+//   computed (a two-deep register pipeline), steps that every row sees in
+//   full skip the masking, and o is rescaled only when the running max grows
+//   by more than 2^8 (lazy rescale; m is then the reference, not the max).
+//   The groups' (m, l, o) are merged with the same rule, first across the
+//   groups of a warp (xor-shuffles), then across warps in shared memory.
+//   With num_splits == 1 the CTA writes out = o / l and lse = (m + log2 l) ln 2.
+//   Otherwise it writes the fp32 partial o / l and its lse (log2 domain) to a
+//   workspace, and decode_combine merges the splits of each row:
+//       M = max_s lse_s,  out = sum_s exp2(lse_s - M) o_s / sum_s exp2(lse_s - M)
+//   These rules (and the end of a row below) are kernels/softmax.cuh's.
+//   Causal masking is aligned bottom-right per sequence: query t of batch b
+//   sees keys j <= t + len - seqlen_q. A row that sees no key writes 0 and
+//   lse = -inf. A seqlens_k[b] outside [0, seqlen_k] (device arrays are not
+//   range-checked on the host) makes every row of batch b NaN, out and lse.
+//
+// Grid mapping (decode_attention)
+//   1-D grid of batch * num_kv_heads * row_blocks * num_splits CTAs of
+//   DECODE_THREADS threads, split fastest:
+//       blockIdx.x = ((b * num_kv_heads + kv_head) * row_blocks + rb) * num_splits + split
+//   row_blocks = ceil(seqlen_q * group_size / ROWS). Warp w, lane = 32 * w + x:
+//   key group w * (32 / LANES) + x / LANES, lane x % LANES within it.
+//   At step j0 group i reads keys j0 + u * NUM_GROUPS + i, u < U.
+//
+// Workspace (num_splits > 1; allocated by cupy_gqa/_plan.py from CuPy's pool)
+//   packed row index prow = (b * num_kv_heads + kv_head) * (seqlen_q * group_size) + r
+//   part_o   float [prow][num_splits][head_dim]   partial out, normalised
+//   part_lse float [prow][num_splits]              its lse, log2 domain
+//
+// Grid mapping (decode_combine)
+//   1-D grid-stride loop, one thread per (prow, 4 dims).
+//
+// Template parameters
+//   T         __half, __nv_bfloat16 or float
+//   HEAD_DIM  64, 128 or 256 (exactly p.head_dim)
+//   ROWS      packed rows per CTA: 1, 2, 4 or 8 (rows past seqlen_q * group_size idle)
+// Requirements (checked by the Python layer): head_dim stride 1, 16-byte
+// aligned pointers and strides.
+#include "common.cuh"
+#include "softmax.cuh"
+
+// Constants are enumerators: NVRTC would emit a namespace-scope constexpr
+// variable as an (unused) global in every cubin.
+enum : int {
+    DECODE_THREADS = 128,           // threads per CTA (cupy_gqa/_specs.py: DECODE_THREADS)
+    DECODE_LOADS = 4,               // 16-byte K loads (as many V loads) per lane per step
+    DECODE_RESCALE_THRESHOLD = 8,   // of the lazy rescale, log2 units (see attend_step)
+    DECODE_MIN_BLOCKS = 3,          // __launch_bounds__' CTAs per SM for ROWS <= 4 (caps the registers)
+};
+
+namespace decode_detail {
+
+// The work of CTA blockIdx.x (see the grid mapping above): batch b, KV head,
+// row block rb of ROWS packed rows, key range split; len = seqlen_k_of
+// (-1: a bad seqlens_k[b]).
+struct DecodeWork {
+    int b, kv_head, rb, split, len;
+};
+template <int ROWS>
+__device__ __forceinline__ DecodeWork decode_work(const AttnParams& p, const int* seqlens_k, int num_splits) {
+    const int row_blocks = (p.seqlen_q * p.group_size + ROWS - 1) / ROWS;
+    index_t idx = blockIdx.x;
+    const int split = (int)(idx % num_splits);    idx /= num_splits;
+    const int rb = (int)(idx % row_blocks);       idx /= row_blocks;
+    const int kv_head = (int)(idx % p.num_kv_heads);
+    const int b = (int)(idx / p.num_kv_heads);
+    return {b, kv_head, rb, split, seqlen_k_of(seqlens_k, b, p.seqlen_k)};
+}
+
+enum : int { NUM_WARPS = DECODE_THREADS / 32 };
+
+// W elements of one 16-byte chunk, as floats.
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& raw, float* dst) {
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 16 / (int)sizeof(T); ++i) dst[i] = to_acc(e[i]);
+}
+
+// K and V chunks of the U keys j, j + NUM_GROUPS, ... of a key group (zeros past k_end).
+template <typename T, int U, int C, int NUM_GROUPS, int LANES>
+__device__ __forceinline__ void load_step(uint4 (&kr)[U][C], uint4 (&vr)[U][C], const T* k_ptr, const T* v_ptr,
+                                          index_t ks, index_t vs, int j, int k_end) {
+    constexpr int W = 16 / (int)sizeof(T);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int jj = j + u * NUM_GROUPS;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            kr[u][c] = make_uint4(0, 0, 0, 0);
+            vr[u][c] = make_uint4(0, 0, 0, 0);
+            if (jj < k_end) {
+                kr[u][c] = __ldg(reinterpret_cast<const uint4*>(k_ptr + jj * ks + c * LANES * W));
+                vr[u][c] = __ldg(reinterpret_cast<const uint4*>(v_ptr + jj * vs + c * LANES * W));
+            }
+        }
+    }
+}
+
+// One step of a key group over its U keys j, j + NUM_GROUPS, ... (see the top):
+// scores, then the online softmax update of every row. MASK: some key may be
+// past k_end or past a row's causal end.
+template <typename T, int ROWS, int U, int C, int NUM_GROUPS, int LANES, bool MASK>
+__device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4 (&vr)[U][C],
+                                            const float (&qv)[ROWS][8], float (&m)[ROWS], float (&l)[ROWS],
+                                            float (&o)[ROWS][8], int j, int k_end, const int (&n_vis)[ROWS]) {
+    constexpr int W = 16 / (int)sizeof(T), DL = 8;
+    const float NEG_INF = neg_inf<float>();
+    // s_u = q . k_u for every row: partial dots, then a sum over the group's lanes
+    float s[U][ROWS];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        float kf[DL];
+#pragma unroll
+        for (int c = 0; c < C; ++c) unpack<T>(kr[u][c], kf + c * W);
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            float a0 = 0.f, a1 = 0.f;  // two chains so the FMAs overlap
+#pragma unroll
+            for (int d = 0; d < DL; d += 2) {
+                a0 = fmaf(qv[i][d], kf[d], a0);
+                a1 = fmaf(qv[i][d + 1], kf[d + 1], a1);
+            }
+            s[u][i] = a0 + a1;
+        }
+    }
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off /= 2)
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int i = 0; i < ROWS; ++i) s[u][i] += __shfl_xor_sync(0xffffffffu, s[u][i], off);
+
+    float vf[U][DL];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int c = 0; c < C; ++c) unpack<T>(vr[u][c], vf[u] + c * W);
+    // online softmax: o = o * exp2(m - m') + sum_u exp2(s_u - m') * v_u
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        bool vis[U];
+        float m_new = m[i];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            vis[u] = !MASK || (j + u * NUM_GROUPS < k_end && j + u * NUM_GROUPS < n_vis[i]);
+            if (!vis[u]) s[u][i] = NEG_INF;
+            m_new = fmaxf(m_new, s[u][i]);
+        }
+        // Lazy rescale: keep the old reference m unless the new max exceeds it
+        // by more than DECODE_RESCALE_THRESHOLD (log2 units), so most steps skip
+        // the exp2 and the o *= alpha; weights stay <= 2^threshold, exact in fp32.
+        if (m_new > m[i] + DECODE_RESCALE_THRESHOLD) {
+            const float alpha = softmax::raise_ref(m[i], m_new, softmax::FastExp2());  // 0 while m = -inf
+            l[i] *= alpha;
+#pragma unroll
+            for (int d = 0; d < DL; ++d) o[i][d] *= alpha;
+        }
+        const float m_ref = softmax::ref(m[i]);  // 0 while every score so far is -inf
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const float pu = fast_exp2(s[u][i] - m_ref);
+            l[i] += pu;
+            if (vis[u]) {  // a key the row doesn't see adds nothing, even a NaN V
+#pragma unroll
+                for (int d = 0; d < DL; ++d) o[i][d] = fmaf(pu, vf[u][d], o[i][d]);
+            }
+        }
+    }
+}
+
+// The CTA's result for its ROWS packed rows of row block rb. Each of NW warps
+// left its (m, l, o) per row in shared memory: m_w[w * ROWS + i], l_w[same],
+// o_w[(w * ROWS + i) * HEAD_DIM + d], with o and l relative to 2^m (log2
+// domain). One thread per (row, dim) merges the warps and writes out = o / l
+// and lse (num_splits == 1), or this split's normalised partial and its log2
+// lse to the workspace (see the top).
+template <typename T, int HEAD_DIM, int ROWS, int NW, int THREADS>
+__device__ __forceinline__ void write_cta_result(const float* m_w, const float* l_w, const float* o_w, T* out,
+                                                 float* lse, const AttnParams& p, int b, int kv_head, int rb, int split,
+                                                 int num_splits, int len, float* part_o, float* part_lse) {
+    const float NEG_INF = neg_inf<float>();
+    const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
+    for (int x = threadIdx.x; x < ROWS * HEAD_DIM; x += THREADS) {
+        const int i = x / HEAD_DIM, d = x % HEAD_DIM;
+        const int r = rb * ROWS + i;
+        if (r >= rows_total) break;  // rows are the slow index: the rest are idle too
+        float mm = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) mm = fmaxf(mm, m_w[w * ROWS + i]);
+        float ls = 0.f, os = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            const float wt = softmax::merge_weight(m_w[w * ROWS + i], mm);
+            ls = fmaf(l_w[w * ROWS + i], wt, ls);
+            os = fmaf(o_w[(w * ROWS + i) * HEAD_DIM + d], wt, os);
+        }
+        // a row that saw no key (of this split): 0 and lse = -inf
+        const float res = softmax::normalized(os, ls, ls != 0.f);
+        const float lse2 = softmax::lse2(mm, ls, ls != 0.f);
+        if (num_splits == 1) {
+            const int t = r / group_size, g = r % group_size;
+            const int q_head = q_head_of(kv_head, g, group_size);
+            const bool bad = len < 0;
+            out[b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2] + d] = from_acc<T>(bad ? quiet_nan() : res);
+            if (lse != nullptr && d == 0)
+                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = softmax::lse(mm, ls, ls != 0.f, bad);
+        } else {
+            const index_t prow = ((index_t)b * p.num_kv_heads + kv_head) * rows_total + r;
+            part_o[(prow * num_splits + split) * HEAD_DIM + d] = res;
+            if (d == 0) part_lse[prow * num_splits + split] = lse2;
+        }
+    }
+}
+
+}  // namespace decode_detail
+
+template <typename T, int HEAD_DIM, int ROWS>
+__global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS : 1) decode_attention(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)
+{
+    using namespace decode_detail;
+    constexpr int W = 16 / (int)sizeof(T);        // elements per 16-byte chunk
+    constexpr int DL = 8;                         // dims per lane
+    constexpr int C = DL / W;                     // chunks per lane and row (fp32: 2)
+    constexpr int LANES = HEAD_DIM / DL;          // lanes per key group
+    constexpr int GROUPS_PER_WARP = 32 / LANES;
+    constexpr int NUM_GROUPS = NUM_WARPS * GROUPS_PER_WARP;
+    // keys per group per step (ROWS 8 halves it to stay in registers)
+    constexpr int LOADS = ROWS >= 8 ? DECODE_LOADS / 2 : DECODE_LOADS;
+    constexpr int U = LOADS / C > 0 ? LOADS / C : 1;
+    static_assert(LANES >= 1 && LANES <= 32 && 32 % LANES == 0, "HEAD_DIM in {8 .. 256}, a power of two");
+    static_assert(DL == 8, "attend_step holds 8 dims per lane");
+    const float NEG_INF = neg_inf<float>();
+
+    // --- which work: (b, kv_head, row block, split) -------------------------
+    const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
+    const DecodeWork work = decode_work<ROWS>(p, seqlens_k, num_splits);
+    const int split = work.split, rb = work.rb, kv_head = work.kv_head, b = work.b, len = work.len;  // len -1: bad
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = warp * GROUPS_PER_WARP + lane / LANES;
+    const int gl = lane % LANES;  // lane within the key group
+
+    // rows of this CTA: r = rb * ROWS + i = t * group_size + g
+    float qv[ROWS][DL];
+    int n_vis[ROWS];  // keys [0, n_vis) visible to the row (0 for idle rows)
+    int n_max = 0, n_min = 1 << 30;  // over the live rows
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        const int r = rb * ROWS + i;
+        const int t = r / group_size, g = r % group_size;
+        const bool live = r < rows_total && len >= 0;
+        n_vis[i] = live ? visible_keys(t, p.seqlen_q, len, p.causal != 0) : 0;
+        n_max = max(n_max, n_vis[i]);
+        if (live) n_min = min(n_min, n_vis[i]);
+        const T* q_row = q + b * p.q_stride[0] + t * p.q_stride[1]
+                       + q_head_of(kv_head, g, group_size) * p.q_stride[2];
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            uint4 raw = make_uint4(0, 0, 0, 0);
+            if (live) raw = __ldg(reinterpret_cast<const uint4*>(q_row + (c * LANES + gl) * W));
+            float x[W];
+            unpack<T>(raw, x);
+#pragma unroll
+            for (int e = 0; e < W; ++e) qv[i][c * W + e] = x[e] * (float)p.scale_log2;
+        }
+    }
+
+    // this split's keys: [k_begin, k_end), cut from [0, len) in equal parts of
+    // whole steps, and clipped to the last key any row of the CTA sees
+    constexpr int STEP = NUM_GROUPS * U;
+    const int chunk = ((max(len, 0) + num_splits - 1) / num_splits + STEP - 1) / STEP * STEP;
+    const int k_begin = split * chunk;
+    const int k_end = min(min(k_begin + chunk, max(len, 0)), n_max);
+
+    float m[ROWS], l[ROWS], o[ROWS][DL];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        m[i] = NEG_INF;
+        l[i] = 0.f;
+#pragma unroll
+        for (int d = 0; d < DL; ++d) o[i][d] = 0.f;
+    }
+
+    // keys [k_begin, k_full) come in whole steps that every live row sees: no mask
+    const int k_full = k_begin + max(0, min(k_end, n_min) - k_begin) / STEP * STEP;
+    const T* k_ptr = k + b * p.k_stride[0] + kv_head * p.k_stride[2] + gl * W;
+    const T* v_ptr = v + b * p.v_stride[0] + kv_head * p.v_stride[2] + gl * W;
+    const index_t ks = p.k_stride[1], vs = p.v_stride[1];
+
+    // software pipeline: step j0 + STEP's loads are in flight while step j0 is computed
+    uint4 kr[U][C], vr[U][C], kn[U][C], vn[U][C];
+    load_step<T, U, C, NUM_GROUPS, LANES>(kr, vr, k_ptr, v_ptr, ks, vs, k_begin + group, k_end);
+    for (int j0 = k_begin; j0 < k_end; j0 += STEP) {
+        load_step<T, U, C, NUM_GROUPS, LANES>(kn, vn, k_ptr, v_ptr, ks, vs, j0 + STEP + group, k_end);
+        if (j0 + STEP <= k_full)
+            attend_step<T, ROWS, U, C, NUM_GROUPS, LANES, false>(kr, vr, qv, m, l, o, j0 + group, k_end, n_vis);
+        else
+            attend_step<T, ROWS, U, C, NUM_GROUPS, LANES, true>(kr, vr, qv, m, l, o, j0 + group, k_end, n_vis);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                kr[u][c] = kn[u][c];
+                vr[u][c] = vn[u][c];
+            }
+    }
+
+    // merge the key groups of each warp: lanes gl, gl + LANES, ... hold the same dims
+#pragma unroll
+    for (int off = LANES; off < 32; off *= 2) {
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            const float m_b = __shfl_xor_sync(0xffffffffu, m[i], off);
+            const float l_b = __shfl_xor_sync(0xffffffffu, l[i], off);
+            float m_new, wa, wb;
+            softmax::merge_weights(m[i], m_b, m_new, wa, wb);
+            l[i] = l[i] * wa + l_b * wb;
+#pragma unroll
+            for (int d = 0; d < DL; ++d) {
+                const float o_b = __shfl_xor_sync(0xffffffffu, o[i][d], off);
+                o[i][d] = o[i][d] * wa + o_b * wb;
+            }
+            m[i] = m_new;
+        }
+    }
+
+    // then the warps, through shared memory
+    __shared__ float sm_m[NUM_WARPS][ROWS], sm_l[NUM_WARPS][ROWS];
+    __shared__ float sm_o[NUM_WARPS][ROWS][HEAD_DIM];
+    if (lane < LANES) {
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            if (lane == 0) {
+                sm_m[warp][i] = m[i];
+                sm_l[warp][i] = l[i];
+            }
+#pragma unroll
+            for (int c = 0; c < C; ++c)
+#pragma unroll
+                for (int e = 0; e < W; ++e) sm_o[warp][i][(c * LANES + gl) * W + e] = o[i][c * W + e];
+        }
+    }
+    __syncthreads();
+
+    write_cta_result<T, HEAD_DIM, ROWS, NUM_WARPS, DECODE_THREADS>(&sm_m[0][0], &sm_l[0][0], &sm_o[0][0][0], out, lse, p, b,
+                                                                   kv_head, rb, split, num_splits, len, part_o, part_lse);
+}
+
+// ---- decode_mma_attention: fp16 / bf16 on tensor cores -----------------------
+// The same work split as decode_attention (CTA = (b, kv_head, row block of
+// ROWS = 16 packed rows, split)), but the products run on mma.sync m16n8k16
+// as in tiled.cu: the 16 packed rows are the M dimension, so one tensor-core
+// tile serves every row of a GQA group and every query token at once, and an
+// instruction stream of ~8 mma per 8 keys replaces ~600 CUDA-core
+// instructions. The warps of a CTA stream disjoint key tiles of DECODE_MMA_BN
+// keys: tile u = 0, 1, .. of the CTA's range goes to warp u % NW, and each warp
+// runs its own STAGES-deep cp.async pipeline in its own shared memory (no CTA
+// barrier in the loop). Per tile a warp computes S = Q K^T (16 x 16, fp32),
+// masks it when the tile crosses a row's causal end or the range end, updates
+// its online softmax (lazy rescale, as in tiled.cu) and adds P V. At the end
+// the warps' (m, l, o) go through shared memory to write_cta_result.
+//
+// Shared memory (dynamic; decode_detail::MmaSmem is the one definition, and
+// the SMEM_BYTES template argument, the size the launch passes, must equal its
+// BYTES; Q rows padded by 8 elements as in tiled.cu, K/V rows swizzled, see kv_at):
+//   [ Q: ROWS x (HEAD_DIM + 8) | warp 0: stage 0 K, V | stage 1 K, V | ... | warp 1 ... ]
+//   then, reusing the stages once every warp is done: m, l [NW][ROWS], o [NW][ROWS][HEAD_DIM] fp32.
+enum : int {
+    DECODE_MMA_WARPS = 4,  // warps per CTA (cupy_gqa/_specs.py: DECODE_MMA_WARPS)
+    DECODE_MMA_BN = 16,    // keys per K/V tile (cupy_gqa/_specs.py: DECODE_MMA_BN)
+};
+
+namespace decode_detail {
+// cp_async_16 with an L2::128B prefetch size hint (H200: 2% faster than none
+// with padded K/V rows, the same once they are swizzled).
+__device__ __forceinline__ void copy_16(unsigned dst, const void* src, bool pred) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
+}
+
+// Element offset of 16-byte chunk c of row r (r % 8 == swz) in a K/V tile:
+// rows of exactly HEAD_DIM elements, chunk c stored at c ^ (r % 8), so the 8
+// row addresses of an ldmatrix hit 8 different bank groups and each 128-byte
+// piece of a row lands in one aligned 128-byte piece of shared memory (a row
+// padded to HEAD_DIM + 8 would split most such copies in two: twice the L2
+// requests).
+template <int HEAD_DIM>
+__device__ __forceinline__ int kv_at(int r, int c, int swz) {
+    return r * HEAD_DIM + (c ^ swz) * 8;
+}
+
+// The shared-memory layout of decode_mma_attention (see above): offsets in bytes.
+template <typename T, int HEAD_DIM, int STAGES>
+struct MmaSmem {
+    enum : int {
+        ROWS = 16,
+        Q_ROW = HEAD_DIM + 8,                    // padded Q row, elements
+        TILE = DECODE_MMA_BN * HEAD_DIM,         // one K (or V) tile, elements (kv_at)
+        WARP = STAGES * 2 * TILE,                // one warp's stages [STAGES][K, V], elements
+        Q = 0,                                   // [ROWS][Q_ROW] of T
+        KV = Q + ROWS * Q_ROW * (int)sizeof(T),  // [DECODE_MMA_WARPS][WARP] of T
+        KV_END = KV + DECODE_MMA_WARPS * WARP * (int)sizeof(T),
+        M_W = KV,                                // the merge, over the stages: m [NW][ROWS] fp32,
+        L_W = M_W + DECODE_MMA_WARPS * ROWS * (int)sizeof(float),  // l [NW][ROWS],
+        O_W = L_W + DECODE_MMA_WARPS * ROWS * (int)sizeof(float),  // o [NW][ROWS][HEAD_DIM]
+        MERGE_END = O_W + DECODE_MMA_WARPS * ROWS * HEAD_DIM * (int)sizeof(float),
+        BYTES = KV_END > MERGE_END ? KV_END : MERGE_END,
+    };
+};
+}  // namespace decode_detail
+
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// decode_mma_smem), checked against the layout at compile time.
+template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES>
+__global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)
+{
+    using namespace decode_detail;
+    constexpr int NW = DECODE_MMA_WARPS, THREADS = NW * 32;
+    using L = MmaSmem<T, HEAD_DIM, STAGES>;
+    constexpr int ROWS = L::ROWS, BN = DECODE_MMA_BN;
+    constexpr int D = HEAD_DIM, ROW = L::Q_ROW;     // padded smem row, elements
+    constexpr int CH = D / 8;                       // 16-byte chunks per row
+    constexpr int KD = D / 16;                      // k16 steps of Q K^T
+    constexpr int NT = BN / 8;                      // n8 tiles of S
+    constexpr int DT = D / 8;                       // n8 tiles of O
+    constexpr int TILE = L::TILE;                   // elements of one K (or V) tile (rows of D, kv_at)
+    constexpr int RPP = 32 / CH;                    // key rows a warp copies per pass
+    constexpr bool Q_REGS = D <= 128;               // Q fragments in registers (D 256: from smem)
+    static_assert(sizeof(T) == 2, "fp16 / bf16 only");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
+    static_assert(D % 16 == 0 && CH >= 8 && CH <= 32 && 32 % CH == 0 && BN % 16 == 0 && BN % RPP == 0, "tile shapes");
+    const float NEG_INF = neg_inf<float>();
+    const float scale_log2 = (float)p.scale_log2;
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw + L::Q);
+
+    // --- which work: (b, kv_head, row block, split) -------------------------
+    const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
+    const DecodeWork work = decode_work<ROWS>(p, seqlens_k, num_splits);
+    const int split = work.split, rb = work.rb, kv_head = work.kv_head, b = work.b, len = work.len;  // len -1: bad
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    // --- Q tile (zero past the last row) and the rows' visible keys -----------
+    for (int c = threadIdx.x; c < ROWS * CH; c += THREADS) {
+        const int i = c / CH, ch = c % CH, r = rb * ROWS + i;
+        const bool live = r < rows_total && len >= 0;
+        const int t = r / group_size, g = r % group_size;
+        const T* src = live ? q + b * p.q_stride[0] + t * p.q_stride[1] + q_head_of(kv_head, g, group_size) * p.q_stride[2] + ch * 8 : q;
+        cp_async_16(smem_addr(sQ + i * ROW + ch * 8), src, live);
+    }
+    cp_async_commit();
+    int n_max = 0, n_min = 1 << 30;  // over the CTA's live rows
+    int n_vis[2];                    // of this lane's rows lane / 4 and lane / 4 + 8
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        const int r = rb * ROWS + i;
+        const bool live = r < rows_total && len >= 0;
+        const int n = live ? visible_keys(r / group_size, p.seqlen_q, len, p.causal != 0) : 0;
+        if (live) { n_max = max(n_max, n); n_min = min(n_min, n); }
+        if (i == lane / 4) n_vis[0] = n;
+        if (i == lane / 4 + 8) n_vis[1] = n;
+    }
+
+    // --- this split's keys [k_begin, k_end), in tiles of BN -----------------
+    const int chunk = ((max(len, 0) + num_splits - 1) / num_splits + BN - 1) / BN * BN;
+    const int k_begin = split * chunk;
+    const int k_end = min(min(k_begin + chunk, max(len, 0)), n_max);
+    const int k_free = min(k_end, n_min);  // keys below it are seen by every live row: no mask
+    const int num_tiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
+    const int my_tiles = num_tiles > warp ? (num_tiles - warp + NW - 1) / NW : 0;  // tiles warp, warp + NW, ..
+    const int last[2] = {min(k_end, n_vis[0]) - 1, min(k_end, n_vis[1]) - 1};  // last key rows lane / 4 (+ 8) see
+
+    // lane copies 16-byte chunk lane % CH of key rows lane / CH + RPP * i of a tile
+    const int ld_r = lane / CH, ld_ch = lane % CH;
+    const index_t ks = p.k_stride[1], vs = p.v_stride[1];
+    const T* k_lane = k + b * p.k_stride[0] + kv_head * p.k_stride[2] + ld_r * ks + ld_ch * 8;
+    const T* v_lane = v + b * p.v_stride[0] + kv_head * p.v_stride[2] + ld_r * vs + ld_ch * 8;
+    T* sW = reinterpret_cast<T*>(smem_raw + L::KV) + warp * L::WARP;  // this warp's stages: [STAGES][K, V][BN][D]
+    const unsigned sW_addr = smem_addr(sW);
+    auto load_tile = [&](int u, int stage) {  // keys k_begin + u * BN .. + BN (zero past k_end)
+        const int key0 = k_begin + u * BN;
+#pragma unroll
+        for (int i = 0; i < BN / RPP; ++i) {
+            const int key = key0 + ld_r + i * RPP;
+            const bool ok = key < k_end;
+            const index_t row = key0 + i * RPP;
+            const unsigned d = sW_addr + (stage * 2 * TILE + kv_at<D>(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7)) * 2;
+            copy_16(d, ok ? (const void*)(k_lane + row * ks) : (const void*)k, ok);
+            copy_16(d + TILE * 2, ok ? (const void*)(v_lane + row * vs) : (const void*)v, ok);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < my_tiles) load_tile(warp + s * NW, s);
+        cp_async_commit();
+    }
+
+    // ldmatrix lane offsets (elements), as in tiled.cu:
+    //  A (Q) and B-trans (V): matrices {rows 0-7,k 0-7},{rows 8-15,k 0-7},{rows 0-7,k 8-15},{rows 8-15,k 8-15}
+    //  B (K):                 matrices {keys 0-7,d 0-7},{keys 0-7,d 8-15},{keys 8-15,d 0-7},{keys 8-15,d 8-15}
+    //  (in the K/V tiles, the row of every address is lane & 7 modulo 8: its swizzle)
+    const int a_off = (((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + (lane >> 4) * 8;
+    const unsigned sQ_lane = smem_addr(sQ + a_off);
+    const int k_row = (lane >> 4) * 8 + (lane & 7), k_ch = (lane >> 3) & 1;  // + 16 np, + 2 kd
+    const int v_row = ((lane >> 3) & 1) * 8 + (lane & 7), v_ch = lane >> 4;  // + 16 kk, + 2 dp
+    const int swz = lane & 7;
+    cp_async_wait<STAGES - 1>();  // the Q group, for this thread ..
+    __syncthreads();              // .. and for all
+    unsigned q_frag[Q_REGS ? KD : 1][4];
+    if constexpr (Q_REGS) {
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd) ldmatrix_x4(q_frag[kd], sQ_lane + kd * 32);
+    }
+
+    float o[DT][4], m_run[2], l_run[2];  // rows lane / 4 (+ 8): m in log2 units, o and l relative to 2^m
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
+    m_run[0] = m_run[1] = NEG_INF;
+    l_run[0] = l_run[1] = 0.f;
+
+    for (int i = 0; i < my_tiles; ++i) {
+        cp_async_wait<STAGES - 2>();  // tile i landed, for this lane ..
+        __syncwarp();                 // .. and the warp; stage (i - 1) % STAGES is free again
+        if (i + STAGES - 1 < my_tiles) load_tile(warp + (i + STAGES - 1) * NW, (i + STAGES - 1) % STAGES);
+        cp_async_commit();
+        const unsigned sK_st = smem_addr(sW + (i % STAGES) * 2 * TILE);
+        const int key0 = k_begin + (warp + i * NW) * BN;
+
+        // S = Q K^T
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd) {
+            unsigned qa[4];
+            if constexpr (Q_REGS) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) qa[e] = q_frag[kd][e];
+            } else {
+                ldmatrix_x4(qa, sQ_lane + kd * 32);
+            }
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                unsigned kb[4];
+                ldmatrix_x4(kb, sK_st + kv_at<D>(k_row + np * 16, k_ch + 2 * kd, swz) * 2);
+                mma_16816<T>(s[2 * np], qa, kb[0], kb[1]);
+                mma_16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
+            }
+        }
+        // to log2 units first, so that a mask of -inf stays -inf for any scale (0 too)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+        // then mask keys past a row's causal end or past the range
+        if (key0 + BN > k_free) softmax::frag_mask(s, key0, lane, last);
+        // online softmax (softmax.cuh), lazy rescale
+        softmax::frag_update<DECODE_RESCALE_THRESHOLD, false>(s, o, m_run, l_run, 0.f, softmax::FastExp2());
+        // O += P V: the C fragments of S, paired, are the A fragment of P
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const unsigned pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                    pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; ++dp) {
+                unsigned vb[4];
+                ldmatrix_x4_trans(vb, sK_st + (TILE + kv_at<D>(v_row + kk * 16, v_ch + 2 * dp, swz)) * 2);
+                mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
+                mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+            }
+        }
+    }
+
+    // --- merge the warps (write_cta_result), through the freed stages ------------
+    cp_async_wait<0>();
+    __syncthreads();
+    float* m_w = reinterpret_cast<float*>(smem_raw + L::M_W);
+    float* l_w = reinterpret_cast<float*>(smem_raw + L::L_W);
+    float* o_w = reinterpret_cast<float*>(smem_raw + L::O_W);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        float l = l_run[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int i = lane / 4 + 8 * hf;
+        if (lane % 4 == 0) {
+            m_w[warp * ROWS + i] = m_run[hf];
+            l_w[warp * ROWS + i] = l;
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+            *reinterpret_cast<float2*>(o_w + (warp * ROWS + i) * D + dt * 8 + (lane % 4) * 2) =
+                make_float2(o[dt][2 * hf], o[dt][2 * hf + 1]);
+    }
+    __syncthreads();
+    write_cta_result<T, HEAD_DIM, ROWS, NW, THREADS>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, split, num_splits,
+                                                      len, part_o, part_lse);
+}
+
+// Merge the num_splits partial results of each packed row (see the top).
+template <typename T>
+__global__ void __launch_bounds__(128) decode_combine(
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits)
+{
+    using namespace decode_detail;
+    const float NEG_INF = neg_inf<float>();
+    const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
+    const int quads = p.head_dim / 4;
+    const index_t total = (index_t)p.batch * p.num_kv_heads * rows_total * quads;
+    for (index_t x = (index_t)blockIdx.x * blockDim.x + threadIdx.x; x < total; x += (index_t)gridDim.x * blockDim.x) {
+        const index_t prow = x / quads;
+        const int d = (int)(x % quads) * 4;
+        const int r = (int)(prow % rows_total);
+        const index_t bh = prow / rows_total;
+        const int kv_head = (int)(bh % p.num_kv_heads), b = (int)(bh / p.num_kv_heads);
+        const int t = r / group_size, q_head = q_head_of(kv_head, r % group_size, group_size);
+
+        const float* lse_s = part_lse + prow * num_splits;
+        float mm = NEG_INF;
+        for (int s = 0; s < num_splits; ++s) mm = fmaxf(mm, lse_s[s]);
+        float ls = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s = 0; s < num_splits; ++s) {
+            const float wt = softmax::merge_weight(lse_s[s], mm);  // 0 for a split that saw no key
+            const float4 ov = *reinterpret_cast<const float4*>(part_o + (prow * num_splits + s) * p.head_dim + d);
+            ls += wt;
+            acc.x = fmaf(wt, ov.x, acc.x);
+            acc.y = fmaf(wt, ov.y, acc.y);
+            acc.z = fmaf(wt, ov.z, acc.z);
+            acc.w = fmaf(wt, ov.w, acc.w);
+        }
+        const bool bad = seqlen_k_of(seqlens_k, b, p.seqlen_k) < 0;
+        const float inv = softmax::out_scale(ls, ls != 0.f, bad);  // NaN when bad
+        T* o_row = out + b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2] + d;
+        o_row[0] = from_acc<T>(acc.x * inv);
+        o_row[1] = from_acc<T>(acc.y * inv);
+        o_row[2] = from_acc<T>(acc.z * inv);
+        o_row[3] = from_acc<T>(acc.w * inv);
+        if (lse != nullptr && d == 0)
+            lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] =
+                softmax::lse(mm, ls, ls != 0.f, bad);
+    }
+}

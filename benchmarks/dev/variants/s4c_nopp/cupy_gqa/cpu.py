@@ -1,0 +1,146 @@
+"""The NumPy backend: the same semantics as the CUDA kernels, on the CPU.
+
+It follows the tiled algorithm rather than materialising whole score
+matrices: for each (batch, KV head) it takes blocks of query rows of all
+``group_size`` heads that share the KV head, and streams blocks of keys
+through an online softmax, so memory stays bounded by the block sizes.
+Arithmetic is float32 for float16 / bfloat16 / float32 inputs and float64 for
+float64 inputs, as on the GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# A block of scores holds at most group_size * Q_BLOCK * K_BLOCK values.
+Q_BLOCK = 256
+K_BLOCK = 1024
+
+
+def attention_cpu(q, k, v, out, lse, *, causal: bool, softmax_scale: float, seqlens_k=None) -> None:
+    """Write attention(q, k, v) into ``out`` and, if given, the log-sum-exp into ``lse``.
+
+    q : (batch, seqlen_q, num_q_heads, head_dim); k, v : (batch, seqlen_k, num_kv_heads, head_dim)
+    out : like q; lse : float32 (batch, num_q_heads, seqlen_q) or None.
+    seqlens_k : (batch,) integers in [0, seqlen_k], or None: batch b uses keys
+    [0, seqlens_k[b]) only, and its causal mask is aligned to that length.
+    Inputs are validated by the caller.
+    """
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    group_size = num_q_heads // num_kv_heads
+    acc = np.float64 if q.dtype == np.float64 else np.float32
+    scale = acc(softmax_scale)
+
+    for b in range(batch):
+        len_b = seqlen_k if seqlens_k is None else int(seqlens_k[b])  # keys [0, len_b) exist
+        offset = len_b - seqlen_q  # causal, bottom-right: t sees keys j <= t + offset
+        for kv_head in range(num_kv_heads):
+            heads = slice(kv_head * group_size, (kv_head + 1) * group_size)  # kv_head = q_head // group_size
+            for t0 in range(0, seqlen_q, Q_BLOCK):
+                t1 = min(seqlen_q, t0 + Q_BLOCK)
+                # (group_size, rows, head_dim), pre-scaled
+                qb = np.swapaxes(q[b, t0:t1, heads, :], 0, 1).astype(acc) * scale
+                t = np.arange(t0, t1)
+                n_keys = np.clip(t + offset + 1, 0, len_b) if causal else np.full(t1 - t0, len_b)
+                m = np.full((group_size, t1 - t0), -np.inf, dtype=acc)
+                l = np.zeros_like(m)
+                o = np.zeros((group_size, t1 - t0, head_dim), dtype=acc)
+                for j0 in range(0, int(n_keys.max(initial=0)), K_BLOCK):
+                    j1 = min(len_b, j0 + K_BLOCK)
+                    kb = k[b, j0:j1, kv_head, :].astype(acc)
+                    vb = v[b, j0:j1, kv_head, :].astype(acc)
+                    s = qb @ kb.T  # (group_size, rows, keys)
+                    visible = np.arange(j0, j1)[None, :] < n_keys[:, None] if causal else None
+                    if causal:
+                        s = np.where(visible[None], s, -np.inf)
+                    # online softmax: o = o * exp(m - m') + exp(s - m') @ v
+                    m_new = np.maximum(m, s.max(axis=-1))
+                    m_ref = np.where(m_new == -np.inf, 0, m_new)  # no NaN from (-inf) - (-inf)
+                    alpha = np.exp(m - m_ref)
+                    p = np.exp(s - m_ref[..., None])
+                    l = l * alpha + p.sum(axis=-1)
+                    o = o * alpha[..., None] + _masked_pv(p, vb, visible)
+                    m = m_new
+                seen = n_keys > 0  # rows that see no key: out 0, lse -inf
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    res = np.where(seen[None, :, None], o / l[..., None], 0)
+                    block_lse = np.where(seen[None, :], m + np.log(l), -np.inf)
+                out[b, t0:t1, heads, :] = np.swapaxes(res, 0, 1).astype(out.dtype)
+                if lse is not None:
+                    lse[b, heads, t0:t1] = block_lse
+
+
+def _masked_pv(p, vb, visible):
+    """p @ vb, where a key that a row does not see adds nothing, even if its V is NaN or Inf.
+
+    p : (group_size, rows, keys), 0 at masked keys; vb : (keys, head_dim);
+    visible : (rows, keys) bool, or None when nothing is masked.
+    """
+    bad = ~np.isfinite(vb) if visible is not None else None
+    if bad is None or not bad.any():
+        return p @ vb
+    pv = p @ np.where(bad, 0, vb)
+    j, d = np.nonzero(bad)  # the few non-finite V entries, added where visible
+    extra = np.where(visible[None][..., j], p[..., j] * vb[j, d], 0)
+    np.add.at(pv, (slice(None), slice(None), d), extra)
+    return pv
+
+
+def attention_backward_cpu(dout, q, k, v, out, lse, dq, dk, dv, *, causal: bool, softmax_scale: float, seqlens_k=None) -> None:
+    """The gradients of attention(q, k, v) for the upstream gradient ``dout``,
+    written into ``dq``, ``dk``, ``dv`` (shaped like q, k, v).
+
+    ``out`` and ``lse`` are the forward's results (lse natural-log, float32
+    (batch, num_q_heads, seqlen_q)); the probabilities are rebuilt from them,
+    P = exp(scale * q k^T - lse), as a tiled backward does. Per row,
+    delta = rowsum(dout * out), dS = P * (dout v^T - delta), and
+        dq = scale * dS k,   dk = scale * dS^T q,   dv = P^T dout,
+    with dk and dv of a KV head summed over the group_size query heads that
+    read it. Rows that see no key get dq = 0; keys that no row sees, and keys
+    past seqlens_k[b], get dk = dv = 0. Same masking rules as attention_cpu;
+    float32 arithmetic (float64 for float64 inputs, whose lse is rebuilt in
+    float64 when a float32 one is given).
+    """
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    group_size = num_q_heads // num_kv_heads
+    acc = np.float64 if q.dtype == np.float64 else np.float32
+    scale = acc(softmax_scale)
+    if acc is np.float64 and lse.dtype != np.float64:
+        # a float32 lse would cap float64 gradients at float32 accuracy: rebuild it in float64
+        lse = np.empty((batch, num_q_heads, seqlen_q))
+        attention_cpu(q, k, v, np.empty_like(q), lse, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k)
+
+    for b in range(batch):
+        len_b = seqlen_k if seqlens_k is None else int(seqlens_k[b])
+        offset = len_b - seqlen_q  # causal, bottom-right: t sees keys j <= t + offset
+        for kv_head in range(num_kv_heads):
+            heads = slice(kv_head * group_size, (kv_head + 1) * group_size)
+            dk_acc = np.zeros((seqlen_k, head_dim), dtype=acc)  # keys past len_b stay 0
+            dv_acc = np.zeros((seqlen_k, head_dim), dtype=acc)
+            for t0 in range(0, seqlen_q, Q_BLOCK):
+                t1 = min(seqlen_q, t0 + Q_BLOCK)
+                qb = np.swapaxes(q[b, t0:t1, heads, :], 0, 1).astype(acc)  # (group_size, rows, head_dim)
+                dob = np.swapaxes(dout[b, t0:t1, heads, :], 0, 1).astype(acc)
+                ob = np.swapaxes(out[b, t0:t1, heads, :], 0, 1).astype(acc)
+                lse_b = lse[b, heads, t0:t1].astype(acc)  # (group_size, rows)
+                delta = (dob * ob).sum(axis=-1)  # rowsum(dout * out)
+                t = np.arange(t0, t1)
+                n_keys = np.clip(t + offset + 1, 0, len_b) if causal else np.full(t1 - t0, len_b)
+                seen = n_keys > 0
+                lse_ref = np.where(seen[None, :], lse_b, 0)  # a row that sees no key has P = 0
+                dq_b = np.zeros_like(qb)
+                for j0 in range(0, int(n_keys.max(initial=0)), K_BLOCK):
+                    j1 = min(len_b, j0 + K_BLOCK)
+                    kb = k[b, j0:j1, kv_head, :].astype(acc)
+                    vb = v[b, j0:j1, kv_head, :].astype(acc)
+                    visible = np.arange(j0, j1)[None, :] < n_keys[:, None]  # (rows, keys)
+                    p = np.where(visible[None], np.exp((qb @ kb.T) * scale - lse_ref[..., None]), 0)
+                    dp = dob @ vb.T  # (group_size, rows, keys)
+                    ds = np.where(visible[None], p * (dp - delta[..., None]), 0)
+                    dq_b += _masked_pv(ds, kb, visible) * scale  # a non-finite K past a row's end adds nothing
+                    dk_acc[j0:j1] += np.einsum("grk,grd->kd", ds, qb) * scale
+                    dv_acc[j0:j1] += np.einsum("grk,grd->kd", p, dob)
+                dq[b, t0:t1, heads, :] = np.swapaxes(dq_b, 0, 1).astype(dq.dtype)
+            dk[b, :, kv_head, :] = dk_acc.astype(dk.dtype)
+            dv[b, :, kv_head, :] = dv_acc.astype(dv.dtype)

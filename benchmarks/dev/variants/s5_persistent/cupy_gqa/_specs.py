@@ -1,0 +1,475 @@
+"""The one table of compiled kernel specializations, per GPU architecture.
+
+Every CUDA template instantiation that cupy_gqa can launch is listed here, and
+nowhere else: the runtime compile cache, ``python -m cupy_gqa compile`` and the
+tests all read it. :data:`ARCHS` lists the architecture families with the
+shared memory a block may take; each ``*_spec`` function gives the
+specialization of a kernel family for a call on one architecture (None where
+the family doesn't run there), :func:`specs_for` an architecture's whole table
+and :data:`SPECS` the union. Reading this file tells you what is supported.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A GPU architecture family: what its kernels may use."""
+
+    name: str  # sm_XX, the NVRTC target
+    smem: int  # largest dynamic shared memory of one block (opt-in), bytes
+    sm80: bool  # cp.async, ldmatrix and bf16 mma.sync (compute capability 8.0 and newer)
+
+
+ARCHS = {
+    a.name: a
+    for a in (
+        Arch("sm_70", 98304, False),  # V100
+        Arch("sm_75", 65536, False),  # T4, RTX 20xx
+        Arch("sm_80", 166912, True),  # A100, A30
+        Arch("sm_86", 101376, True),  # RTX 30xx, A10, A40, RTX A6000
+        Arch("sm_87", 166912, True),  # Jetson Orin
+        Arch("sm_89", 101376, True),  # RTX 40xx, L4, L40
+        Arch("sm_90", 232448, True),  # H100, H200
+        Arch("sm_100", 232448, True),  # B200
+        Arch("sm_120", 101376, True),  # RTX 50xx
+    )
+}
+
+
+@functools.lru_cache(maxsize=None)
+def arch_of(major: int, minor: int) -> Arch:
+    """The family of a device of compute capability major.minor: its own, else
+    the nearest older one (sm_72 -> sm_70, sm_103 -> sm_100)."""
+    cc = major * 10 + minor
+    known = sorted(ARCHS.values(), key=lambda a: int(a.name[3:]))
+    older = [a for a in known if int(a.name[3:]) <= cc]
+    if not older:
+        raise ValueError(f"compute capability {major}.{minor} is older than any architecture cupy_gqa builds for ({known[0].name})")
+    same_major = [a for a in older if int(a.name[3:]) // 10 == major]
+    return (same_major or older)[-1]
+
+# dtype name (numpy / ml_dtypes spelling) -> C++ storage type in the kernels.
+CTYPES = {
+    "float32": "float",
+    "float16": "__half",
+    "bfloat16": "__nv_bfloat16",
+    "float64": "double",
+}
+DTYPES = tuple(CTYPES)
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One template instantiation of one kernel family."""
+
+    family: str  # kernel family, also the public ``kernel=`` name
+    source: str  # file under kernels/
+    name: str  # C++ name expression handed to NVRTC
+    dtype: str
+    head_dim: int  # largest head_dim this instantiation serves
+    threads: int  # threads per block
+    team: int = 1  # rowwise: threads that share one query row
+    block_m: int = 0  # tiled, decode, hopper: packed query rows per CTA
+    block_n: int = 0  # hopper: keys per tile (the rows of a tensor-map box)
+    smem: int = 0  # dynamic shared memory per block, bytes (the kernel's SMEM_BYTES, checked there)
+    options: tuple = ()  # extra NVRTC options
+    arch: str | None = None  # the one target it is built for (e.g. "sm_90a"); None: the device's own
+    sm80: bool = True  # uses cp.async / ldmatrix / mma.sync: compute capability 8.0 or newer
+
+
+# --- rowwise: one query row per thread (team) ----------------------------------
+# head_dim is rounded up to a bucket; unused dims are zeros. TEAM lanes share a
+# row so that each lane's slice of q and of the accumulator stays in registers
+# (ptxas reports no spills): at most 32 dims per lane, 16 for fp64. K and V pass
+# through shared memory in stages of KEYS rows, about 4 KB per stage of K.
+# VEC: 16-byte cp.async loads (unit-stride, 16-byte aligned rows, head_dim a
+# multiple of the 16-byte element count); the other variant takes any strides.
+ROWWISE_BUCKETS = (8, 16, 32, 64, 128, 256)
+ROWWISE_THREADS = 128  # kernels/rowwise.cu: ROWWISE_THREADS
+
+
+def _rowwise_team(dtype: str, dpad: int) -> int:
+    per_lane = 16 if dtype == "float64" else 32
+    return max(1, dpad // per_lane)
+
+
+def _rowwise_keys(dtype: str, dpad: int) -> int:
+    return max(8, min(64, 4096 // (dpad * ITEMSIZE[dtype])))
+
+
+def rowwise_smem(dtype: str, dpad: int) -> int:
+    """Two stages of K and of V, KEYS rows of DPAD elements each (kernels/rowwise.cu:
+    RowwiseSmem; the kernel refuses to compile with another SMEM_BYTES)."""
+    return 2 * 2 * _rowwise_keys(dtype, dpad) * dpad * ITEMSIZE[dtype]
+
+
+def vec_width(dtype: str) -> int:
+    """Elements in one 16-byte load."""
+    return 16 // ITEMSIZE[dtype]
+
+
+ROWWISE = {
+    (dtype, dpad, vec): Spec(
+        family="rowwise",
+        source="rowwise.cu",
+        name=(
+            f"rowwise_attention<{CTYPES[dtype]}, {dpad}, {_rowwise_team(dtype, dpad)}, {str(vec).lower()}, "
+            f"{_rowwise_keys(dtype, dpad)}, {rowwise_smem(dtype, dpad)}>"
+        ),
+        dtype=dtype,
+        head_dim=dpad,
+        threads=ROWWISE_THREADS,
+        team=_rowwise_team(dtype, dpad),
+        smem=rowwise_smem(dtype, dpad),
+        sm80=vec,  # the vector variant copies with cp.async; the other runs everywhere
+    )
+    for dtype in DTYPES
+    for dpad in ROWWISE_BUCKETS
+    for vec in (True, False)
+}
+
+
+def rowwise_spec(dtype: str, head_dim: int, vec: bool) -> Spec:
+    dpad = next(b for b in ROWWISE_BUCKETS if b >= head_dim)
+    return ROWWISE[dtype, dpad, vec]
+
+
+# --- tiled: tensor-core prefill, fp16 / bf16 ------------------------------------
+# head_dim -> (BLOCK_M packed query rows per CTA, BLOCK_N keys per K/V tile,
+# NUM_WARPS), chosen by measurement on the H200 (benchmarks/NOTES_tiled.md).
+TILED_TILES = {
+    32: (128, 64, 4),
+    64: (128, 64, 4),
+    96: (128, 64, 8),
+    128: (128, 64, 4),
+    256: (64, 32, 4),
+}
+TILED_DTYPES = ("float16", "bfloat16")
+
+
+def tiled_smem(head_dim: int, block_m: int, block_n: int) -> int:
+    """Dynamic shared memory of kernels/tiled.cu: a Q tile and two K and two V
+    stages, rows padded by 8 elements, 2-byte elements (tiled_detail::Smem;
+    the kernel refuses to compile with another SMEM_BYTES)."""
+    return (block_m + 4 * block_n) * (head_dim + 8) * 2
+
+
+@functools.lru_cache(maxsize=None)
+def tiled_spec(dtype: str, head_dim: int, causal: bool, arch: Arch) -> Spec | None:
+    """The fp16 / bf16 tiled kernel for one (dtype, head_dim, causal) on ``arch``:
+    the table's tile, with BLOCK_N halved (down to 16) until it fits the
+    architecture's shared memory; None on a GPU without sm_80 features, or
+    when no tile fits."""
+    bm, bn, warps = TILED_TILES[head_dim]
+    while tiled_smem(head_dim, bm, bn) > arch.smem and bn > 16:
+        bn //= 2
+    smem = tiled_smem(head_dim, bm, bn)
+    if not arch.sm80 or smem > arch.smem:
+        return None
+    return Spec(
+        family="tiled",
+        source="tiled.cu",
+        name=f"tiled_attention<{CTYPES[dtype]}, {head_dim}, {bm}, {bn}, {warps}, {str(causal).lower()}, {smem}>",
+        dtype=dtype,
+        head_dim=head_dim,
+        threads=warps * 32,
+        block_m=bm,
+        smem=smem,
+    )
+
+
+# --- tiled, float32: split-TF32 tensor cores (kernels/tiled_tf32.cu) ----------
+# precision "highest": three TF32 products per product (fp32-class error);
+# "tf32": one (about 1e-3 relative error).
+# head_dim -> (BLOCK_M, BLOCK_N, NUM_WARPS, PRESPLIT). PRESPLIT ("highest" only)
+# is where the operands are split into TF32 parts: 0 per warp in registers,
+# 1 K and V once per CTA in shared memory, 2 also Q (kernels/tiled_tf32.cu). The
+# largest mode that keeps 2 CTAs per SM (1 at D256, where 2 never fit; 2 would
+# not fit at all).
+PRECISIONS = ("highest", "tf32")
+TILED_F32_TILES = {
+    32: (64, 32, 4, 2),
+    64: (64, 32, 4, 2),
+    96: (64, 32, 4, 1),
+    128: (64, 16, 4, 1),
+    256: (64, 16, 4, 1),
+}
+
+
+def tiled_f32_smem(head_dim: int, block_m: int, block_n: int, presplit: int) -> int:
+    """Dynamic shared memory of kernels/tiled_tf32.cu: a Q tile, two K and two
+    V stages, and the side tiles of the small parts (one K and one V tile from
+    presplit 1, the Q tile at 2); rows padded by 4 floats (tf32_detail::Smem;
+    the kernel refuses to compile with another SMEM_BYTES)."""
+    tiles = block_m + 4 * block_n + (2 * block_n if presplit >= 1 else 0) + (block_m if presplit == 2 else 0)
+    return tiles * (head_dim + 4) * 4
+
+
+@functools.lru_cache(maxsize=None)
+def tiled_f32_spec(head_dim: int, causal: bool, precision: str, arch: Arch) -> Spec | None:
+    """The float32 tiled kernel for one (head_dim, causal, precision) on ``arch``:
+    the table's tile and PRESPLIT mode, with the mode lowered until it fits the
+    architecture's shared memory; None where nothing fits or without sm_80."""
+    bm, bn, warps, presplit = TILED_F32_TILES[head_dim]
+    split = precision == "highest"
+    presplit = presplit if split else 0
+    while tiled_f32_smem(head_dim, bm, bn, presplit) > arch.smem and presplit > 0:
+        presplit -= 1
+    smem = tiled_f32_smem(head_dim, bm, bn, presplit)
+    if not arch.sm80 or smem > arch.smem:
+        return None
+    return Spec(
+        family="tiled",
+        source="tiled_tf32.cu",
+        name=(
+            f"tiled_tf32_attention<{head_dim}, {bm}, {bn}, {warps}, {str(causal).lower()}, "
+            f"{str(split).lower()}, {presplit}, {smem}>"
+        ),
+        dtype="float32",
+        head_dim=head_dim,
+        threads=warps * 32,
+        block_m=bm,
+        smem=smem,
+    )
+
+
+def tiled_any_spec(dtype: str, head_dim: int, causal: bool, precision: str, arch: Arch) -> Spec | None:
+    """The tiled kernel (fp16 / bf16 or float32) for a call on ``arch``, or None."""
+    if head_dim not in tiled_head_dims(dtype):
+        return None
+    if dtype == "float32":
+        return tiled_f32_spec(head_dim, causal, precision, arch)
+    return tiled_spec(dtype, head_dim, causal, arch)
+
+
+def tiled_head_dims(dtype: str) -> tuple:
+    """The head dims the tiled kernel takes in this dtype (none: not at all)."""
+    return tuple(TILED_F32_TILES) if dtype == "float32" else tuple(TILED_TILES) if dtype in TILED_DTYPES else ()
+
+
+# --- hopper: wgmma prefill for sm_90, fp16 / bf16 (kernels/hopper.cu) ---------
+# Padded head dim -> (BLOCK_M packed rows per CTA, 64 per consumer warpgroup;
+# BLOCK_N keys per K/V tile; STAGES of K/V in the producer's ring). head_dim is
+# padded to the next of these (any multiple of 8 up to 256 runs).
+HOPPER_TILES = {
+    64: (128, 128, 4),
+    128: (128, 128, 3),
+    192: (128, 96, 2),
+    256: (128, 64, 2),
+}
+HOPPER_DTYPES = ("float16", "bfloat16")
+HOPPER_ARCH = "sm_90a"
+# Padded head dims at which kernel="auto" prefers hopper to tiled when both
+# apply, as measured on the H200 (benchmarks/NOTES_hopper.md); where tiled
+# does not apply (head_dim 80, 160, 192, ...), auto takes hopper anyway.
+HOPPER_AUTO_OVER_TILED = {64: False, 128: False, 192: True, 256: True}
+
+
+def hopper_head_dim_pad(head_dim: int) -> int:
+    """The padded head dim of the hopper kernel that serves ``head_dim``."""
+    return next(d for d in HOPPER_TILES if d >= head_dim)
+
+
+def hopper_smem(head_dim_pad: int, block_m: int, block_n: int, stages: int) -> int:
+    """Dynamic shared memory of kernels/hopper.cu, HopperSmem::BYTES (the kernel
+    static_asserts that the two agree): the Q tile and STAGES K and STAGES V
+    tiles, 2-byte elements, the 8-byte mbarriers (full and empty of Q, of each K
+    and each V stage), 1024 bytes of alignment slack."""
+    return (block_m + 2 * stages * block_n) * head_dim_pad * 2 + 8 * (2 + 4 * stages) + 1024
+
+
+HOPPER = {
+    (dtype, dpad, causal): Spec(
+        family="hopper",
+        source="hopper.cu",
+        name=(
+            f"hopper_attention<{CTYPES[dtype]}, {dpad}, {bm}, {bn}, {stages}, {str(causal).lower()}, "
+            f"{hopper_smem(dpad, bm, bn, stages)}>"
+        ),
+        dtype=dtype,
+        head_dim=dpad,
+        threads=bm // 64 * 128 + 128,  # consumer warpgroups and one producer warpgroup
+        block_m=bm,
+        block_n=bn,
+        smem=hopper_smem(dpad, bm, bn, stages),
+        options=(f"-arch={HOPPER_ARCH}",),
+        arch=HOPPER_ARCH,
+    )
+    for dtype in HOPPER_DTYPES
+    for dpad, (bm, bn, stages) in HOPPER_TILES.items()
+    for causal in (True, False)
+}
+
+def hopper_spec(dtype: str, head_dim: int, causal: bool, arch: Arch) -> Spec | None:
+    """The hopper kernel for a call on ``arch`` (sm_90 only), or None."""
+    if arch.name != "sm_90" or dtype not in HOPPER_DTYPES or head_dim % 8 or head_dim > MAX_HEAD_DIM:
+        return None
+    return HOPPER[dtype, hopper_head_dim_pad(head_dim), causal]
+
+
+# --- decode: split-KV, a few query tokens against a long KV cache --------------
+# One CTA takes block_m packed rows (seqlen_q * group_size of them, in row
+# blocks beyond that) of one (batch, KV head) and one key range
+# (kernels/decode.cu); a second kernel merges the key ranges.
+#   fp16 / bf16: tensor cores (decode_mma_attention), 16 rows per CTA, each of
+#     DECODE_MMA_WARPS warps streaming its own key tiles of DECODE_MMA_BN keys
+#     through a cp.async pipeline of DECODE_MMA_STAGES[head_dim] stages.
+#   float32: CUDA cores (decode_attention), DECODE_ROWS rows per CTA; 8 dims of
+#     each row per lane keep q and the accumulator in registers (no spills).
+DECODE_DTYPES = ("float16", "bfloat16", "float32")
+DECODE_HEAD_DIMS = (64, 128, 256)
+DECODE_MAX_SEQLEN_Q = 16
+DECODE_ROWS = (1, 2, 4, 8)
+DECODE_THREADS = 128  # kernels/decode.cu: DECODE_THREADS
+DECODE_MMA_DTYPES = ("float16", "bfloat16")
+DECODE_MMA_ROWS = 16
+DECODE_MMA_WARPS = 4  # kernels/decode.cu: DECODE_MMA_WARPS
+DECODE_MMA_BN = 16  # kernels/decode.cu: DECODE_MMA_BN
+DECODE_MMA_STAGES = {64: 3, 128: 3, 256: 2}  # per warp; 2 CTAs per SM at D128, 1 at D256
+# CTAs per SM that the split rule (_plan.decode_num_splits) fills: one CTA of
+# the tensor-core kernel keeps ~64 KB in flight, enough for the SM's share of
+# HBM, and every extra split costs the combine (H200, benchmarks/NOTES_decode.md);
+# the CUDA-core kernel needs all its resident CTAs (None) to hide its issue time.
+DECODE_WAVE_CTAS = {"float16": 1, "bfloat16": 1, "float32": None}
+
+
+def decode_mma_smem(head_dim: int, stages: int) -> int:
+    """Dynamic shared memory of decode_mma_attention: the Q tile (rows padded by
+    8 elements), then each warp's stages of a K and a V tile (swizzled rows of
+    head_dim elements), or, when larger, the fp32 (m, l, o) of every warp's rows
+    that replace them (decode_detail::MmaSmem; the kernel refuses to compile
+    with another SMEM_BYTES)."""
+    stages_bytes = DECODE_MMA_WARPS * stages * 2 * DECODE_MMA_BN * head_dim * 2
+    merge_bytes = DECODE_MMA_WARPS * DECODE_MMA_ROWS * (head_dim + 2) * 4
+    return DECODE_MMA_ROWS * (head_dim + 8) * 2 + max(stages_bytes, merge_bytes)
+
+
+def decode_mma_spec(dtype: str, head_dim: int, stages: int | None = None) -> Spec:
+    """The tensor-core decode kernel for one (dtype, head_dim), with the table's
+    stages unless ``stages`` is given."""
+    stages = DECODE_MMA_STAGES[head_dim] if stages is None else stages
+    smem = decode_mma_smem(head_dim, stages)
+    return Spec(
+        family="decode",
+        source="decode.cu",
+        name=f"decode_mma_attention<{CTYPES[dtype]}, {head_dim}, {stages}, {smem}>",
+        dtype=dtype,
+        head_dim=head_dim,
+        threads=DECODE_MMA_WARPS * 32,
+        block_m=DECODE_MMA_ROWS,
+        smem=smem,
+    )
+
+
+def decode_cuda_core_spec(dtype: str, head_dim: int, rows: int) -> Spec:
+    """decode_attention (CUDA cores) for ``rows`` packed rows per CTA."""
+    return Spec(
+        family="decode",
+        source="decode.cu",
+        name=f"decode_attention<{CTYPES[dtype]}, {head_dim}, {rows}>",
+        dtype=dtype,
+        head_dim=head_dim,
+        threads=DECODE_THREADS,
+        block_m=rows,
+        sm80=False,
+    )
+
+
+DECODE = {
+    **{
+        (dtype, head_dim, DECODE_MMA_ROWS): decode_mma_spec(dtype, head_dim)
+        for dtype in DECODE_MMA_DTYPES
+        for head_dim in DECODE_HEAD_DIMS
+    },
+    **{("float32", head_dim, rows): decode_cuda_core_spec("float32", head_dim, rows)
+       for head_dim in DECODE_HEAD_DIMS for rows in DECODE_ROWS},
+}
+DECODE_COMBINE = {
+    dtype: Spec(
+        family="decode",
+        source="decode.cu",
+        name=f"decode_combine<{CTYPES[dtype]}>",
+        dtype=dtype,
+        head_dim=max(DECODE_HEAD_DIMS),
+        threads=128,
+        sm80=False,
+    )
+    for dtype in DECODE_DTYPES
+}
+
+
+@functools.lru_cache(maxsize=None)
+def decode_spec(dtype: str, head_dim: int, rows: int, arch: Arch) -> Spec | None:
+    """The decode kernel for ``rows`` = seqlen_q * group_size packed rows on
+    ``arch``: in fp16 / bf16 the tensor-core kernel (sm_80 and newer), its
+    pipeline shortened to 2 stages where the table's does not fit the shared
+    memory; in float32 the CUDA-core kernel (every architecture). None where
+    neither runs."""
+    if dtype not in DECODE_DTYPES or head_dim not in DECODE_HEAD_DIMS:
+        return None
+    if dtype in DECODE_MMA_DTYPES:
+        if not arch.sm80:
+            return None
+        spec = DECODE[dtype, head_dim, DECODE_MMA_ROWS]
+        if spec.smem > arch.smem:
+            spec = decode_mma_spec(dtype, head_dim, stages=2)
+        return spec if spec.smem <= arch.smem else None
+    fit = next((r for r in DECODE_ROWS if r >= rows), DECODE_ROWS[-1])
+    return DECODE[dtype, head_dim, fit]
+
+
+def rowwise_spec_for(dtype: str, head_dim: int, vec: bool, arch: Arch) -> Spec:
+    """rowwise for ``arch``: the vector variant only where cp.async exists."""
+    return rowwise_spec(dtype, head_dim, vec and arch.sm80)
+
+
+def serves(spec: Spec, head_dim: int) -> bool:
+    """Whether ``spec`` is the specialization of its family for calls of ``head_dim``
+    (rowwise and hopper round head_dim up; decode's combine serves every one)."""
+    if spec.family == "rowwise":
+        return spec.head_dim == next(b for b in ROWWISE_BUCKETS if b >= head_dim)
+    if spec.family == "hopper":
+        return head_dim % 8 == 0 and spec.head_dim == hopper_head_dim_pad(head_dim)
+    if spec.family == "decode" and not spec.block_m:
+        return True
+    return spec.head_dim == head_dim
+
+
+@functools.lru_cache(maxsize=None)
+def specs_for(arch: Arch) -> tuple[Spec, ...]:
+    """Every specialization that cupy_gqa may launch on ``arch``: its table."""
+    found: dict[str, Spec] = {}
+
+    def add(spec):
+        if spec is None or (spec.arch is not None and spec.arch.rstrip("a") != arch.name):
+            return
+        assert spec.smem <= arch.smem and (arch.sm80 or not spec.sm80), (spec.name, arch.name)
+        found.setdefault(spec.name, spec)
+
+    for (dtype, dpad, vec), spec in ROWWISE.items():
+        add(spec if arch.sm80 or not spec.sm80 else None)
+    for dtype in (*TILED_DTYPES, "float32"):
+        for head_dim in tiled_head_dims(dtype):
+            for causal in (True, False):
+                for precision in PRECISIONS if dtype == "float32" else ("highest",):
+                    add(tiled_any_spec(dtype, head_dim, causal, precision, arch))
+    for dtype in HOPPER_DTYPES:
+        for dpad in HOPPER_TILES:
+            for causal in (True, False):
+                add(hopper_spec(dtype, dpad, causal, arch))
+    for dtype in DECODE_DTYPES:
+        for head_dim in DECODE_HEAD_DIMS:
+            for rows in (DECODE_ROWS if dtype == "float32" else (DECODE_MMA_ROWS,)):
+                add(decode_spec(dtype, head_dim, rows, arch))
+        add(DECODE_COMBINE[dtype])
+    return tuple(found.values())
+
+
+SPECS: tuple[Spec, ...] = tuple({s.name: s for arch in ARCHS.values() for s in specs_for(arch)}.values())
+"""Every specialization of every architecture's table."""

@@ -1,0 +1,264 @@
+// common.cuh: element types and conversions shared by every kernel family.
+//
+// Each storage type T has an accumulator type: float for half, bfloat16 and
+// float, double for double. Kernels load T, compute in acc_t<T>, store T.
+// NVRTC has no <cstdint>, so 64-bit offsets are spelled `long long` (index_t).
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef long long index_t;
+
+// The launch parameters of every kernel family, passed by value as one
+// argument (one argument launches much faster from Python than twenty).
+// Mirrored field by field by cupy_gqa/_plan.py: PARAMS_DTYPE.
+struct AttnParams {
+    index_t q_stride[4];    // element strides of q: batch, seq, head, dim
+    index_t k_stride[4];
+    index_t v_stride[4];
+    index_t o_stride[4];    // of out
+    index_t total_threads;  // rowwise: threads in the grid-stride loop
+    double scale_log2;      // softmax_scale * log2(e): the kernels use exp2
+    int batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, group_size, head_dim, causal;
+};
+static_assert(sizeof(AttnParams) == 176, "AttnParams must match _plan.PARAMS_DTYPE");
+
+// GQA: query head q_head reads KV head q_head / group_size, so the group_size
+// query heads of KV head kv_head are kv_head * group_size + g, g < group_size.
+__device__ __forceinline__ int q_head_of(int kv_head, int g, int group_size) { return kv_head * group_size + g; }
+
+template <typename T> struct acc_type { typedef float type; };
+template <> struct acc_type<double> { typedef double type; };
+template <typename T> using acc_t = typename acc_type<T>::type;
+
+__device__ __forceinline__ float to_acc(float x) { return x; }
+__device__ __forceinline__ double to_acc(double x) { return x; }
+__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_acc(acc_t<T> x);
+template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
+template <> __device__ __forceinline__ double from_acc<double>(double x) { return x; }
+template <> __device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// One 16-byte vector <-> its 16 / sizeof(T) elements as acc, through register
+// bit casts only (no address-taken locals, which ptxas would put on the stack).
+template <typename T> __device__ __forceinline__ void unpack16(const uint4& r, acc_t<T>* x);
+template <> __device__ __forceinline__ void unpack16<float>(const uint4& r, float* x) {
+    x[0] = __uint_as_float(r.x); x[1] = __uint_as_float(r.y); x[2] = __uint_as_float(r.z); x[3] = __uint_as_float(r.w);
+}
+template <> __device__ __forceinline__ void unpack16<double>(const uint4& r, double* x) {
+    x[0] = __hiloint2double((int)r.y, (int)r.x); x[1] = __hiloint2double((int)r.w, (int)r.z);
+}
+template <> __device__ __forceinline__ void unpack16<__nv_bfloat16>(const uint4& r, float* x) {
+    const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { x[2 * i] = __uint_as_float(w[i] << 16); x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u); }
+}
+template <> __device__ __forceinline__ void unpack16<__half>(const uint4& r, float* x) {
+    const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
+        x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+    }
+}
+
+template <typename T> __device__ __forceinline__ uint4 pack16(const acc_t<T>* x);
+template <> __device__ __forceinline__ uint4 pack16<float>(const float* x) {
+    return make_uint4(__float_as_uint(x[0]), __float_as_uint(x[1]), __float_as_uint(x[2]), __float_as_uint(x[3]));
+}
+template <> __device__ __forceinline__ uint4 pack16<double>(const double* x) {
+    return make_uint4((unsigned)__double2loint(x[0]), (unsigned)__double2hiint(x[0]),
+                      (unsigned)__double2loint(x[1]), (unsigned)__double2hiint(x[1]));
+}
+__device__ __forceinline__ unsigned pack_pair(__half lo, __half hi) {
+    return (unsigned)__half_as_ushort(lo) | ((unsigned)__half_as_ushort(hi) << 16);
+}
+__device__ __forceinline__ unsigned pack_pair(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    return (unsigned)__bfloat16_as_ushort(lo) | ((unsigned)__bfloat16_as_ushort(hi) << 16);
+}
+template <> __device__ __forceinline__ uint4 pack16<__half>(const float* x) {
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = pack_pair(__float2half_rn(x[2 * i]), __float2half_rn(x[2 * i + 1]));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+template <> __device__ __forceinline__ uint4 pack16<__nv_bfloat16>(const float* x) {
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = pack_pair(__float2bfloat16_rn(x[2 * i]), __float2bfloat16_rn(x[2 * i + 1]));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// NVRTC defines no INFINITY macro.
+template <typename A> __device__ __forceinline__ A neg_inf();
+template <> __device__ __forceinline__ float neg_inf<float>() { return __int_as_float(0xff800000); }
+template <> __device__ __forceinline__ double neg_inf<double>() { return __longlong_as_double(0xfff0000000000000ULL); }
+
+// exp2 / log2 in the accumulator's precision.
+__device__ __forceinline__ float exp2_acc(float x) { return exp2f(x); }
+__device__ __forceinline__ double exp2_acc(double x) { return exp2(x); }
+__device__ __forceinline__ float log2_acc(float x) { return log2f(x); }
+__device__ __forceinline__ double log2_acc(double x) { return log2(x); }
+
+// Keys visible to query position t (causal, aligned bottom-right):
+// keys j <= t + seqlen_k - seqlen_q, clipped to [0, seqlen_k].
+__device__ __forceinline__ int visible_keys(int t, int seqlen_q, int seqlen_k, bool causal) {
+    if (!causal) return seqlen_k;
+    const long long end = (long long)t + seqlen_k - seqlen_q + 1;
+    return end <= 0 ? 0 : (end >= seqlen_k ? seqlen_k : (int)end);
+}
+
+// The keys that a CTA of the prefill kernels (tiled, tiled_tf32, hopper) reads
+// for its packed rows [row0, last_row] (packed row pr is query pr / group),
+// with causal masking aligned bottom-right: query t sees keys j <= t + diag,
+// diag = seqlen_k - seqlen_q. Keys [0, end) are read, and those in [0, free)
+// are visible to every row of the CTA (tiles there need no mask).
+template <bool CAUSAL>
+struct KeyRange {
+    int end, free, diag, seqlen_k, group;
+    __device__ __forceinline__ KeyRange(int row0, int last_row, int seqlen_q, int seqlen_k_, int group_)
+        : end(seqlen_k_), free(seqlen_k_), diag(seqlen_k_ - seqlen_q), seqlen_k(seqlen_k_), group(group_) {
+        if (CAUSAL) {
+            end = max(0, min(seqlen_k, last_row / group + diag + 1));
+            free = max(0, min(seqlen_k, row0 / group + diag + 1));
+        }
+    }
+    // the last key packed row pr sees
+    __device__ __forceinline__ int last_key(int pr) const {
+        return CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
+    }
+};
+
+// The 1-D grid of the tiled kernels: CTA blockIdx.x -> (batch b, KV head
+// kv_head, tile m_tile of BLOCK_M packed query rows), num_m_tiles tiles per
+// (b, kv_head).
+//   causal:     m_tile slowest and reversed, so the heavy (late) tiles of every
+//               (b, kv_head) are launched first;
+//   non-causal: (b, kv_head) slowest, so its K/V stays in L2 across its tiles.
+struct TileOfBlock {
+    int b, kv_head, m_tile;
+};
+// (index: the tile's place in that order, blockIdx.x for a CTA per tile; a
+// persistent CTA walks the order with a stride of the grid.)
+template <bool CAUSAL>
+__device__ __forceinline__ TileOfBlock tile_of_block(int num_m_tiles, int batch, int num_kv_heads, unsigned index) {
+    const int num_bh = batch * num_kv_heads;
+    int m_tile, bh;
+    if (CAUSAL) {
+        m_tile = num_m_tiles - 1 - (int)(index / num_bh);
+        bh = (int)(index % num_bh);
+    } else {
+        bh = (int)(index / num_m_tiles);
+        m_tile = (int)(index % num_m_tiles);
+    }
+    const int b = bh / num_kv_heads;
+    return {b, bh - b * num_kv_heads, m_tile};
+}
+
+// A CTA of the prefill kernels (tiled, tiled_tf32, hopper): its batch b and KV
+// head (group = num_q_heads / num_kv_heads, as the caller has it), its packed rows [row0, row0 + BLOCK_M) of the group * seqlen_q rows of
+// that KV head (packed row r = query t * group + head g of the group), the
+// sequence's valid keys (len = seqlen_k_of: -1 for a bad length, seqlen_k =
+// max(len, 0)) and the keys the CTA reads.
+template <bool CAUSAL>
+struct PrefillTile {
+    int b, kv_head, row0, group, packed_rows, len, seqlen_k;
+    KeyRange<CAUSAL> keys;
+};
+
+__device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k);
+
+template <bool CAUSAL, int BLOCK_M>
+__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group,
+                                                           unsigned index = blockIdx.x) {
+    const int packed_rows = p.seqlen_q * group;
+    const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, index);
+    const int row0 = t.m_tile * BLOCK_M;
+    const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
+    const int seqlen_k = max(len, 0);
+    return {t.b, t.kv_head, row0, group, packed_rows, len, seqlen_k,
+            KeyRange<CAUSAL>(row0, min(row0 + BLOCK_M, packed_rows) - 1, p.seqlen_q, seqlen_k, group)};
+}
+
+// Valid keys of batch b: seqlens_k[b] when the caller gave per-sequence cache
+// lengths (kernel argument seqlens_k, else nullptr), otherwise seqlen_k; -1
+// when seqlens_k[b] is outside [0, seqlen_k] (possible only for a device array,
+// which the host doesn't read): the kernels then write NaN rows for batch b
+// (out and lse) and read no key, never out of bounds.
+__device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k) {
+    if (seqlens_k == nullptr) return seqlen_k;
+    const int len = seqlens_k[b];
+    return (len < 0 || len > seqlen_k) ? -1 : len;
+}
+
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fffffff); }
+
+// ---- asynchronous global -> shared copies (cp.async, sm_80+) ----------------
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; when !pred nothing is read and the 16
+// destination bytes are zero-filled (src-size 0).
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool pred) {
+    const int n = pred ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Four 8x8 matrices of 16-bit elements (or 8x4 of 32-bit ones) from shared
+// memory; lanes 8i..8i+7 give the row addresses of matrix i, and lane l gets
+// element (row l / 4, 32-bit column l % 4) of each matrix.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// The same four 8x8 matrices, each transposed: lane l gets element
+// (column l / 4, 16-bit row pair 2 (l % 4)) -- the B operand of P V from V's rows.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// ---- 16-bit tensor cores (tiled.cu, decode.cu) --------------------------------
+// C(16x8, f32) += A(16x16, T, row-major) * B(16x8, T, column-major)
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1);
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> packed pair of T (lo in the low 16 bits).
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+
+// 2^x in one MUFU.EX2 (ex2.approx.ftz: 2^-inf = 0, NaN stays NaN; 2 ulp).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
