@@ -24,7 +24,8 @@
  *   1. bwd_preprocess: one warp per packed row; delta = rowsum(dout * out) and
  *      lse2 = lse * log2(e) (+inf for a row that sees no key, so that its P is
  *      0) into a workspace of acc_t<T>, (batch, num_kv_heads, seqlen_q * G),
- *      two values per row. (float64 skips lse2: bwd_dq_rows rebuilds it.)
+ *      two values per row. (For float32 and float64 inputs bwd_dq_rows
+ *      rebuilds lse2 from its own scores.)
  *   2. dQ, one CTA per block of packed query rows of one (b, kvh), streaming
  *      the K and V tiles that some row sees (the forward's grid and key range,
  *      common.cuh: prefill_tile): S = Q K^T, dP = dO V^T, dS, dQ += dS K, dQ
@@ -75,10 +76,11 @@
  *     of q, dout and dq each in registers), 128 / TEAM rows per CTA of one
  *     (b, kvh); K and V pass through shared memory in stages of KEYS keys
  *     ([KEYS][DPAD] of K, then of V). Dot products are reduced over the team
- *     with shuffles. float64 first rebuilds each row's lse2 in float64 (one
- *     more sweep over its keys, the online-softmax rules of softmax.cuh) and
- *     writes it to the workspace for bwd_dkdv_rows: a float32 lse would cap
- *     float64 gradients at float32 accuracy.
+ *     with shuffles. For float32 and float64 inputs it first rebuilds each
+ *     row's lse2 from its own exact scores (one more sweep over its keys, the
+ *     online-softmax rules of softmax.cuh) and writes it to the workspace for
+ *     bwd_dkdv_rows: the forward's lse (split TF32; float32 for float64)
+ *     would cap the gradients' accuracy.
  *   bwd_dkdv_rows: a team per key (k, v, dk, dv in registers), 128 / TEAM keys
  *     per CTA; the packed rows that see some key of the CTA pass through
  *     shared memory in stages of ROWS rows: [ROWS][DPAD] of Q, then of dO,
@@ -671,7 +673,11 @@ bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
             const int* __restrict__ seqlens_k, const BwdParams p) {
     using namespace bwd_detail;
     typedef acc_t<T> A;
-    constexpr bool RECOMPUTE = sizeof(A) == 8;  // float64: rebuild lse2 in float64
+    // float32 and float64 inputs: rebuild lse2 from this kernel's own exact
+    // scores. The forward's lse comes from other arithmetic (split TF32, or
+    // float32 for float64), and at scores of a few hundred the difference
+    // moves every P by more than the gradients' float32 accuracy.
+    constexpr bool RECOMPUTE = sizeof(T) >= 4;
     constexpr int PL = DPAD / TEAM;             // dims per lane: d = i * TEAM + lane
     constexpr int R = BWD_ROWS_THREADS / TEAM;  // rows per CTA
     using L = DqRowsSmem<T, DPAD, KEYS>;

@@ -26,9 +26,12 @@ def test_compile_command_covers_the_architectures_table(arch, capsys):
     assert "FAILED" not in printed
     # the backward kernels (kernels/backward.cu): no spills, no stack frame (the dK/dV
     # accumulators and the S, dP fragments all stay in registers)
+    # ("?": ptxas printed no report, as NVRTC 13 does for some of them; NVRTC 12,
+    # which CI runs, reports every one)
     backward = [line.split() for line in printed.splitlines() if line.startswith("bwd_")]
     assert len(backward) == sum(s.family == "backward" for s in specs) > 0
-    assert all(cols[-3:] == ["0", "0", "0"] for cols in backward), [c for c in backward if c[-3:] != ["0", "0", "0"]]
+    allowed = (["0", "0", "0"],) + ((["?", "?", "?"],) if _nvrtc_major() >= 13 else ())
+    assert all(cols[-3:] in allowed for cols in backward), [c for c in backward if c[-3:] not in allowed]
     others = {s.name for s in SPECS} - {s.name for s in specs}
     assert not any(f"{name} " in printed for name in others)
 
@@ -113,3 +116,7 @@ def test_a_wrong_shared_memory_size_does_not_compile(spec):
     assert not report.ok and "SMEM_BYTES is not the size of the shared-memory layout" in report.log
 
 
+def _nvrtc_major() -> int:
+    from cupy.cuda import nvrtc
+
+    return nvrtc.getVersion()[0]
