@@ -107,6 +107,37 @@ static_assert(sizeof(BwdParams) == 336, "BwdParams must match _plan.BWD_PARAMS_D
 
 namespace bwd_detail {
 
+// Two products of one shape side by side, from shared memory through
+// ldmatrix: c0 = A0 B0^T and c1 = A1 B1^T for the warp's 16 rows of A (the
+// warp's fragment addresses a0, a1) against NT n8 tiles of B (the lane's
+// addresses b0, b1; rows ROW elements apart), over KD k16 steps. The dQ pass
+// takes S = Q K^T with dP = dO V^T, the dK/dV pass S^T = K Q^T with dP^T = V dO^T.
+template <typename T, int NT, int KD, int ROW>
+__device__ __forceinline__ void two_products(float (&c0)[NT][4], float (&c1)[NT][4], unsigned a0, unsigned a1,
+                                             unsigned b0, unsigned b1) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c0[nt][e] = c1[nt][e] = 0.f;
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) {
+        unsigned x0[4], x1[4];
+        ldmatrix_x4(x0, a0 + kd * 16 * 2);
+        ldmatrix_x4(x1, a1 + kd * 16 * 2);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            unsigned y0[4], y1[4];
+            ldmatrix_x4(y0, b0 + (np * 16 * ROW + kd * 16) * 2);
+            ldmatrix_x4(y1, b1 + (np * 16 * ROW + kd * 16) * 2);
+            mma_16816<T>(c0[2 * np], x0, y0[0], y0[1]);
+            mma_16816<T>(c0[2 * np + 1], x0, y0[2], y0[3]);
+            mma_16816<T>(c1[2 * np], x1, y1[0], y1[1]);
+            mma_16816<T>(c1[2 * np + 1], x1, y1[2], y1[3]);
+        }
+    }
+}
+
+
 template <typename A> __device__ __forceinline__ A pos_inf() { return -neg_inf<A>(); }
 template <typename A> __host__ __device__ constexpr A log2e() { return A(1.44269504088896340736); }
 
@@ -340,26 +371,7 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
 
         // ---- S = Q K^T, dP = dO V^T ----
         float s[NT][4], dp[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-#pragma unroll
-        for (int kd = 0; kd < KD; ++kd) {
-            unsigned qa[4], da[4];
-            ldmatrix_x4(qa, sQ_warp + kd * 16 * 2);
-            ldmatrix_x4(da, sdO_warp + kd * 16 * 2);
-#pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                unsigned kb[4], vb[4];
-                ldmatrix_x4(kb, sK_lane + (np * 16 * ROW + kd * 16) * 2);
-                ldmatrix_x4(vb, sV_lane + (np * 16 * ROW + kd * 16) * 2);
-                mma_16816<T>(s[2 * np], qa, kb[0], kb[1]);
-                mma_16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
-                mma_16816<T>(dp[2 * np], da, vb[0], vb[1]);
-                mma_16816<T>(dp[2 * np + 1], da, vb[2], vb[3]);
-            }
-        }
+        bwd_detail::two_products<T, NT, KD, ROW>(s, dp, sQ_warp, sdO_warp, sK_lane, sV_lane);
 
         // ---- mask (tiles crossing the diagonal or the end of the keys), softmax.cuh's rule ----
         const int n0 = j * BLOCK_N;
@@ -511,26 +523,7 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 
         // ---- S^T = K Q^T, dP^T = V dO^T (rows: the warp's 16 keys; columns: packed rows) ----
         float s[NT][4], dpt[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = dpt[nt][e] = 0.f;
-#pragma unroll
-        for (int kd = 0; kd < KD; ++kd) {
-            unsigned ka[4], va[4];
-            ldmatrix_x4(ka, sK_warp + kd * 16 * 2);
-            ldmatrix_x4(va, sV_warp + kd * 16 * 2);
-#pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                unsigned qb[4], ob[4];
-                ldmatrix_x4(qb, sQ_lane + (np * 16 * ROW + kd * 16) * 2);
-                ldmatrix_x4(ob, sdO_lane + (np * 16 * ROW + kd * 16) * 2);
-                mma_16816<T>(s[2 * np], ka, qb[0], qb[1]);
-                mma_16816<T>(s[2 * np + 1], ka, qb[2], qb[3]);
-                mma_16816<T>(dpt[2 * np], va, ob[0], ob[1]);
-                mma_16816<T>(dpt[2 * np + 1], va, ob[2], ob[3]);
-            }
-        }
+        bwd_detail::two_products<T, NT, KD, ROW>(s, dpt, sK_warp, sV_warp, sQ_lane, sdO_lane);
 
         // ---- mask: keys past the sequence, and (causal) rows that don't see the key ----
         // element (nt, e): key key_r[e >> 1], packed row m0 + 8 nt + 2 (lane % 4) + (e & 1)
