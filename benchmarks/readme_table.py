@@ -17,7 +17,8 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def table(results: dict) -> str:
-    rows = [r for r in results["rows"] if r["impl"] == "cupy_gqa[auto]"]
+    # the per-call cases' rows (host_us set: L1-L3) are per-call wall times, not kernel times
+    rows = [r for r in results["rows"] if r["impl"] == "cupy_gqa[auto]" and r.get("host_us") is None]
     lines = [
         f"{results['gpu']}, {results['date'][:10]}, commit {results['git_commit'][:7]}, "
         f"torch {results['torch']}, CuPy {results['cupy']}, driver {results['driver']}.",
