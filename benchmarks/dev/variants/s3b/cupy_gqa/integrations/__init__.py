@@ -1,1 +1,0 @@
-"""Integrations of cupy_gqa.attention with other libraries (each optional)."""
