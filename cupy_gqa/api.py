@@ -208,7 +208,8 @@ def _torch_grad_needed(q, k, v) -> bool:
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         return False
-    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v))
+    wants = q.requires_grad or getattr(k, "requires_grad", False) is True or getattr(v, "requires_grad", False) is True
+    return wants and torch.is_grad_enabled()
 
 
 def _torch_op_call(q, k, v) -> bool:
@@ -216,7 +217,7 @@ def _torch_op_call(q, k, v) -> bool:
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         return False
-    return torch.compiler.is_compiling() or _torch_grad_needed(q, k, v)
+    return _torch_grad_needed(q, k, v) or torch.compiler.is_compiling()
 
 
 def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, seqlens_k, layout, workspace, flags, plan_only=False):
