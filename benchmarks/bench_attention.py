@@ -672,6 +672,17 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:110]}"
 
 
+def _not_run(case: Case, name: str, e: BaseException, skipped: list, log) -> bool:
+    """Record an impl that raised instead of running; True if that is a failure.
+    A cupy_gqa kernel raises ValueError / TypeError for a case it does not
+    support, and anything else from it is a bug; an anchor that raises is
+    simply not available."""
+    expected = not name.startswith("cupy_gqa") or isinstance(e, (ValueError, TypeError))
+    skipped.append({"case": case.name, "impl": name, "reason": _short(e) if expected else f"FAILED {_short(e)}"})
+    log(f"  {case.name:4} {name}: {'skipped' if expected else 'FAILED'} ({_short(e)})")
+    return not expected
+
+
 def _first_call(torch, fn):
     """Run fn once, synchronized; return (out, wall seconds)."""
     import warnings
@@ -834,10 +845,7 @@ def run_backward_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[l
             fn = make()
             row = measure_backward(torch, timer, case, name, fn, refs, scope, index)
         except Exception as e:
-            expected = not name.startswith("cupy_gqa") or isinstance(e, (ValueError, TypeError))
-            failed |= not expected
-            skipped.append({"case": case.name, "impl": name, "reason": _short(e) if expected else f"FAILED {_short(e)}"})
-            log(f"  {case.name:4} {name}: {'skipped' if expected else 'FAILED'} ({_short(e)})")
+            failed |= _not_run(case, name, e, skipped, log)
             fn = None
             torch.cuda.empty_cache()
             continue
@@ -908,10 +916,7 @@ def run_call_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[
             with cupy.cuda.using_allocator(allocator) if allocator else contextlib.nullcontext():
                 row = measure_call(torch, timer, case, name, fn, as_torch, ref, scope, index)
         except Exception as e:
-            expected = not name.startswith("cupy_gqa") or isinstance(e, (ValueError, TypeError))
-            failed |= not expected
-            skipped.append({"case": case.name, "impl": name, "reason": _short(e) if expected else f"FAILED {_short(e)}"})
-            log(f"  {case.name:4} {name}: {'skipped' if expected else 'FAILED'} ({_short(e)})")
+            failed |= _not_run(case, name, e, skipped, log)
             torch.cuda.empty_cache()
             continue
         finally:
@@ -946,12 +951,7 @@ def run_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row],
         try:
             row = measure(torch, timer, case, name, fn, ref, scope, index)
         except Exception as e:
-            # a cupy_gqa kernel raises ValueError/TypeError for a case it does not support;
-            # anything else from it is a bug. An anchor that raises is simply not available.
-            expected = not name.startswith("cupy_gqa") or isinstance(e, (ValueError, TypeError))
-            failed |= not expected
-            skipped.append({"case": case.name, "impl": name, "reason": _short(e) if expected else f"FAILED {_short(e)}"})
-            log(f"  {case.name:4} {name}: {'skipped' if expected else 'FAILED'} ({_short(e)})")
+            failed |= _not_run(case, name, e, skipped, log)
             torch.cuda.empty_cache()
             continue
         if name == "cupy_gqa[auto]":

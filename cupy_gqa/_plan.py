@@ -99,8 +99,22 @@ def address(a) -> int:
     return 0 if a is None else a.data.ptr
 
 
+class _PackedPerDevice:
+    """A plan's pre-packed launch (_launch.PackedLaunch) on each device, built by
+    the plan's ``_pack`` at its first launch there (which compiles or loads its
+    kernels)."""
+
+    def packed(self) -> PackedLaunch:
+        packs = self.__dict__.setdefault("_packs", {})  # device -> PackedLaunch
+        device = _current_device()
+        packed = packs.get(device)
+        if packed is None:
+            packed = packs[device] = self._pack(device)
+        return packed
+
+
 @dataclass(frozen=True, eq=False)
-class Launch:
+class Launch(_PackedPerDevice):
     """Everything about a launch except the array arguments.
 
     :meth:`launch` takes the addresses and the stream (the repeat-call path);
@@ -113,19 +127,10 @@ class Launch:
     workspace_bytes = 0  # the prefill and rowwise kernels take no workspace
     extra_args = ()  # per-launch values after the parameter struct (_launch.BLOBS)
 
-    def __post_init__(self):
-        object.__setattr__(self, "_packed", {})  # device -> PackedLaunch
-
-    def packed(self) -> PackedLaunch:
-        """The pre-packed launch on the current device (its kernel compiled or loaded at the first)."""
-        device = _current_device()
-        packed = self._packed.get(device)
-        if packed is None:
-            kernel = get_kernel(self.spec)
-            args = ("q", "k", "v", "out", "lse", "seqlens_k", self.params.tobytes(), *self.extra_args)
-            packed = PackedLaunch([(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], device, keep=(kernel,))
-            self._packed[device] = packed
-        return packed
+    def _pack(self, device: int) -> PackedLaunch:
+        kernel = get_kernel(self.spec)
+        args = ("q", "k", "v", "out", "lse", "seqlens_k", self.params.tobytes(), *self.extra_args)
+        return PackedLaunch([(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], device, keep=(kernel,))
 
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0) -> None:
         self.packed()(stream, q, k, v, out, lse, seqlens_k)
@@ -376,7 +381,7 @@ def decode_num_splits(problem: Problem, row_blocks: int, slots: int) -> int:
 
 
 @dataclass(frozen=True, eq=False)
-class DecodeLaunch:
+class DecodeLaunch(_PackedPerDevice):
     """The split-KV decode kernel and, with num_splits > 1, its combine kernel.
 
     Workspace (num_splits > 1): workspace_bytes of float32 values, the partial
@@ -409,26 +414,18 @@ class DecodeLaunch:
         """Bytes from the workspace's start to the partial lse."""
         return 4 * self.workspace_rows * self.num_splits * self.spec.head_dim
 
-    def __post_init__(self):
-        object.__setattr__(self, "_packed", {})  # device -> PackedLaunch
-
-    def packed(self) -> PackedLaunch:
-        """The pre-packed launch (decode, then combine when split) on the current device."""
-        device = _current_device()
-        packed = self._packed.get(device)
-        if packed is None:
-            params, ns = self.params.tobytes(), np.int32(self.num_splits).tobytes()
-            kernel = get_kernel(self.spec)
-            args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns)
-            kernels, keep = [(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], [kernel]
-            if self.num_splits > 1:
-                combine = get_kernel(self.combine)
-                args = ("out", "lse", "seqlens_k", params, "part_o", "part_lse", ns)
-                kernels.append((combine.kernel.ptr, self.combine_grid[0], self.combine.threads, self.combine.smem, args))
-                keep.append(combine)
-            packed = PackedLaunch(kernels, device, keep=keep, part_lse_offset=self.part_lse_offset)
-            self._packed[device] = packed
-        return packed
+    def _pack(self, device: int) -> PackedLaunch:
+        """The decode kernel, then the combine kernel when split."""
+        params, ns = self.params.tobytes(), np.int32(self.num_splits).tobytes()
+        kernel = get_kernel(self.spec)
+        args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns)
+        kernels, keep = [(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], [kernel]
+        if self.num_splits > 1:
+            combine = get_kernel(self.combine)
+            args = ("out", "lse", "seqlens_k", params, "part_o", "part_lse", ns)
+            kernels.append((combine.kernel.ptr, self.combine_grid[0], self.combine.threads, self.combine.smem, args))
+            keep.append(combine)
+        return PackedLaunch(kernels, device, keep=keep, part_lse_offset=self.part_lse_offset)
 
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0) -> None:
         """``workspace``: the address of a checked workspace when num_splits > 1."""
