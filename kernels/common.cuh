@@ -114,21 +114,52 @@ __device__ __forceinline__ int visible_keys(int t, int seqlen_q, int seqlen_k, b
 // The keys that a CTA of the prefill kernels (tiled, tiled_tf32, hopper) reads
 // for its packed rows [row0, last_row] (packed row pr is query pr / group),
 // with causal masking aligned bottom-right: query t sees keys j <= t + diag,
-// diag = seqlen_k - seqlen_q. Keys [0, end) are read, and those in [0, free)
-// are visible to every row of the CTA (tiles there need no mask).
-template <bool CAUSAL>
+// diag = seqlen_k - seqlen_q. Keys [start, end) are read, and those in
+// [free_start, free) are visible to every row of the CTA (tiles there need no
+// mask). WINDOW (the window modifier, see "Modifiers" below): query t sees keys
+// [t + diag - left, t + diag + right] (left, right -1: unbounded on that side;
+// causal caps right at 0), so start and free_start move up with the left side
+// and end and free down with the right one; without it start = free_start = 0.
+template <bool CAUSAL, bool WINDOW = false>
 struct KeyRange {
     int end, free, diag, seqlen_k, group;
-    __device__ __forceinline__ KeyRange(int row0, int last_row, int seqlen_q, int seqlen_k_, int group_)
-        : end(seqlen_k_), free(seqlen_k_), diag(seqlen_k_ - seqlen_q), seqlen_k(seqlen_k_), group(group_) {
-        if (CAUSAL) {
-            end = max(0, min(seqlen_k, last_row / group + diag + 1));
-            free = max(0, min(seqlen_k, row0 / group + diag + 1));
+    int start, free_start, left, right;  // WINDOW only (right: -1 or, causal, 0 at most)
+    __device__ __forceinline__ KeyRange(int row0, int last_row, int seqlen_q, int seqlen_k_, int group_,
+                                        int left_ = -1, int right_ = -1)
+        : end(seqlen_k_), free(seqlen_k_), diag(seqlen_k_ - seqlen_q), seqlen_k(seqlen_k_), group(group_),
+          start(0), free_start(0), left(left_), right(right_) {
+        if (!WINDOW) {
+            if (CAUSAL) {
+                end = max(0, min(seqlen_k, last_row / group + diag + 1));
+                free = max(0, min(seqlen_k, row0 / group + diag + 1));
+            }
+        } else {
+            if (CAUSAL) right = 0;
+            if (right >= 0) {
+                end = clamp_key((long long)(last_row / group) + diag + right + 1);
+                free = clamp_key((long long)(row0 / group) + diag + right + 1);
+            }
+            if (left >= 0) {
+                start = clamp_key((long long)(row0 / group) + diag - left);
+                free_start = clamp_key((long long)(last_row / group) + diag - left);
+            }
         }
+    }
+    __device__ __forceinline__ int clamp_key(long long j) const {
+        return (int)(j < 0 ? 0 : (j > seqlen_k ? seqlen_k : j));
     }
     // the last key packed row pr sees
     __device__ __forceinline__ int last_key(int pr) const {
+        if (WINDOW) return right >= 0 ? clamp_key((long long)(pr / group) + diag + right + 1) - 1 : seqlen_k - 1;
         return CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
+    }
+    // the first key packed row pr sees (0 without a window's left side)
+    __device__ __forceinline__ int first_key(int pr) const {
+        return (WINDOW && left >= 0) ? clamp_key((long long)(pr / group) + diag - left) : 0;
+    }
+    // whether keys [n0, n0 + n) are seen by every row of the CTA (no mask needed)
+    __device__ __forceinline__ bool unmasked(int n0, int n) const {
+        return n0 + n <= free && (!WINDOW || n0 >= free_start);
     }
 };
 
@@ -162,25 +193,27 @@ __device__ __forceinline__ TileOfBlock tile_of_block(int num_m_tiles, int batch,
 // head (group = num_q_heads / num_kv_heads, as the caller has it), its packed rows [row0, row0 + BLOCK_M) of the group * seqlen_q rows of
 // that KV head (packed row r = query t * group + head g of the group), the
 // sequence's valid keys (len = seqlen_k_of: -1 for a bad length, seqlen_k =
-// max(len, 0)) and the keys the CTA reads.
-template <bool CAUSAL>
+// max(len, 0)) and the keys the CTA reads (WINDOW: within the window
+// [left, right] of the window modifier).
+template <bool CAUSAL, bool WINDOW = false>
 struct PrefillTile {
     int b, kv_head, row0, group, packed_rows, len, seqlen_k;
-    KeyRange<CAUSAL> keys;
+    KeyRange<CAUSAL, WINDOW> keys;
 };
 
 __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k);
 
-template <bool CAUSAL, int BLOCK_M>
-__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group,
-                                                           unsigned index = blockIdx.x) {
+template <bool CAUSAL, int BLOCK_M, bool WINDOW = false>
+__device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile(const AttnParams& p, const int* seqlens_k, int group,
+                                                                   unsigned index = blockIdx.x, int left = -1,
+                                                                   int right = -1) {
     const int packed_rows = p.seqlen_q * group;
     const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, index);
     const int row0 = t.m_tile * BLOCK_M;
     const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
     const int seqlen_k = max(len, 0);
     return {t.b, t.kv_head, row0, group, packed_rows, len, seqlen_k,
-            KeyRange<CAUSAL>(row0, min(row0 + BLOCK_M, packed_rows) - 1, p.seqlen_q, seqlen_k, group)};
+            KeyRange<CAUSAL, WINDOW>(row0, min(row0 + BLOCK_M, packed_rows) - 1, p.seqlen_q, seqlen_k, group, left, right)};
 }
 
 // Valid keys of batch b: seqlens_k[b] when the caller gave per-sequence cache
@@ -195,6 +228,125 @@ __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seql
 }
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fffffff); }
+
+// ---- modifiers (window, softcap, ALiBi, sinks, score_mod, mask_mod) ---------------
+// The rules every kernel family follows, written once (cupy_gqa/_mods.py is the
+// Python side, tests/reference.py the definition). With b the batch, h the
+// query head, t the query position, j the key, diag = len - seqlen_q (len: the
+// sequence's valid keys) and x = softmax_scale * (q . k), natural units:
+//   softcap:   x = softcap * tanh(x / softcap)
+//   ALiBi:     x = x - slope[b][h] * |t + diag - j|
+//   score_mod: x = user_score_mod(x, b, h, t, j, seqlen_q, len)       (in this order)
+// then a key is masked (weight 0) outside the causal / sequence bounds, outside
+// the window [t + diag - left, t + diag + right] (-1: unbounded side; causal
+// caps right at 0), or where user_mask_mod(b, h, t, j, seqlen_q, len) is false.
+// Sinks: sink[h] (natural units) joins the row's softmax denominator once,
+// exp(sink - m), and adds no value (softmax.cuh: fold_sink); lse includes it.
+// A kernel with modifiers is a separate instantiation (FLAGS != 0) that takes a
+// ModParams after its AttnParams; the kernels without them are unchanged.
+enum : int { MOD_WINDOW = 1, MOD_SOFTCAP = 2, MOD_ALIBI = 4, MOD_SINKS = 8, MOD_SCORE = 16, MOD_MASK = 32 };
+
+// Mirrored field by field by cupy_gqa/_mods.py: MOD_PARAMS_DTYPE.
+struct ModParams {
+    const float* sinks;           // MOD_SINKS: (num_q_heads,) float32 sink logits
+    const float* alibi;           // MOD_ALIBI: slopes, alibi[b * alibi_batch_stride + h]
+    const void* buffers[6];       // the user modifiers' buffers (score_mod's, then mask_mod's)
+    index_t alibi_batch_stride;   // 0: slopes (num_q_heads,); num_q_heads: (batch, num_q_heads)
+    double softcap;               // MOD_SOFTCAP: > 0
+    int window_left, window_right;  // MOD_WINDOW: -1 unbounded (causal: right is 0)
+};
+static_assert(sizeof(ModParams) == 88, "ModParams must match _mods.MOD_PARAMS_DTYPE");
+
+template <int FLAGS>
+struct Mods {
+    enum : int {
+        ANY = FLAGS != 0,
+        WINDOW = (FLAGS & MOD_WINDOW) != 0,
+        SOFTCAP = (FLAGS & MOD_SOFTCAP) != 0,
+        ALIBI = (FLAGS & MOD_ALIBI) != 0,
+        SINKS = (FLAGS & MOD_SINKS) != 0,
+        SCORE = (FLAGS & MOD_SCORE) != 0,
+        MASK = (FLAGS & MOD_MASK) != 0,
+        SCORES = SOFTCAP || ALIBI || SCORE,  // the scores change (the scale can't stay inside the exp2)
+        MASKS = WINDOW || MASK,              // keys inside the causal bounds may be masked
+    };
+};
+typedef Mods<0> NoMods;
+
+// The user modifiers (cupy_gqa.ScoreMod, cupy_gqa.MaskMod): cupy_gqa/_compile.py
+// puts their code at the marker below; without them these are the identity.
+// @user-mods@
+#ifndef CUPY_GQA_USER_SCORE_MOD
+template <typename A>
+__device__ __forceinline__ A user_score_mod(A score, int, int, int, int, int, int, const ModParams&) { return score; }
+#endif
+#ifndef CUPY_GQA_USER_MASK_MOD
+__device__ __forceinline__ bool user_mask_mod(int, int, int, int, int, int, const ModParams&) { return true; }
+#endif
+
+namespace mods {
+
+// What the rules need of a sequence: its batch, lengths and diagonal.
+struct Seq {
+    int b, seqlen_q, len, diag;  // len: valid keys (>= 0); diag = len - seqlen_q
+};
+__device__ __forceinline__ Seq seq(int b, int seqlen_q, int len) { return {b, seqlen_q, len, len - seqlen_q}; }
+
+// What they need of a row: query position t, query head h, its ALiBi slope,
+// and its first and last visible key under the window and the causal and
+// sequence bounds (last < first: none).
+struct Row {
+    int t, h, first, last;
+    float slope;
+};
+
+// The key bounds of query t (causal: the causal end; window: its band).
+template <class M>
+__device__ __forceinline__ Row row(const ModParams& mp, const Seq& sq, int t, int h, bool causal) {
+    long long first = 0, last = (long long)sq.len - 1;
+    const long long c = (long long)t + sq.diag;
+    if (causal && c < last) last = c;
+    if (M::WINDOW) {
+        if (mp.window_left >= 0 && c - mp.window_left > first) first = c - mp.window_left;
+        if (!causal && mp.window_right >= 0 && c + mp.window_right < last) last = c + mp.window_right;
+    }
+    if (last < -1) last = -1;
+    if (first > sq.len) first = sq.len;
+    float slope = 0.f;
+    if (M::ALIBI) slope = mp.alibi[sq.b * mp.alibi_batch_stride + h];
+    return {t, h, (int)first, (int)last, slope};
+}
+
+// A score in log2 units (softmax_scale * log2(e) * q . k) after the score
+// modifiers, in log2 units (computed in natural units, in A's precision).
+template <class M, typename A>
+__device__ __forceinline__ A score(A s2, const ModParams& mp, const Seq& sq, const Row& r, int j) {
+    if (!M::SCORES) return s2;
+    A x = s2 * (A)0.69314718055994530942;
+    if (M::SOFTCAP) {
+        const A cap = (A)mp.softcap;
+        x = cap * tanh(x / cap);
+    }
+    if (M::ALIBI) x -= (A)r.slope * (A)abs(r.t + sq.diag - j);
+    if (M::SCORE) x = user_score_mod<A>(x, sq.b, r.h, r.t, j, sq.seqlen_q, sq.len, mp);
+    return x * (A)1.44269504088896340736;
+}
+
+// Whether row r sees key j (j in [0, len)): its bounds and mask_mod.
+template <class M>
+__device__ __forceinline__ bool visible(const ModParams& mp, const Seq& sq, const Row& r, int j) {
+    bool ok = j >= r.first && j <= r.last;
+    if (M::MASK) ok = ok && user_mask_mod(sq.b, r.h, r.t, j, sq.seqlen_q, sq.len, mp);
+    return ok;
+}
+
+// A sink in log2 units, for query head h (0 without sinks: unused).
+template <class M, typename A>
+__device__ __forceinline__ A sink2(const ModParams& mp, int h) {
+    return M::SINKS ? (A)mp.sinks[h] * (A)1.44269504088896340736 : (A)0;
+}
+
+}  // namespace mods
 
 // ---- asynchronous global -> shared copies (cp.async, sm_80+) ----------------
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
