@@ -123,44 +123,53 @@ __device__ __forceinline__ int visible_keys(int t, int seqlen_q, int seqlen_k, b
 template <bool CAUSAL, bool WINDOW = false>
 struct KeyRange {
     int end, free, diag, seqlen_k, group;
-    int start, free_start, left, right;  // WINDOW only (right: -1 or, causal, 0 at most)
-    __device__ __forceinline__ KeyRange(int row0, int last_row, int seqlen_q, int seqlen_k_, int group_,
-                                        int left_ = -1, int right_ = -1)
+    enum : int { start = 0, free_start = 0 };  // the window's left side (WINDOW: see below)
+    __device__ __forceinline__ KeyRange(int row0, int last_row, int seqlen_q, int seqlen_k_, int group_)
+        : end(seqlen_k_), free(seqlen_k_), diag(seqlen_k_ - seqlen_q), seqlen_k(seqlen_k_), group(group_) {
+        if (CAUSAL) {
+            end = max(0, min(seqlen_k, last_row / group + diag + 1));
+            free = max(0, min(seqlen_k, row0 / group + diag + 1));
+        }
+    }
+    // the last key packed row pr sees
+    __device__ __forceinline__ int last_key(int pr) const {
+        return CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
+    }
+    // the first key packed row pr sees
+    __device__ __forceinline__ int first_key(int) const { return 0; }
+    // whether keys [n0, n0 + n) are seen by every row of the CTA (no mask needed)
+    __device__ __forceinline__ bool unmasked(int n0, int n) const { return n0 + n <= free; }
+};
+
+// WINDOW: the band [t + diag - left, t + diag + right] of each row (-1: that
+// side unbounded; causal: right is 0).
+template <bool CAUSAL>
+struct KeyRange<CAUSAL, true> {
+    int end, free, diag, seqlen_k, group;
+    int start, free_start, left, right;
+    __device__ __forceinline__ KeyRange(int row0, int last_row, int seqlen_q, int seqlen_k_, int group_, int left_,
+                                        int right_)
         : end(seqlen_k_), free(seqlen_k_), diag(seqlen_k_ - seqlen_q), seqlen_k(seqlen_k_), group(group_),
-          start(0), free_start(0), left(left_), right(right_) {
-        if (!WINDOW) {
-            if (CAUSAL) {
-                end = max(0, min(seqlen_k, last_row / group + diag + 1));
-                free = max(0, min(seqlen_k, row0 / group + diag + 1));
-            }
-        } else {
-            if (CAUSAL) right = 0;
-            if (right >= 0) {
-                end = clamp_key((long long)(last_row / group) + diag + right + 1);
-                free = clamp_key((long long)(row0 / group) + diag + right + 1);
-            }
-            if (left >= 0) {
-                start = clamp_key((long long)(row0 / group) + diag - left);
-                free_start = clamp_key((long long)(last_row / group) + diag - left);
-            }
+          start(0), free_start(0), left(left_), right(CAUSAL ? 0 : right_) {
+        if (right >= 0) {
+            end = clamp_key((long long)(last_row / group) + diag + right + 1);
+            free = clamp_key((long long)(row0 / group) + diag + right + 1);
+        }
+        if (left >= 0) {
+            start = clamp_key((long long)(row0 / group) + diag - left);
+            free_start = clamp_key((long long)(last_row / group) + diag - left);
         }
     }
     __device__ __forceinline__ int clamp_key(long long j) const {
         return (int)(j < 0 ? 0 : (j > seqlen_k ? seqlen_k : j));
     }
-    // the last key packed row pr sees
     __device__ __forceinline__ int last_key(int pr) const {
-        if (WINDOW) return right >= 0 ? clamp_key((long long)(pr / group) + diag + right + 1) - 1 : seqlen_k - 1;
-        return CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
+        return right >= 0 ? clamp_key((long long)(pr / group) + diag + right + 1) - 1 : seqlen_k - 1;
     }
-    // the first key packed row pr sees (0 without a window's left side)
     __device__ __forceinline__ int first_key(int pr) const {
-        return (WINDOW && left >= 0) ? clamp_key((long long)(pr / group) + diag - left) : 0;
+        return left >= 0 ? clamp_key((long long)(pr / group) + diag - left) : 0;
     }
-    // whether keys [n0, n0 + n) are seen by every row of the CTA (no mask needed)
-    __device__ __forceinline__ bool unmasked(int n0, int n) const {
-        return n0 + n <= free && (!WINDOW || n0 >= free_start);
-    }
+    __device__ __forceinline__ bool unmasked(int n0, int n) const { return n0 + n <= free && n0 >= free_start; }
 };
 
 // The 1-D grid of the tiled kernels: CTA blockIdx.x -> (batch b, KV head
@@ -203,17 +212,35 @@ struct PrefillTile {
 
 __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k);
 
-template <bool CAUSAL, int BLOCK_M, bool WINDOW = false>
-__device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile(const AttnParams& p, const int* seqlens_k, int group,
-                                                                   unsigned index = blockIdx.x, int left = -1,
-                                                                   int right = -1) {
+template <bool CAUSAL, int BLOCK_M>
+__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group,
+                                                           unsigned index = blockIdx.x) {
     const int packed_rows = p.seqlen_q * group;
     const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, index);
     const int row0 = t.m_tile * BLOCK_M;
     const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
     const int seqlen_k = max(len, 0);
     return {t.b, t.kv_head, row0, group, packed_rows, len, seqlen_k,
-            KeyRange<CAUSAL, WINDOW>(row0, min(row0 + BLOCK_M, packed_rows) - 1, p.seqlen_q, seqlen_k, group, left, right)};
+            KeyRange<CAUSAL>(row0, min(row0 + BLOCK_M, packed_rows) - 1, p.seqlen_q, seqlen_k, group)};
+}
+
+// The same for a kernel with modifiers (WINDOW: the keys within the window
+// [left, right] of the window modifier).
+template <bool CAUSAL, int BLOCK_M, bool WINDOW>
+__device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_mods(const AttnParams& p, const int* seqlens_k,
+                                                                        int group, unsigned index, int left, int right) {
+    if constexpr (!WINDOW) {
+        return prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, group, index);
+    } else {
+        const int packed_rows = p.seqlen_q * group;
+        const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, index);
+        const int row0 = t.m_tile * BLOCK_M;
+        const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
+        const int seqlen_k = max(len, 0);
+        return {t.b, t.kv_head, row0, group, packed_rows, len, seqlen_k,
+                KeyRange<CAUSAL, true>(row0, min(row0 + BLOCK_M, packed_rows) - 1, p.seqlen_q, seqlen_k, group, left,
+                                       right)};
+    }
 }
 
 // Valid keys of batch b: seqlens_k[b] when the caller gave per-sequence cache

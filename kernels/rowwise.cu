@@ -161,9 +161,15 @@ __device__ __forceinline__ void rowwise_body(
         const int q_head = q_head_of(kv_head, g, group_size);
         // Modifiers (common.cuh: mods): the row's key bounds, ALiBi slope, ...
         const mods::Seq sq = mods::seq(b, p.seqlen_q, seqlen_k);
-        mods::Row mrow = {t, q_head, 0, -1, 0.f};
-        if (M::ANY && active) mrow = mods::row<M>(mp, sq, t, q_head, p.causal != 0);
-        const int n_keys = M::ANY ? mrow.last + 1 : active ? visible_keys(t, p.seqlen_q, seqlen_k, p.causal != 0) : 0;
+        mods::Row mrow;
+        int n_keys;
+        if constexpr (M::ANY) {
+            mrow = {t, q_head, 0, -1, 0.f};
+            if (active) mrow = mods::row<M>(mp, sq, t, q_head, p.causal != 0);
+            n_keys = mrow.last + 1;
+        } else {
+            n_keys = active ? visible_keys(t, p.seqlen_q, seqlen_k, p.causal != 0) : 0;
+        }
         // Keys any row of the block sees: those of its latest position.
         const int n_block = visible_keys(p.seqlen_q - 1 - t_block * tb, p.seqlen_q, seqlen_k, p.causal != 0);
         // ... and (window) from the first key of its earliest position: stages before it are skipped
@@ -205,9 +211,13 @@ __device__ __forceinline__ void rowwise_body(
         acc m = NEG_INF, l = 0;
         const int n_stages = (n_block + KEYS - 1) / KEYS;
         __syncthreads();  // the previous block's last stage is no longer read
-        if (n_stages > st_first)
-            stage_kv<T, DPAD, VEC, KEYS>(sK + (st_first & 1) * L::STAGE, sV + (st_first & 1) * L::STAGE, k_row, v_row,
-                                         st_first * KEYS, n_block, p);
+        if constexpr (M::WINDOW) {
+            if (n_stages > st_first)
+                stage_kv<T, DPAD, VEC, KEYS>(sK + (st_first & 1) * L::STAGE, sV + (st_first & 1) * L::STAGE, k_row,
+                                             v_row, st_first * KEYS, n_block, p);
+        } else {
+            if (n_stages > 0) stage_kv<T, DPAD, VEC, KEYS>(sK, sV, k_row, v_row, 0, n_block, p);
+        }
         if (VEC) cp_async_commit();
         for (int st = st_first; st < n_stages; ++st) {
             const int buf = st & 1;
@@ -240,7 +250,6 @@ __device__ __forceinline__ void rowwise_body(
                         for (int e = 0; e < W; ++e) s[u] += qv[c * W + e] * kx[e];
                     }
                 }
-#pragma unroll
                 bool vis[KB];  // (modifiers) the row sees key j + u
 #pragma unroll
                 for (int u = 0; u < KB; ++u) {
