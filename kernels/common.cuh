@@ -283,6 +283,10 @@ struct ModParams {
     int window_left, window_right;  // MOD_WINDOW: -1 unbounded (causal: right is 0)
 };
 static_assert(sizeof(ModParams) == 88, "ModParams must match _mods.MOD_PARAMS_DTYPE");
+// What a kernel without modifiers passes its body in place of a ModParams: an
+// empty struct, so that nothing is built (an 88-byte ModParams{} temporary,
+// though unused, changes the order of the generated code).
+struct NoModParams {};
 
 template <int FLAGS>
 struct Mods {

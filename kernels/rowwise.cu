@@ -110,12 +110,13 @@ struct RowwiseSmem {
 };
 
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
-// with them (rowwise_attention_mods, common.cuh: modifiers).
-template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES, class M>
+// with them (rowwise_attention_mods, common.cuh: modifiers); MP: ModParams, or
+// NoModParams for M = NoMods.
+template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES, class M, class MP>
 __device__ __forceinline__ void rowwise_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
-    const ModParams& mp)
+    const MP& mp)
 {
     typedef acc_t<T> acc;
     constexpr int W = 16 / (int)sizeof(T);     // elements per 16-byte vector
@@ -335,7 +336,7 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p)
 {
-    rowwise_body<T, DPAD, TEAM, VEC, KEYS, SMEM_BYTES, NoMods>(q, k, v, out, lse, seqlens_k, p, ModParams{});
+    rowwise_body<T, DPAD, TEAM, VEC, KEYS, SMEM_BYTES, NoMods>(q, k, v, out, lse, seqlens_k, p, NoModParams{});
 }
 
 // The same with the modifiers FLAGS (common.cuh: MOD_*), whose values are in mp.
