@@ -99,6 +99,12 @@ def with_mods(spec: Spec, flags: int, user_code: str = "") -> Spec:
         return spec
     assert spec.family in MODS_FAMILIES, spec.family
     kernel, args = spec.name.split("<", 1)
+    if spec.source == "tiled.cu" and spec.head_dim >= 96 and spec.block_m // (spec.threads // 32) > 16:
+        # the modifiers' registers don't fit beside 32 rows per warp: 16 (twice the warps, same tile)
+        warps = spec.block_m // 16
+        parts = args[:-1].split(", ")
+        parts[4] = str(warps)  # T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES
+        args, spec = ", ".join(parts) + ">", replace(spec, threads=warps * 32)
     return replace(spec, name=f"{kernel}_mods<{args[:-1]}, {flags}>", mods=flags, user_code=user_code)
 
 

@@ -350,17 +350,22 @@ __device__ __forceinline__ Row row(const ModParams& mp, const Seq& sq, int t, in
 
 // A score in log2 units (softmax_scale * log2(e) * q . k) after the score
 // modifiers, in log2 units (computed in natural units, in A's precision).
+// (Of query t, head h, ALiBi slope.)
 template <class M, typename A>
-__device__ __forceinline__ A score(A s2, const ModParams& mp, const Seq& sq, const Row& r, int j) {
+__device__ __forceinline__ A score_of(A s2, const ModParams& mp, const Seq& sq, int t, int h, float slope, int j) {
     if (!M::SCORES) return s2;
     A x = s2 * (A)0.69314718055994530942;
     if (M::SOFTCAP) {
         const A cap = (A)mp.softcap;
         x = cap * tanh(x / cap);
     }
-    if (M::ALIBI) x -= (A)r.slope * (A)abs(r.t + sq.diag - j);
-    if (M::SCORE) x = user_score_mod<A>(x, sq.b, r.h, r.t, j, sq.seqlen_q, sq.len, mp);
+    if (M::ALIBI) x -= (A)slope * (A)abs(t + sq.diag - j);
+    if (M::SCORE) x = user_score_mod<A>(x, sq.b, h, t, j, sq.seqlen_q, sq.len, mp);
     return x * (A)1.44269504088896340736;
+}
+template <class M, typename A>
+__device__ __forceinline__ A score(A s2, const ModParams& mp, const Seq& sq, const Row& r, int j) {
+    return score_of<M, A>(s2, mp, sq, r.t, r.h, r.slope, j);
 }
 
 // Whether row r sees key j (j in [0, len)): its bounds and mask_mod.
@@ -369,6 +374,39 @@ __device__ __forceinline__ bool visible(const ModParams& mp, const Seq& sq, cons
     bool ok = j >= r.first && j <= r.last;
     if (M::MASK) ok = ok && user_mask_mod(sq.b, r.h, r.t, j, sq.seqlen_q, sq.len, mp);
     return ok;
+}
+
+// The tensor-core prefill kernels (tiled, tiled_tf32) hold less of a row across
+// their key loop, where registers are short: its diagonal key c = t + diag, its
+// ALiBi slope (ALiBi) and its query head (score_mod, mask_mod); its key bounds
+// are the distance j - c compared with the window where a tile is masked, and
+// its head for the sink is recomputed after the loop. Unused fields cost nothing.
+struct Diag {
+    int c, h;
+    float slope;
+};
+template <class M>
+__device__ __forceinline__ Diag diag(const ModParams& mp, const Seq& sq, int t, int h) {
+    Diag d = {t + sq.diag, 0, 0.f};
+    if (M::SCORE || M::MASK) d.h = h;
+    if (M::ALIBI) d.slope = mp.alibi[sq.b * mp.alibi_batch_stride + h];
+    return d;
+}
+// Whether the row sees key j (j >= 0): the same bounds as Row's first and last.
+template <class M, bool CAUSAL>
+__device__ __forceinline__ bool visible(const ModParams& mp, const Seq& sq, const Diag& r, int j) {
+    const int d = j - r.c;  // no overflow: j < len + a tile, -seqlen_q <= c < len
+    bool ok = j < sq.len && (!CAUSAL || d <= 0);
+    if (M::WINDOW) {
+        if (mp.window_left >= 0) ok = ok && d >= -mp.window_left;
+        if (!CAUSAL && mp.window_right >= 0) ok = ok && d <= mp.window_right;
+    }
+    if (M::MASK) ok = ok && user_mask_mod(sq.b, r.h, r.c - sq.diag, j, sq.seqlen_q, sq.len, mp);
+    return ok;
+}
+template <class M, typename A>
+__device__ __forceinline__ A score(A s2, const ModParams& mp, const Seq& sq, const Diag& r, int j) {
+    return score_of<M, A>(s2, mp, sq, r.c - sq.diag, r.h, r.slope, j);
 }
 
 // A sink in log2 units, for query head h (0 without sinks: unused).

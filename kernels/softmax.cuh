@@ -130,6 +130,21 @@ __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane,
         }
 }
 
+// The same for the tensor-core prefill kernels, with the rows held as mods::Diag.
+template <class M, bool CAUSAL, int NT>
+__device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane, const ModParams& mp,
+                                          const mods::Seq& sq, const mods::Diag (&row)[2], bool mask) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int j = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+            const mods::Diag& r = row[e >> 1];
+            s[nt][e] = (mask && !mods::visible<M, CAUSAL>(mp, sq, r, j)) ? neg_inf<float>()
+                                                                      : mods::score<M>(s[nt][e], mp, sq, r, j);
+        }
+}
+
 // Row hf's max of s over the quad.
 template <int NT>
 __device__ __forceinline__ float frag_row_max(const float (&s)[NT][4], int hf) {

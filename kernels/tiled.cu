@@ -230,14 +230,14 @@ __device__ __forceinline__ void tiled_body(
 
     // the modifiers' view of the lane's rows (common.cuh: mods)
     const mods::Seq sq = mods::seq(b, seqlen_q, seqlen_k);
-    mods::Row mrow[MT][2];
+    mods::Diag mrow[MT][2];
     if constexpr (M::ANY) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 const int pr = row0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8;
-                mrow[mt][hf] = mods::row<M>(mp, sq, pr / group, q_head_of(kvh, pr % group, group), CAUSAL);
+                mrow[mt][hf] = mods::diag<M>(mp, sq, pr / group, q_head_of(kvh, pr % group, group));
             }
     }
 
@@ -304,7 +304,7 @@ __device__ __forceinline__ void tiled_body(
             }
             if (M::SCORES || mask) {
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) softmax::frag_mods<M>(s[mt], n0, lane, mp, sq, mrow[mt], mask);
+                for (int mt = 0; mt < MT; ++mt) softmax::frag_mods<M, CAUSAL>(s[mt], n0, lane, mp, sq, mrow[mt], mask);
             }
             softmax::frag_update<RESCALE_THRESHOLD, !M::SCORES>(s, o_acc, m_run, l_run, M::SCORES ? 1.f : scale_log2,
                                                                 softmax::FastExp2());
@@ -346,7 +346,9 @@ __device__ __forceinline__ void tiled_body(
             float inv;
             const int r = mt * 16 + (lane >> 2) + hf * 8;
             if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
-                const float alpha = softmax::fold_sink(m_run[mt][hf], l, mods::sink2<M, float>(mp, mrow[mt][hf].h));
+                const int pr = row0 + warp_row0 + r;
+                const float alpha =
+                    softmax::fold_sink(m_run[mt][hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
                 inv = softmax::out_scale(l, len < 0) * alpha;
             } else {
                 inv = softmax::out_scale(l, len < 0);
@@ -399,8 +401,11 @@ tiled_attention(
 }
 
 // The same with the modifiers FLAGS (common.cuh: MOD_*), whose values are in mp.
+// The modifiers need registers of their own: one CTA per SM's register file
+// (all 255 registers a thread may take), and from head dim 96 on 16 rows per
+// warp (cupy_gqa/_specs.py: with_mods), so that nothing spills.
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES, int FLAGS>
-__global__ void __launch_bounds__(NUM_WARPS * 32, ((NUM_WARPS >= 8 && BLOCK_M / NUM_WARPS == 16) ? tiled_detail::MIN_BLOCKS_8W : 1))
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
 tiled_attention_mods(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out,

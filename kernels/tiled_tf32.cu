@@ -233,12 +233,12 @@ __device__ __forceinline__ void tiled_tf32_body(
 
     // the modifiers' view of the lane's rows (common.cuh: mods)
     const mods::Seq sq = mods::seq(b, p.seqlen_q, seqlen_k);
-    mods::Row mrow[2];
+    mods::Diag mrow[2];
     if constexpr (M::ANY) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             const int pr = row0 + warp * 16 + g_lane + hf * 8;
-            mrow[hf] = mods::row<M>(mp, sq, pr / group, q_head_of(kvh, pr % group, group), CAUSAL);
+            mrow[hf] = mods::diag<M>(mp, sq, pr / group, q_head_of(kvh, pr % group, group));
         }
     }
 
@@ -332,7 +332,7 @@ __device__ __forceinline__ void tiled_tf32_body(
 #pragma unroll
                     for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
             }
-            if (M::SCORES || mask) softmax::frag_mods<M>(s, n0, lane, mp, sq, mrow, mask);
+            if (M::SCORES || mask) softmax::frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, mrow, mask);
             softmax::frag_update<0, !M::SCORES>(s, o_acc, m_run, l_run, M::SCORES ? 1.f : scale_log2, softmax::ExactExp2());
         }
 
@@ -380,7 +380,9 @@ __device__ __forceinline__ void tiled_tf32_body(
         float l = softmax::frag_row_sum(l_run[hf]);
         float inv;
         if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
-            const float alpha = softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, mrow[hf].h));
+            const int pr = row0 + warp * 16 + g_lane + hf * 8;
+            const float alpha =
+                softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
             inv = softmax::out_scale(l, len < 0) * alpha;
         } else {
             inv = softmax::out_scale(l, len < 0);
