@@ -5,6 +5,7 @@ Usage (from the repository root, on a machine with an NVIDIA GPU):
     python benchmarks/bench_attention.py                 # every case, plot, results files
     python benchmarks/bench_attention.py --quick         # smoke run: fewer reps, 3-point sweep
     python benchmarks/bench_attention.py --cases S0,H1 --out /tmp/bench --no-plot
+    python benchmarks/bench_attention.py --cases L1,L2,L3 --out /tmp/bench --no-plot   # per-call latency
     python benchmarks/bench_attention.py --list          # print the case table (no GPU needed)
 
 What is measured
@@ -29,6 +30,25 @@ What is measured
       the same for a second process that reuses the folder (on-disk NVRTC cache hit).
       A value near zero for a kernel means an earlier row of the same process already
       built the same specialization.
+    * Backward cases (G1-G3) time the backward pass alone: cupy_gqa.attention_backward
+      given dout, out and lse from cupy_gqa's forward, and for torch
+      torch.autograd.grad on a forward run once, beforehand, in the same backend (its
+      graph retained). TFLOP/s counts 10 * head_dim per visible pair (five matrix
+      products: 2.5x the forward's); rel_err is the largest of dq's, dk's and dv's
+      against float64 gradients of the definition. G1's first call also reports the
+      peak memory beyond the inputs (and the forward's saved graph) and the gradients.
+    * Per-call cases (L1-L3, kind "call") time a call as a loop of calls sees it:
+      CALLS = 2000 calls back to back (--quick: 200) after CALL_WARMUP = 100, no L2
+      flush between them, perf_counter around the loop, which ends with a device
+      synchronize; ms is that time / CALLS, so it holds the kernel and whatever host
+      time the GPU can't hide behind it. Three impls: cupy_gqa[auto] on the torch
+      tensors, cupy_gqa[auto,cupy] on CuPy arrays (views of the same memory; the call's
+      allocations from CuPy's own memory pool, as a CuPy program makes them) and
+      torch_auto (SDPA's default backend choice, as in the other cases); vs_torch_auto
+      is the ratio. host_us is the host time of one repeat call, measured as
+      benchmarks/overhead.py does: the GPU idle before each call (a synchronize, then
+      perf_counter around the one call), the median of HOST_CALLS = 300 calls
+      (--quick: 50). rel_err is checked on the first call, as for the other cases.
     * M1 measures memory, not time: torch.cuda.max_memory_allocated during one call,
       minus what was allocated before it, minus the output. CuPy's allocator is routed
       through torch's caching allocator for the whole run, so cupy_gqa's scratch counts.
@@ -63,6 +83,10 @@ FAST_REPS, SLOW_REPS = 20, 3  # the spec: median of >= 20 runs unless a call tak
 QUICK_FAST_REPS, QUICK_SLOW_REPS = 5, 1
 SLOW_CALL_MS = 50.0
 L2_FLUSH_BYTES = 256 * 2**20
+# per-call cases (kind "call"): back-to-back calls, and the host time of one call
+CALLS, QUICK_CALLS = 2000, 200
+CALL_WARMUP = 100
+HOST_CALLS, QUICK_HOST_CALLS = 300, 50
 DEVICE = "cuda"  # torch device of the inputs, the flush buffer and CuPy's allocations
 
 # where the anchors and the reference stop
@@ -96,7 +120,9 @@ class Case:
     head_dim: int
     dtype: str  # "fp32", "bf16" or "fp16"
     causal: bool = True
-    kind: str = "prefill"  # "prefill", "decode" or "memory" (peak memory, not time)
+    # "prefill", "decode", "backward" (the backward pass), "memory" (peak memory, not time)
+    # or "call" (per-call wall time of back-to-back calls, and the host time of one call)
+    kind: str = "prefill"
 
     @property
     def group_size(self) -> int:
@@ -114,7 +140,10 @@ class Case:
     def describe(self) -> str:
         s = f"S{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"Sq{self.seqlen_q} Sk{self.seqlen_k}"
         mask = "causal" if self.causal else "non-causal"
-        return f"B{self.batch} {s} Hq{self.num_q_heads} Hkv{self.num_kv_heads} D{self.head_dim} {self.dtype} {mask} {self.kind}"
+        kind = self.kind
+        if kind == "call":
+            kind = f"per-call ({'decode' if self.seqlen_q == 1 else 'prefill'})"
+        return f"B{self.batch} {s} Hq{self.num_q_heads} Hkv{self.num_kv_heads} D{self.head_dim} {self.dtype} {mask} {kind}"
 
 
 def _prefill(name, batch, seqlen, head_dim, dtype, *, num_q_heads=32, num_kv_heads=8, causal=True, kind="prefill"):
@@ -134,9 +163,16 @@ CASES: tuple[Case, ...] = (
     _prefill("H5", 4, 2048, 80, "bf16"),  # head dims of real models beyond 64 / 128
     _prefill("H6", 4, 2048, 192, "bf16"),
     _prefill("H7", 4, 2048, 256, "bf16"),
+    _prefill("G1", 4, 4096, 128, "bf16", kind="backward"),  # the backward pass (time only)
+    _prefill("G2", 4, 2048, 64, "bf16", kind="backward"),
+    _prefill("G3", 4, 1024, 64, "fp32", kind="backward"),
     Case("D1", 16, 1, 8192, 32, 8, 128, "bf16", True, "decode"),  # one new token against a cache
     Case("D2", 64, 1, 2048, 32, 8, 128, "bf16", True, "decode"),
     _prefill("M1", 1, 32768, 128, "fp32", kind="memory"),
+    # per-call latency: small calls, where the host's share of a call shows
+    _prefill("L1", 2, 80, 32, "bf16", num_q_heads=8, num_kv_heads=2, kind="call"),  # S0h's shape
+    Case("L2", 1, 1, 4096, 32, 8, 128, "bf16", True, "call"),  # one sequence's decode step
+    Case("L3", 8, 1, 1024, 32, 8, 128, "bf16", True, "call"),
 )
 CASE_BY_NAME = {c.name.lower(): c for c in CASES}
 
@@ -246,9 +282,14 @@ def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
     return n * (first_count + seqlen_k) // 2
 
 
+BACKWARD_FLOP_FACTOR = 2.5  # the backward pass: five matrix products to the forward's two
+
+
 def attention_flops(case: Case) -> int:
-    """4 * head_dim per visible pair (QK^T and PV, a multiply-add each) * batch * num_q_heads."""
-    return 4 * case.head_dim * visible_pairs(case.seqlen_q, case.seqlen_k, case.causal) * case.batch * case.num_q_heads
+    """4 * head_dim per visible pair (QK^T and PV, a multiply-add each) * batch * num_q_heads;
+    for a backward case 2.5 times that (QK^T, dO V^T, P^T dO, dS^T Q, dS K)."""
+    flops = 4 * case.head_dim * visible_pairs(case.seqlen_q, case.seqlen_k, case.causal) * case.batch * case.num_q_heads
+    return int(flops * BACKWARD_FLOP_FACTOR) if case.kind == "backward" else flops
 
 
 # ---------------------------------------------------------------------------
@@ -355,6 +396,7 @@ class Row:
     compile_s: float | None = None
     compile_cached_s: float | None = None
     peak_extra_mib: float | None = None
+    host_us: float | None = None  # per-call cases: host time of one repeat call, GPU idle before it
     vs: dict = field(default_factory=dict)  # anchor name -> this time / anchor time
     note: str = ""
 
@@ -441,11 +483,14 @@ class Timing:
 
 
 class Timer:
-    """CUDA-event timer: warm-up, L2 flush before each rep, median over reps."""
+    """CUDA-event timer: warm-up, L2 flush before each rep, median over reps.
+    calls and host_calls are the counts of the per-call cases (per_call_ms, host_time_us)."""
 
-    def __init__(self, torch, *, fast_reps: int, slow_reps: int, slow_ms: float = SLOW_CALL_MS):
+    def __init__(self, torch, *, fast_reps: int, slow_reps: int, slow_ms: float = SLOW_CALL_MS,
+                 calls: int = CALLS, host_calls: int = HOST_CALLS):
         self.torch = torch
         self.fast_reps, self.slow_reps, self.slow_ms = fast_reps, slow_reps, slow_ms
+        self.calls, self.host_calls = calls, host_calls
         self.flush_buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=DEVICE)
 
     def _timed(self, fn, n: int) -> list[float]:
@@ -468,6 +513,32 @@ class Timer:
         else:
             n = self.slow_reps
         return Timing(statistics.median(self._timed(fn, n)), n)
+
+
+def per_call_ms(fn, sync, calls: int, warmup: int = CALL_WARMUP, clock=time.perf_counter) -> float:
+    """Wall milliseconds per call of `calls` back-to-back calls of fn, after `warmup` calls:
+    the clock around the loop, which ends with sync() (the device's work done). No L2 flush."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    t0 = clock()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (clock() - t0) / calls * 1e3
+
+
+def host_time_us(fn, sync, calls: int, clock=time.perf_counter) -> float:
+    """Median host microseconds of one call of fn with the device idle before it
+    (sync(), then the clock around the call), as benchmarks/overhead.py measures it."""
+    times = []
+    for _ in range(calls):
+        sync()
+        t0 = clock()
+        fn()
+        times.append(clock() - t0)
+    sync()
+    return statistics.median(times) * 1e6
 
 
 # ---------------------------------------------------------------------------
@@ -709,8 +780,229 @@ def measure(torch, timer: Timer, case: Case, name: str, fn, ref, scope: str, ind
     return finish_row(row, case)
 
 
+# ---------------------------------------------------------------------------
+# The backward pass (kind "backward")
+# ---------------------------------------------------------------------------
+BACKWARD_MEMORY_CASES = ("G1",)  # backward cases whose first call also reports peak extra memory
+
+
+def backward_inputs(torch, cupy_gqa, case: Case):
+    """q, k, v, dout, and out, lse from cupy_gqa's forward."""
+    q, k, v = make_inputs(torch, case)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    dout = torch.randn(q.shape, dtype=q.dtype, device=DEVICE, generator=gen)
+    with torch.no_grad():
+        out, lse = cupy_gqa.attention(q, k, v, causal=case.causal, return_lse=True)
+    return q, k, v, dout, out, lse
+
+
+def backward_kernel(case: Case, q, k) -> str:
+    """The backward kernels cupy_gqa runs for this case: backward_mma (tensor cores) or backward_rows."""
+    import cupy
+
+    from cupy_gqa import _plan
+
+    qb, kb = (cupy.from_dlpack(x) for x in (q, k))
+    problem = _plan.Problem.of(qb, kb, dtype=qb.dtype.name, causal=case.causal, softmax_scale=case.head_dim**-0.5)
+    mma = _plan.backward_mma_unsupported(problem, _plan.device_arch(qb.device.id)) is None
+    return "backward_mma" if mma else "backward_rows"
+
+
+def backward_cupy_impls(cupy_gqa, case: Case, q, k, v, dout, out, lse) -> list:
+    return [("cupy_gqa[auto]", lambda: cupy_gqa.attention_backward(dout, q, k, v, out, lse, causal=case.causal))]
+
+
+def backward_torch_impls(torch, case: Case, q, k, v, dout) -> list:
+    """(name, make) for the torch anchors: make() runs the forward once in the
+    backend (raising if it can't) and returns the timed backward call."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    mask = _torch_mask_kwargs(torch, case, q.device)
+
+    def anchor(backend, expanded):
+        def make():
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            ql, kl, vl = leaves
+            if expanded:  # the efficient backend rejects enable_gqa: K, V repeated in the graph
+                kl, vl = (x.repeat_interleave(case.group_size, dim=2) for x in (kl, vl))
+            with sdpa_kernel(backend):
+                o = F.scaled_dot_product_attention(
+                    ql.transpose(1, 2), kl.transpose(1, 2), vl.transpose(1, 2), enable_gqa=not expanded, **mask
+                )
+            do = dout.transpose(1, 2)
+            return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+        return make
+
+    return [
+        ("torch_flash", anchor(SDPBackend.FLASH_ATTENTION, False)),
+        ("torch_cudnn", anchor(SDPBackend.CUDNN_ATTENTION, False)),
+        ("torch_efficient_expanded", anchor(SDPBackend.EFFICIENT_ATTENTION, True)),
+    ]
+
+
+def reference_backward(torch, case: Case, q, k, v, dout, index: tuple[slice, ...]):
+    """float64 (dq, dk, dv) of the definition on the batches and KV-head groups that
+    index selects (reference_scope), by autograd through the float64 forward."""
+    batches = range(case.batch)[index[0]]
+    g = case.group_size
+    q_heads = range(case.num_q_heads)[index[2]] if len(index) > 2 else range(case.num_q_heads)
+    kv_heads = sorted({h // g for h in q_heads})
+    offset = case.seqlen_k - case.seqlen_q
+    key = torch.arange(case.seqlen_k, device=q.device)
+    grads = [torch.empty((len(batches), n, len(kv_heads) * m, case.head_dim), dtype=torch.float64, device=q.device)
+             for n, m in ((case.seqlen_q, g), (case.seqlen_k, 1), (case.seqlen_k, 1))]  # fmt: skip
+    for bi, b in enumerate(batches):
+        for hi, h in enumerate(kv_heads):
+            qb = q[b, :, h * g : (h + 1) * g].double().transpose(0, 1).requires_grad_()  # (g, seqlen_q, head_dim)
+            kh, vh = (x[b, :, h].double().requires_grad_() for x in (k, v))
+            s = (qb @ kh.T) * case.head_dim**-0.5
+            if case.causal:
+                hidden = key[None, :] > torch.arange(case.seqlen_q, device=q.device)[:, None] + offset
+                s = s.masked_fill(hidden, -math.inf)
+            o = torch.softmax(s, dim=-1).nan_to_num(0.0) @ vh
+            dq, dk, dv = torch.autograd.grad(o, (qb, kh, vh), dout[b, :, h * g : (h + 1) * g].double().transpose(0, 1))
+            grads[0][bi, :, hi * g : (hi + 1) * g] = dq.transpose(0, 1)
+            grads[1][bi, :, hi], grads[2][bi, :, hi] = dk, dv
+            del s, o
+    return grads
+
+
+def measure_backward(torch, timer: Timer, case: Case, name: str, fn, refs, scope: str, index) -> Row:
+    """One backward row: the first call (compile; peak memory for BACKWARD_MEMORY_CASES),
+    rel_err of the worst gradient, then the timer."""
+    row = Row(case.name, name, ref_scope=scope)
+    memory = case.name in BACKWARD_MEMORY_CASES
+    if memory:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    grads, first_s = _first_call(torch, fn)
+    if memory:
+        peak = torch.cuda.max_memory_allocated()
+        row.peak_extra_mib = (peak - base - sum(g.numel() * g.element_size() for g in grads)) / 2**20
+        row.note = "peak beyond inputs and gradients"
+    kv_index = index if len(index) < 3 else (index[0], slice(None), slice(0, len(range(case.num_q_heads)[index[2]]) // case.group_size))
+    row.rel_err = max(rel_err(g, r, i) for g, r, i in zip(grads, refs, (index, kv_index, kv_index)))
+    del grads
+    t = timer(fn)
+    row.ms, row.reps = t.ms, t.reps
+    if name.startswith("cupy_gqa"):
+        row.compile_s = max(0.0, first_s - t.ms * 1e-3)
+    return finish_row(row, case)
+
+
+def run_backward_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row], list[dict], bool]:
+    """Benchmark one backward case, as run_case does a forward one."""
+    q, k, v, dout, out, lse = backward_inputs(torch, cupy_gqa, case)
+    scope, index = reference_scope(case)
+    refs = reference_backward(torch, case, q, k, v, dout, index)
+    rows, skipped, failed = [], [], False
+    impls = [(name, lambda fn=fn: fn) for name, fn in backward_cupy_impls(cupy_gqa, case, q, k, v, dout, out, lse)]
+    for name, make in impls + backward_torch_impls(torch, case, q, k, v, dout):
+        try:
+            fn = make()
+            row = measure_backward(torch, timer, case, name, fn, refs, scope, index)
+        except Exception as e:
+            expected = not name.startswith("cupy_gqa") or isinstance(e, (ValueError, TypeError))
+            failed |= not expected
+            skipped.append({"case": case.name, "impl": name, "reason": _short(e) if expected else f"FAILED {_short(e)}"})
+            log(f"  {case.name:4} {name}: {'skipped' if expected else 'FAILED'} ({_short(e)})")
+            fn = None
+            torch.cuda.empty_cache()
+            continue
+        fn = None  # frees a torch anchor's retained graph
+        if name == "cupy_gqa[auto]":
+            row.note = (row.note + "; " if row.note else "") + f"auto runs {backward_kernel(case, q, k)}"
+        rows.append(row)
+        log("  " + _progress(row))
+    del q, k, v, dout, out, lse, refs
+    torch.cuda.empty_cache()
+    return rows, skipped, failed
+
+
+# ---------------------------------------------------------------------------
+# Per-call cases (kind "call")
+# ---------------------------------------------------------------------------
+CALL_IMPLS = ("cupy_gqa[auto]", "cupy_gqa[auto,cupy]", "torch_auto")
+
+
+def call_impls(torch, cupy_gqa, case: Case, q, k, v) -> list:
+    """(name, fn, as_torch, allocator) per CALL_IMPLS: fn() is one call, as_torch(out)
+    its output as a torch tensor (for rel_err), allocator the CuPy allocator to measure
+    it under (None: the run's, which is torch's caching allocator)."""
+    import cupy
+
+    qc, kc, vc = (cupy.from_dlpack(x) for x in (q, k, v))  # CuPy arrays over the same memory
+    attention, causal = cupy_gqa.attention, case.causal
+    torch_auto = dict(torch_impls(torch, case, q, k, v)[0])["torch_auto"]
+
+    def same(out):
+        return out
+
+    return [
+        ("cupy_gqa[auto]", lambda: attention(q, k, v, causal=causal), same, None),
+        ("cupy_gqa[auto,cupy]", lambda: attention(qc, kc, vc, causal=causal), torch.from_dlpack,
+         cupy.get_default_memory_pool().malloc),
+        ("torch_auto", torch_auto, same, None),
+    ]
+
+
+def measure_call(torch, timer: Timer, case: Case, name: str, fn, as_torch, ref, scope: str, index) -> Row:
+    """One per-call row: the first call (compile; rel_err), then ms per call of
+    timer.calls back-to-back calls and the host time of one call."""
+    row = Row(case.name, name, ref_scope=scope, note="per call, back to back")
+    out, first_s = _first_call(torch, fn)
+    row.rel_err = rel_err(as_torch(out), ref, index)
+    del out
+    sync = torch.cuda.synchronize
+    row.ms, row.reps = per_call_ms(fn, sync, timer.calls), timer.calls
+    row.host_us = host_time_us(fn, sync, timer.host_calls)
+    if name.startswith("cupy_gqa"):
+        row.compile_s = max(0.0, first_s - row.ms * 1e-3)
+    return finish_row(row, case)
+
+
+def run_call_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row], list[dict], bool]:
+    """Benchmark one per-call case, as run_case does a forward one."""
+    import contextlib
+
+    import cupy
+
+    q, k, v = make_inputs(torch, case)
+    scope, index = reference_scope(case)
+    ref = reference(torch, case, q, k, v, index)
+    rows, skipped, failed = [], [], False
+    for name, fn, as_torch, allocator in call_impls(torch, cupy_gqa, case, q, k, v):
+        try:
+            with cupy.cuda.using_allocator(allocator) if allocator else contextlib.nullcontext():
+                row = measure_call(torch, timer, case, name, fn, as_torch, ref, scope, index)
+        except Exception as e:
+            expected = not name.startswith("cupy_gqa") or isinstance(e, (ValueError, TypeError))
+            failed |= not expected
+            skipped.append({"case": case.name, "impl": name, "reason": _short(e) if expected else f"FAILED {_short(e)}"})
+            log(f"  {case.name:4} {name}: {'skipped' if expected else 'FAILED'} ({_short(e)})")
+            torch.cuda.empty_cache()
+            continue
+        finally:
+            cupy.get_default_memory_pool().free_all_blocks()
+        if name.startswith("cupy_gqa[auto"):
+            row.note += f"; auto runs {auto_kernel(case, q, k, v)}"
+        rows.append(row)
+        log("  " + _progress(row))
+    del q, k, v, ref
+    torch.cuda.empty_cache()
+    return rows, skipped, failed
+
+
 def run_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row], list[dict], bool]:
     """Benchmark one case. Returns (rows, skipped impls, whether a cupy_gqa call failed unexpectedly)."""
+    if case.kind == "backward":
+        return run_backward_case(torch, cupy_gqa, timer, case, log)
+    if case.kind == "call":
+        return run_call_case(torch, cupy_gqa, timer, case, log)
     q, k, v = make_inputs(torch, case)
     scope, index = reference_scope(case)
     ref = reference(torch, case, q, k, v, index)
@@ -744,9 +1036,13 @@ def run_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row],
 
 
 def _progress(r: Row) -> str:
-    if r.peak_extra_mib is not None:
+    if r.peak_extra_mib is not None and r.ms is None:
         return f"{r.case:4} {r.impl:26} peak extra {r.peak_extra_mib:9.1f} MiB   rel_err {r.rel_err:.1e}"
     extra = f"  compile {r.compile_s:.2f} s" if r.compile_s is not None else ""
+    if r.peak_extra_mib is not None:
+        extra += f"  peak extra {r.peak_extra_mib:.1f} MiB"
+    if r.host_us is not None:
+        extra += f"  host {r.host_us:.1f} us"
     return f"{r.case:4} {r.impl:26} {r.ms:9.4f} ms x{r.reps:<3} {r.tflops:7.1f} TF/s {r.gbps:8.1f} GB/s  rel_err {r.rel_err:.1e}{extra}"
 
 
@@ -891,13 +1187,21 @@ def compile_probe(torch, cupy_gqa, cases: list[Case]) -> dict:
     """First-call seconds of every cupy_gqa kernel per case, in this (fresh) process."""
     result = {}
     for case in cases:
-        q, k, v = make_inputs(torch, case)
-        for name, fn in cupy_gqa_impls(cupy_gqa, case, q, k, v):
+        if case.kind == "backward":
+            q, k, v, dout, out, lse = backward_inputs(torch, cupy_gqa, case)
+            impls = backward_cupy_impls(cupy_gqa, case, q, k, v, dout, out, lse)
+        elif case.kind == "call":
+            q, k, v = make_inputs(torch, case)
+            impls = [(name, fn) for name, fn, _, _ in call_impls(torch, cupy_gqa, case, q, k, v) if name.startswith("cupy_gqa")]
+        else:
+            q, k, v = make_inputs(torch, case)
+            impls = cupy_gqa_impls(cupy_gqa, case, q, k, v)
+        for name, fn in impls:
             try:
                 result[f"{case.name}/{name}"] = _first_call(torch, fn)[1]
             except Exception:  # unsupported here; the main process already reported why
                 pass
-        del q, k, v
+        del q, k, v, impls
         torch.cuda.empty_cache()
     return result
 
@@ -929,8 +1233,16 @@ def _fmt(x, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
+def is_call_row(r: Row) -> bool:
+    """Whether a row belongs to a per-call case (kind "call"): those have their own table."""
+    case = CASE_BY_NAME.get(r.case.lower())
+    return case is not None and case.kind == "call"
+
+
 def table(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
-    """The timed rows as (headers, cells); shared by the printed and the markdown table."""
+    """The timed rows as (headers, cells); shared by the printed and the markdown table.
+    The per-call cases' rows are in call_table."""
+    rows = [r for r in rows if not is_call_row(r)]
     anchors = [a for a in ANCHORS if any(a in r.vs for r in rows)]
     headers = ["case", "impl", "ms", "reps", "TFLOP/s", "GB/s", "rel_err", "ref", "compile_s", "compile_cached_s"]
     headers += [f"vs_{a}" for a in anchors]
@@ -942,6 +1254,17 @@ def table(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
                 _fmt(r.rel_err, ".1e"), r.ref_scope or "—", _fmt(r.compile_s, ".2f"), _fmt(r.compile_cached_s, ".2f")]
         line += [_fmt(r.vs.get(a), ".2f") if r.vs else "" for a in anchors]
         cells.append(line)
+    return headers, cells
+
+
+def call_table(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
+    """The per-call cases' rows: ms per call of back-to-back calls, the host time of one
+    call, and the ratio to torch_auto."""
+    headers = ["case", "impl", "ms_per_call", "calls", "host_us", "rel_err", "compile_s", "compile_cached_s", "vs_torch_auto", "note"]
+    cells = [[r.case, r.impl, _fmt(r.ms, ".4f"), str(r.reps), _fmt(r.host_us, ".1f"), _fmt(r.rel_err, ".1e"),
+              _fmt(r.compile_s, ".2f"), _fmt(r.compile_cached_s, ".2f"),
+              _fmt(r.vs.get("torch_auto"), ".2f") if r.impl != "torch_auto" else "", r.note]
+             for r in rows if is_call_row(r) and r.ms is not None]  # fmt: skip
     return headers, cells
 
 
@@ -973,9 +1296,15 @@ def render_markdown(env: dict, rows: list[Row], skipped: list[dict], sweep: list
     parts = [f"# cupy_gqa attention benchmark on {env['gpu']}", ""]
     parts += [f"- {key}: `{value}`" for key, value in env.items()]
     parts += ["", "## Method", "", "```", METHOD, "```", "", "## Time", "", format_markdown(*table(rows))]
+    call_headers, call_cells = call_table(rows)
+    if call_cells:
+        parts += ["", "## Per call (L1-L3): back-to-back calls, and the host time of one call", "",
+                  "ms_per_call: wall time of CALLS calls in a loop / CALLS, no L2 flush; host_us: one repeat call "
+                  "with the GPU idle before it (median); vs_torch_auto: ms_per_call / torch_auto's.", "",
+                  format_markdown(call_headers, call_cells)]
     mem_headers, mem_cells = memory_table(rows)
     if mem_cells:
-        parts += ["", "## Peak device memory beyond inputs and output (M1)", "", format_markdown(mem_headers, mem_cells)]
+        parts += ["", "## Peak device memory beyond inputs and output (M1; G1: the backward pass)", "", format_markdown(mem_headers, mem_cells)]
     if skipped:
         parts += ["", "## Not run", ""] + [f"- {s['case']} {s['impl']}: {s['reason']}" for s in skipped]
     if sweep:
@@ -1081,7 +1410,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cases", type=parse_cases, default=list(CASES), metavar="S0,H1,...",
                    help="comma-separated case names (default: all)")
     p.add_argument("--quick", action="store_true",
-                   help=f"smoke run: {QUICK_FAST_REPS} reps (fast calls) / {QUICK_SLOW_REPS} (slow), 3-point sweep")
+                   help=f"smoke run: {QUICK_FAST_REPS} reps (fast calls) / {QUICK_SLOW_REPS} (slow), "
+                        f"{QUICK_CALLS} calls in the per-call cases, 3-point sweep")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder (default: benchmarks/results)")
     p.add_argument("--no-plot", action="store_true", help="skip the prefill sweep and its plot")
     p.add_argument("--no-compile-probe", action="store_true", help="skip the second process that measures compile_cached_s")
@@ -1130,7 +1460,8 @@ def _bench(args, cases: list[Case], cache_dir: str) -> int:
     env = environment(torch, cupy, cupy_gqa)
     log(f"{env['gpu']}  torch {env['torch']}  cupy {env['cupy']}  cupy_gqa kernels {env['cupy_gqa_kernels']}")
     reps = (QUICK_FAST_REPS, QUICK_SLOW_REPS) if args.quick else (FAST_REPS, SLOW_REPS)
-    timer = Timer(torch, fast_reps=reps[0], slow_reps=reps[1])
+    timer = Timer(torch, fast_reps=reps[0], slow_reps=reps[1],
+                  calls=QUICK_CALLS if args.quick else CALLS, host_calls=QUICK_HOST_CALLS if args.quick else HOST_CALLS)
     if args.modifiers:
         mod_rows = [run_modifier_case(torch, cupy_gqa, timer, mc, log) for mc in MOD_CASES]
         args.out.mkdir(parents=True, exist_ok=True)
@@ -1170,6 +1501,10 @@ def _bench(args, cases: list[Case], cache_dir: str) -> int:
 
     print()
     print(format_text(*table(rows)))
+    calls = call_table(rows)
+    if calls[1]:
+        print()
+        print(format_text(*calls))
     mem = memory_table(rows)
     if mem[1]:
         print()

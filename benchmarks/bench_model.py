@@ -196,7 +196,9 @@ def main(argv=None) -> int:
         if args.device != "cpu":
             torch.cuda.empty_cache()
     env = environment(torch, transformers)
-    tag = "".join(ch for ch in env["gpu"].split()[-1].lower() if ch.isalnum()) or "gpu"
+    from bench_attention import gpu_tag
+
+    tag = "cpu" if args.device == "cpu" else gpu_tag(env["gpu"])  # a CPU run on a GPU machine is still "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {**env, "config": args.config, "results": results}
     (args.out / f"{tag}_model.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -97,11 +97,6 @@ def frame_of(arrays: dict) -> Frame:
         if dev != device:
             where = lambda d: "cpu" if d is None else f"cuda:{d}"  # noqa: E731
             raise ValueError(f"{name}: expected device {where(device)} (that of {first_name}), got {where(dev)}")
-        if kind == "torch" and x.requires_grad:
-            raise ValueError(
-                f"{name}: requires_grad=True, but cupy_gqa.attention has no backward pass yet; "
-                f"call it under torch.no_grad() or pass {name}.detach()"
-            )
     return Frame(kind, device)
 
 
@@ -135,6 +130,8 @@ def to_backend(x, frame: Frame):
     """A zero-copy view of ``x`` as a cupy.ndarray (GPU) or numpy.ndarray (CPU)."""
     if frame.kind in ("numpy", "cupy"):
         return x
+    if frame.kind == "torch" and x.requires_grad:
+        x = x.detach()  # the kernels read and write the data; autograd is cupy_gqa._torch's
     if frame.on_gpu:
         import cupy
 

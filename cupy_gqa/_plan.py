@@ -313,7 +313,7 @@ def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
 
 @dataclass(frozen=True, eq=False)
 class HopperLaunch(Launch):
-    """A hopper launch: the persistent prefill grid, and the tensor maps of K and
+    """A hopper launch: the prefill grid, and the tensor maps of K and
     V for the kernel's bulk copies (kernels/hopper.cu), encoded by the driver
     (_tma.py) at the first launch with each address and kept for the next."""
 
@@ -338,20 +338,10 @@ class HopperLaunch(Launch):
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_hopper(problem: Problem, layout: tuple, sms: int) -> HopperLaunch:
-    """Persistent: at most one CTA per SM (``sms`` of them), each walking the
-    prefill tiles in the order of _prefill_launch's grid, a grid apart."""
+def plan_hopper(problem: Problem, layout: tuple) -> HopperLaunch:
     spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
     launch = _prefill_launch(problem, layout, spec)
-    return HopperLaunch(launch.spec, (min(launch.grid[0], sms),), launch.params, kv_layouts=layout[1:3])
-
-
-@functools.lru_cache(maxsize=64)
-def sm_count(device: int) -> int:
-    """Streaming multiprocessors of CUDA device ``device``."""
-    import cupy
-
-    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+    return HopperLaunch(launch.spec, launch.grid, launch.params, kv_layouts=layout[1:3])
 
 
 def hopper_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:
@@ -359,7 +349,7 @@ def hopper_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) ->
     reason = None if checked else hopper_unsupported(problem, q, k, v, out)
     if reason is not None:
         raise ValueError(f"kernel: 'hopper' does not support this call: {reason}; use kernel='auto', 'tiled' or 'rowwise'")
-    return plan_hopper(problem, _layout(q, k, v, out), sm_count(q.device.id))
+    return plan_hopper(problem, _layout(q, k, v, out))
 
 
 def launch_hopper(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False, workspace=None) -> Launch:
@@ -599,14 +589,123 @@ DECODE_AUTO_MAX_ROWS = {"float32": 4, "float16": 32, "bfloat16": 32}
 def choose_kernel(problem: Problem, q, k, v, out) -> str:
     """The kernel ``kernel="auto"`` runs for this call: the decode kernel for a
     few query rows per KV head, else the Hopper kernel on sm_90 where it is
-    the faster tensor-core kernel (_specs.HOPPER_AUTO_OVER_TILED) or the only
+    the faster tensor-core kernel (_specs.HOPPER_AUTO_OVER_TILED, for
+    HOPPER_AUTO_MIN_KEYS keys or more) or the only
     one, else the mma.sync tensor-core kernel, each when it supports the
     call, else the rowwise kernel, which runs anything."""
     if problem.seqlen_q * problem.group_size <= DECODE_AUTO_MAX_ROWS.get(problem.dtype, 0) and decode_unsupported(problem, q, k, v, out) is None:
         return "decode"
     tiled = tiled_unsupported(problem, q, k, v, out) is None
     if hopper_unsupported(problem, q, k, v, out) is None and (
-        not tiled or _specs.HOPPER_AUTO_OVER_TILED[_specs.hopper_head_dim_pad(problem.head_dim)]
+        not tiled
+        or _specs.HOPPER_AUTO_OVER_TILED[_specs.hopper_head_dim_pad(problem.head_dim)]
+        and problem.seqlen_k >= _specs.HOPPER_AUTO_MIN_KEYS
     ):
         return "hopper"
     return "tiled" if tiled else "rowwise"
+
+
+# --- the backward pass (kernels/backward.cu, api.attention_backward) ---------------
+
+# The backward kernels' parameter struct (kernels/backward.cu: BwdParams).
+BWD_PARAMS_DTYPE = np.dtype(
+    [
+        ("a", PARAMS_DTYPE), ("do_stride", np.int64, 4), ("dq_stride", np.int64, 4), ("dk_stride", np.int64, 4),
+        ("dv_stride", np.int64, 4), ("lse_stride", np.int64, 3), ("scale", np.float64),
+    ],
+    align=True,
+)  # fmt: skip
+assert BWD_PARAMS_DTYPE.itemsize == 336
+
+
+def backward_mma_unsupported(problem: Problem, arch: _specs.Arch) -> str | None:
+    """Why the tensor-core backward kernels cannot run this call (the CUDA-core
+    ones then do), or None. Layouts don't matter: other strides are copied."""
+    if _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch) is None:
+        return f"dtype {problem.dtype}, head_dim {problem.head_dim} on {arch.name}"
+    return _scale_issue(problem)
+
+
+def _vector_ok(a) -> bool:
+    """Whether the tensor-core backward kernels can read or write ``a`` as 16-byte row vectors."""
+    shape, strides = a.shape, a.strides
+    if shape[3] > 1 and strides[3] != a.itemsize:
+        return False
+    return not any(n > 1 and s % 16 for n, s in zip(shape[:3], strides[:3])) and a.data.ptr % 16 == 0
+
+
+@dataclass(frozen=True, eq=False)
+class BackwardLaunch:
+    """The three launches of one backward call: preprocess, dQ, dK/dV."""
+
+    pre: _specs.Spec
+    dq: _specs.Spec
+    dkdv: _specs.Spec
+    grids: tuple  # of the three
+    params: np.ndarray  # BWD_PARAMS_DTYPE, shape (1,)
+    rows: int  # packed rows: batch * num_q_heads * seqlen_q (workspace values of each kind)
+
+    def __call__(self, dout, q, k, v, out, lse, dq, dk, dv, seqlens_k) -> None:
+        import cupy
+
+        acc = cupy.float64 if self.pre.dtype == "float64" else cupy.float32
+        work = cupy.empty(2 * self.rows, dtype=acc)  # delta, lse2: from CuPy's pool, on the current stream
+        delta, lse2 = work[: self.rows], work[self.rows :]
+        lse_arg = None if self.pre.dtype == "float64" else lse  # float64: bwd_dq_rows rebuilds lse2 in float64
+        g_pre, g_dq, g_dkdv = self.grids
+        prm = self.params  # CuPy passes a 1-element NumPy array by value (a few microseconds, three launches)
+        get_kernel(self.pre)(g_pre, (self.pre.threads,), (out, dout, lse_arg, delta, lse2, prm))
+        get_kernel(self.dq)(g_dq, (self.dq.threads,), (q, k, v, dout, delta, lse2, dq, seqlens_k, prm), shared_mem=self.dq.smem)
+        get_kernel(self.dkdv)(
+            g_dkdv, (self.dkdv.threads,), (q, k, v, dout, delta, lse2, dk, dv, seqlens_k, prm), shared_mem=self.dkdv.smem
+        )
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool) -> BackwardLaunch:
+    """``layout``: _layout of (q, k, v, out, dout, dq, dk, dv) and lse's strides."""
+    *arrays, lse_strides = layout
+    params = np.zeros(1, BWD_PARAMS_DTYPE)
+    params["a"] = make_params(problem, tuple(arrays[:4]))
+    for field, (_, strides, itemsize) in zip(("do_stride", "dq_stride", "dk_stride", "dv_stride"), arrays[4:]):
+        params[field] = element_strides(strides, itemsize)
+    params["lse_stride"] = element_strides(lse_strides, 4)
+    params["scale"] = problem.softmax_scale
+    packed = problem.seqlen_q * problem.group_size
+    if packed >= 2**31:
+        raise ValueError(f"q: seqlen_q * group_size = {packed} (the backward kernels take < 2**31)")
+    bh = problem.batch * problem.num_kv_heads
+    if mma:
+        dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch)
+    else:
+        dq, dkdv = _specs.bwd_rows_specs(problem.dtype, problem.head_dim)
+    rows = problem.batch * problem.num_q_heads * problem.seqlen_q
+    pre = _specs.BWD_PREPROCESS[problem.dtype]
+    grids = (
+        (grid_stride_blocks(rows * 32, pre.threads),),
+        (math.ceil(packed / dq.block_m) * bh,),  # block_m: packed rows per CTA
+        (math.ceil(problem.seqlen_k / dkdv.block_m) * bh,),  # block_m: keys per CTA
+    )
+    if max(g[0] for g in grids) > MAX_GRID_X:
+        raise ValueError(f"q: too many rows for one launch ({max(g[0] for g in grids)} blocks > {MAX_GRID_X})")
+    return BackwardLaunch(pre, dq, dkdv, grids, params, rows)
+
+
+def launch_backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, seqlens_k=None) -> None:
+    """The backward pass of a validated call (arrays in (batch, seqlen, heads,
+    head_dim) order, non-empty). The tensor-core kernels (fp16 / bf16) read and
+    write 16-byte row vectors: arrays in other layouts go through contiguous
+    copies (inputs are never modified); the CUDA-core kernels take any strides."""
+    import cupy
+
+    arch = device_arch(q.device.id)
+    mma = backward_mma_unsupported(problem, arch) is None
+    targets = (dq, dk, dv)
+    if mma:  # fp16 / bf16: copies move the 16-bit patterns (uint16 views), whatever CuPy makes of the dtype
+        q, k, v, dout = (a if _vector_ok(a) else cupy.ascontiguousarray(a.view(np.uint16)).view(a.dtype) for a in (q, k, v, dout))
+        dq, dk, dv = (a if _vector_ok(a) else cupy.empty(a.shape, a.dtype) for a in (dq, dk, dv))
+    layout = (*_layout(q, k, v, out, dout, dq, dk, dv), lse.strides)
+    plan_backward(problem, layout, arch, mma)(dout, q, k, v, out, lse, dq, dk, dv, seqlens_k)
+    for target, result in zip(targets, (dq, dk, dv)):
+        if result is not target:
+            target.view(np.uint16)[...] = result.view(np.uint16)

@@ -302,9 +302,13 @@ HOPPER_TILES = {
 HOPPER_DTYPES = ("float16", "bfloat16")
 HOPPER_ARCH = "sm_90a"
 # Padded head dims at which kernel="auto" prefers hopper to tiled when both
-# apply, as measured on the H200 (benchmarks/NOTES_hopper.md); where tiled
-# does not apply (head_dim 80, 160, 192, ...), auto takes hopper anyway.
-HOPPER_AUTO_OVER_TILED = {64: False, 128: False, 192: True, 256: True}
+# apply and the keys number at least HOPPER_AUTO_MIN_KEYS, as measured on the
+# H200 (benchmarks/NOTES_hopper.md: hopper 1.07 ms against tiled 1.58 at H1,
+# 4096 keys; tiled ahead at H3, 512 keys, where hopper's per-CTA cost weighs
+# most, and at D64). Where tiled does not apply (head_dim 80, 160, 192, ...),
+# auto takes hopper anyway.
+HOPPER_AUTO_OVER_TILED = {64: False, 128: True, 192: True, 256: True}
+HOPPER_AUTO_MIN_KEYS = 1024
 
 
 def hopper_head_dim_pad(head_dim: int) -> int:
@@ -315,9 +319,9 @@ def hopper_head_dim_pad(head_dim: int) -> int:
 def hopper_smem(head_dim_pad: int, block_m: int, block_n: int, stages: int) -> int:
     """Dynamic shared memory of kernels/hopper.cu, HopperSmem::BYTES (the kernel
     static_asserts that the two agree): the Q tile and STAGES K and STAGES V
-    tiles, 2-byte elements, the 8-byte mbarriers (full and empty of Q, of each K
+    tiles, 2-byte elements, the 8-byte mbarriers (Q; full and empty of each K
     and each V stage), 1024 bytes of alignment slack."""
-    return (block_m + 2 * stages * block_n) * head_dim_pad * 2 + 8 * (2 + 4 * stages) + 1024
+    return (block_m + 2 * stages * block_n) * head_dim_pad * 2 + 8 * (1 + 4 * stages) + 1024
 
 
 HOPPER = {
@@ -460,6 +464,160 @@ def decode_spec(dtype: str, head_dim: int, rows: int, arch: Arch) -> Spec | None
     return DECODE[dtype, head_dim, fit]
 
 
+# --- backward: kernels/backward.cu (cupy_gqa.attention_backward) ---------------
+# Three launches per call: bwd_preprocess (delta, lse2), a dQ kernel and a dK/dV
+# kernel. fp16 / bf16 on sm_80+ use the tensor-core pair (bwd_dq_mma,
+# bwd_dkdv_mma) at head_dim padded to one of BWD_MMA_HEAD_DIMS (any multiple
+# of 8 runs); every other call (float32, float64, other head dims, GPUs
+# without mma.sync) the CUDA-core pair (bwd_dq_rows, bwd_dkdv_rows), which
+# takes any strides.
+BWD_MMA_DTYPES = ("float16", "bfloat16")
+BWD_MMA_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+# padded head dim -> dQ kernel (BLOCK_M packed rows = 16 per warp, BLOCK_N keys per K/V tile, NUM_WARPS)
+BWD_DQ_TILES = {32: (64, 64, 4), 64: (64, 64, 4), 96: (64, 64, 4), 128: (64, 64, 4), 192: (64, 32, 4), 256: (64, 32, 4)}
+# padded head dim -> dK/dV kernel (KEY_WARPS: 16 keys each, BLOCK_M packed rows per Q/dO tile,
+# DSPLIT: warps sharing a key slab's head dims, 2 above 128 where one warp's dK, dV rows don't fit)
+BWD_DKDV_TILES = {32: (4, 64, 1), 64: (4, 64, 1), 96: (4, 32, 1), 128: (4, 32, 1), 192: (4, 32, 2), 256: (4, 32, 2)}
+BWD_PREPROCESS_THREADS = 256  # kernels/backward.cu: bwd_preprocess's __launch_bounds__
+BWD_ROWS_THREADS = 128  # kernels/backward.cu: BWD_ROWS_THREADS
+
+
+def bwd_head_dim_pad(head_dim: int) -> int:
+    """The padded head dim of the tensor-core backward kernels that serves ``head_dim``."""
+    return next(d for d in BWD_MMA_HEAD_DIMS if d >= head_dim)
+
+
+def bwd_dq_smem(head_dim: int, block_m: int, block_n: int) -> int:
+    """bwd_dq_mma's shared memory: Q and dO tiles, two K and two V stages, rows
+    padded by 8 elements of 2 bytes (bwd_detail::DqSmem)."""
+    return (2 * block_m + 4 * block_n) * (head_dim + 8) * 2
+
+
+def bwd_dkdv_smem(head_dim: int, block_n: int, block_m: int) -> int:
+    """bwd_dkdv_mma's: the K and V tiles, two stages of Q and of dO, rows padded
+    by 8 elements of 2 bytes, and two stages of lse2 and delta floats
+    (bwd_detail::DkvSmem)."""
+    return (2 * block_n + 4 * block_m) * (head_dim + 8) * 2 + 4 * block_m * 4
+
+
+@functools.lru_cache(maxsize=None)
+def bwd_dq_mma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
+    """The tensor-core dQ kernel, BLOCK_N halved (down to 16) until it fits ``arch``."""
+    bm, bn, warps = BWD_DQ_TILES[head_dim_pad]
+    while bwd_dq_smem(head_dim_pad, bm, bn) > arch.smem and bn > 16:
+        bn //= 2
+    smem = bwd_dq_smem(head_dim_pad, bm, bn)
+    if dtype not in BWD_MMA_DTYPES or not arch.sm80 or smem > arch.smem:
+        return None
+    return Spec(
+        family="backward",
+        source="backward.cu",
+        name=f"bwd_dq_mma<{CTYPES[dtype]}, {head_dim_pad}, {bm}, {bn}, {warps}, {str(causal).lower()}, {smem}>",
+        dtype=dtype,
+        head_dim=head_dim_pad,
+        threads=warps * 32,
+        block_m=bm,  # packed query rows per CTA
+        smem=smem,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def bwd_dkdv_mma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
+    """The tensor-core dK/dV kernel, BLOCK_M halved (down to 16), then the key
+    warps, until it fits ``arch``."""
+    kw, bm, dsplit = BWD_DKDV_TILES[head_dim_pad]
+    while bwd_dkdv_smem(head_dim_pad, 16 * kw, bm) > arch.smem and (bm > 16 or kw > 1):
+        if bm > 16:
+            bm //= 2
+        else:
+            kw //= 2
+    smem = bwd_dkdv_smem(head_dim_pad, 16 * kw, bm)
+    if dtype not in BWD_MMA_DTYPES or not arch.sm80 or smem > arch.smem:
+        return None
+    return Spec(
+        family="backward",
+        source="backward.cu",
+        name=f"bwd_dkdv_mma<{CTYPES[dtype]}, {head_dim_pad}, {bm}, {kw}, {dsplit}, {str(causal).lower()}, {smem}>",
+        dtype=dtype,
+        head_dim=head_dim_pad,
+        threads=kw * dsplit * 32,
+        block_m=16 * kw,  # keys per CTA
+        smem=smem,
+    )
+
+
+def _bwd_rows_team(dtype: str, dpad: int) -> int:
+    """Lanes per row (key): 16 dims each (8 in float64), so that the 3 (4) register
+    arrays of a lane stay small."""
+    return max(1, dpad // (8 if dtype == "float64" else 16))
+
+
+def _bwd_rows_stage(dtype: str, dpad: int) -> int:
+    """Keys (rows) per shared-memory stage: about 8 KB of each operand."""
+    return max(8, min(64, 8192 // (dpad * ITEMSIZE[dtype])))
+
+
+def bwd_rows_dq_smem(dtype: str, dpad: int) -> int:
+    """bwd_dq_rows: a stage of K and one of V (bwd_detail::DqRowsSmem)."""
+    return 2 * _bwd_rows_stage(dtype, dpad) * dpad * ITEMSIZE[dtype]
+
+
+def bwd_rows_dkdv_smem(dtype: str, dpad: int) -> int:
+    """bwd_dkdv_rows: a stage of Q and one of dO, and each row's lse2, delta
+    (accumulator type) and last key (int) (bwd_detail::DkvRowsSmem)."""
+    rows = _bwd_rows_stage(dtype, dpad)
+    acc = 8 if dtype == "float64" else 4
+    return 2 * rows * dpad * ITEMSIZE[dtype] + rows * (2 * acc + 4)
+
+
+def _bwd_rows_spec(dtype: str, dpad: int, which: str) -> Spec:
+    team, stage = _bwd_rows_team(dtype, dpad), _bwd_rows_stage(dtype, dpad)
+    smem = bwd_rows_dq_smem(dtype, dpad) if which == "dq" else bwd_rows_dkdv_smem(dtype, dpad)
+    return Spec(
+        family="backward",
+        source="backward.cu",
+        name=f"bwd_{which}_rows<{CTYPES[dtype]}, {dpad}, {team}, {stage}, {smem}>",
+        dtype=dtype,
+        head_dim=dpad,
+        threads=BWD_ROWS_THREADS,
+        team=team,
+        block_m=BWD_ROWS_THREADS // team,  # rows (dq) or keys (dkdv) per CTA
+        smem=smem,
+        sm80=False,
+    )
+
+
+BWD_ROWS = {(dtype, dpad, which): _bwd_rows_spec(dtype, dpad, which)
+            for dtype in DTYPES for dpad in ROWWISE_BUCKETS for which in ("dq", "dkdv")}  # fmt: skip
+BWD_PREPROCESS = {
+    dtype: Spec(
+        family="backward",
+        source="backward.cu",
+        name=f"bwd_preprocess<{CTYPES[dtype]}>",
+        dtype=dtype,
+        head_dim=MAX_HEAD_DIM,
+        threads=BWD_PREPROCESS_THREADS,
+        sm80=False,
+    )
+    for dtype in DTYPES
+}
+
+
+def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch) -> tuple[Spec, Spec] | None:
+    """The tensor-core (dQ, dK/dV) kernels for a call on ``arch``, or None where they don't run."""
+    if dtype not in BWD_MMA_DTYPES or head_dim % 8 or head_dim > MAX_HEAD_DIM or not arch.sm80:
+        return None
+    dpad = bwd_head_dim_pad(head_dim)
+    dq, dkdv = bwd_dq_mma_spec(dtype, dpad, causal, arch), bwd_dkdv_mma_spec(dtype, dpad, causal, arch)
+    return None if dq is None or dkdv is None else (dq, dkdv)
+
+
+def bwd_rows_specs(dtype: str, head_dim: int) -> tuple[Spec, Spec]:
+    """The CUDA-core (dQ, dK/dV) kernels for ``head_dim`` (rounded up to a rowwise bucket)."""
+    dpad = next(b for b in ROWWISE_BUCKETS if b >= head_dim)
+    return BWD_ROWS[dtype, dpad, "dq"], BWD_ROWS[dtype, dpad, "dkdv"]
+
+
 def rowwise_spec_for(dtype: str, head_dim: int, vec: bool, arch: Arch) -> Spec:
     """rowwise for ``arch``: the vector variant only where cp.async exists."""
     return rowwise_spec(dtype, head_dim, vec and arch.sm80)
@@ -474,6 +632,12 @@ def serves(spec: Spec, head_dim: int) -> bool:
         return head_dim % 8 == 0 and spec.head_dim == hopper_head_dim_pad(head_dim)
     if spec.family == "decode" and not spec.block_m:
         return True
+    if spec.family == "backward":
+        if spec.name.startswith("bwd_preprocess"):
+            return True
+        if "_mma<" in spec.name:
+            return head_dim % 8 == 0 and spec.head_dim == bwd_head_dim_pad(head_dim)
+        return spec.head_dim == next(b for b in ROWWISE_BUCKETS if b >= head_dim)
     return spec.head_dim == head_dim
 
 
@@ -504,6 +668,15 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
             for rows in (DECODE_ROWS if dtype == "float32" else (DECODE_MMA_ROWS,)):
                 add(decode_spec(dtype, head_dim, rows, arch))
         add(DECODE_COMBINE[dtype])
+    for dtype in DTYPES:  # the backward pass
+        add(BWD_PREPROCESS[dtype])
+        for dpad in ROWWISE_BUCKETS:
+            for spec in bwd_rows_specs(dtype, dpad):
+                add(spec)
+        for dpad in BWD_MMA_HEAD_DIMS:
+            for causal in (True, False):
+                for spec in bwd_mma_specs(dtype, dpad, causal, arch) or ():
+                    add(spec)
     return tuple(found.values())
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _fast, _interop, _mods, _plan
 from ._specs import DTYPES, MAX_HEAD_DIM, PRECISIONS
-from .cpu import attention_cpu
+from .cpu import attention_backward_cpu, attention_cpu
 
 KERNELS = tuple(_plan.LAUNCH)  # the GPU kernel families, e.g. ("rowwise",)
 _KERNEL_CHOICES = ("auto", *KERNELS)
@@ -174,7 +174,9 @@ def attention(
         hopper kernel takes none of them yet (auto runs tiled or rowwise).
         sinks and alibi_slopes are read in place when they are CUDA arrays of
         q's device, else copied there at each call; calls with them take the
-        full path every call (no repeat-call entry).
+        full path every call (no repeat-call entry). The backward pass takes
+        none yet: a torch call that needs autograd, or one inside
+        ``torch.compile``, raises ValueError when a modifier is given.
 
     Returns
     -------
@@ -199,7 +201,28 @@ def attention(
     can be captured into a CUDA graph once its kernels are compiled
     (``warmup``), with a CUDA seqlens_k and, for CuPy's capture of a split
     decode call, a ``workspace``.
+
+    torch autograd: when q, k or v requires grad (and grad mode is on), or
+    inside ``torch.compile``, the call runs as the custom op
+    ``torch.ops.cupy_gqa.attention`` (``cupy_gqa._torch``), whose backward is
+    :func:`attention_backward`; it saves out and lse for the backward, nothing
+    quadratic. lse is returned as a non-differentiable tensor; ``out`` must be
+    None then.
     """
+    if out is None and _torch_op_call(q, k, v):
+        _torch_op_modifiers(q, k, v, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+                            score_mod=score_mod, mask_mod=mask_mod)  # fmt: skip
+        from . import _torch
+
+        return _torch.attention(
+            q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, kernel=kernel,
+            precision=precision, seqlens_k=seqlens_k, layout=layout,
+        )
+    if out is not None and _torch_grad_needed(q, k, v):
+        raise ValueError(
+            "out: expected None when q, k or v requires grad (autograd returns a new tensor), got a tensor; "
+            "call it under torch.no_grad() to write into out"
+        )
     flags = (type(causal), causal, type(softmax_scale), softmax_scale, type(return_lse), return_lse, kernel, precision, layout)
     if window is not None or softcap is not None or score_mod is not None or mask_mod is not None:
         flags += (type(window), window, type(softcap), softcap, score_mod, mask_mod)
@@ -221,11 +244,46 @@ def attention(
     )  # fmt: skip
 
 
+def _torch_grad_needed(q, k, v) -> bool:
+    """Whether a torch call must record autograd: grad mode on and an input that requires grad."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(q, torch.Tensor):
+        return False
+    wants = q.requires_grad or getattr(k, "requires_grad", False) is True or getattr(v, "requires_grad", False) is True
+    return wants and torch.is_grad_enabled()
+
+
+def _torch_op_call(q, k, v) -> bool:
+    """Whether a call goes through the torch custom op: autograd, or a trace of torch.compile."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(q, torch.Tensor):
+        return False
+    return _torch_grad_needed(q, k, v) or torch.compiler.is_compiling()
+
+
+def _torch_op_modifiers(q, k, v, **modifiers) -> None:
+    """Refuse modifiers on a call that goes through the torch custom op: the op
+    (and the backward pass) takes none of them yet."""
+    given = [name for name, value in modifiers.items() if value is not None]
+    if not given:
+        return
+    if _torch_grad_needed(q, k, v):
+        why = "q, k or v requires grad, and the backward pass takes no modifiers yet"
+        hint = "call it under torch.no_grad() or with inputs that don't require grad"
+    else:
+        why = "inside torch.compile the call runs as the custom op torch.ops.cupy_gqa.attention, which takes no modifiers yet"
+        hint = "call it outside torch.compile (torch.compiler.disable)"
+    value = modifiers[given[0]]
+    shown = repr(value) if isinstance(value, (numbers.Real, tuple, list)) else f"a {type(value).__name__}"
+    raise ValueError(f"{given[0]}: expected None when {why}, got {shown}; {hint}")
+
+
 def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, seqlens_k, layout, workspace, flags,
                window=None, softcap=None, sinks=None, alibi_slopes=None, score_mod=None, mask_mod=None, plan_only=False):  # fmt: skip
     """The full path: every check, the plan, the launch; then the signature's
-    entry for later calls. ``plan_only``: return the plan (or None where no
-    kernel runs) without allocating or launching anything but a new out."""
+    entry for later calls (none when ``flags`` is None: the torch custom op's
+    calls). ``plan_only``: return the plan (or None where no kernel runs)
+    without allocating or launching anything but a new out."""
     if kernel not in _KERNEL_CHOICES:
         raise ValueError(f"kernel: expected one of {_KERNEL_CHOICES}, got {kernel!r}")
     if precision not in PRECISIONS:
@@ -324,7 +382,8 @@ def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, preci
                 ws_arg = None  # CuPy's pool (refused while capturing)
             # auto's choice has checked that the family supports the call; a forced one checks here
             plan = _plan.LAUNCH[family](problem, qb, kb, vb, outb, lseb, lensb, checked=kernel == "auto", workspace=ws_arg)
-            if runs and plan is not None and not (mods is not None and mods.per_call):
+            # flags None: the torch op's calls; sinks / alibi_slopes: their addresses are in the plan
+            if runs and plan is not None and flags is not None and not (mods is not None and mods.per_call):
                 _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, (qb, kb, vb, outb, lensb),
                           out_given="out" in named, return_lse=bool(return_lse),
                           lse_shape=(batch, num_q_heads, seqlen_q), lens=lens, seqlen_k=seqlen_k)  # fmt: skip
@@ -374,6 +433,130 @@ def _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, backend, *
             capture_message=_plan.workspace_capture_message(getattr(plan, "num_splits", 1), plan.workspace_bytes),
         ),
     )  # fmt: skip
+
+
+def attention_backward(
+    dout, q, k, v, out, lse, *, causal=True, softmax_scale=None, seqlens_k=None, dq=None, dk=None, dv=None,
+    layout="bshd",
+):
+    """The gradients ``(dq, dk, dv)`` of ``out = attention(q, k, v, ...)`` for the
+    upstream gradient ``dout`` (the backward pass, FlashAttention-2 style).
+
+    Parameters
+    ----------
+    dout, out : like q
+        The gradient of the loss with respect to out, and out itself, as the
+        forward returned it (same framework, device, shape and dtype as q).
+    q, k, v, causal, softmax_scale, seqlens_k, layout
+        Exactly as given to the forward :func:`attention` (same rules:
+        shapes, dtypes, layouts, any non-negative strides, the bottom-right
+        causal mask, seqlens_k).
+    lse : float32 (batch, num_q_heads, seqlen_q)
+        The forward's ``return_lse=True`` result: natural log of each row's
+        softmax denominator, -inf for a row that sees no key (float64 is also
+        taken for float64 inputs).
+    dq, dk, dv : like q, k, v, optional
+        Preallocated results (same framework, device, shape, layout and dtype
+        as q, k, v; any non-negative strides; no zero strides; not overlapping
+        any input or each other).
+
+    Returns
+    -------
+    (dq, dk, dv) in the framework and layout of q, k, v.
+
+    The probabilities are rebuilt from lse, P = exp(scale q k^T - lse), and
+    per row delta = rowsum(dout * out); dS = P (dout v^T - delta) and
+        dq = scale dS k,   dk = scale dS^T q,   dv = P^T dout,
+    dk and dv of a KV head summed over the group_size query heads that read
+    it. Rows that see no key get dq = 0; keys that no row sees, and keys past
+    ``seqlens_k[b]``, get dk = dv = 0. Arithmetic is float32 (float64 for
+    float64 inputs; the float64 paths rebuild lse in float64 rather than trust
+    a float32 one). On CUDA, fp16 / bf16 run on the tensor cores
+    (kernels/backward.cu) and every result is deterministic: two calls give
+    bitwise-equal gradients. Inputs are never modified.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
+    given = {name: x for name, x in (("dq", dq), ("dk", dk), ("dv", dv)) if x is not None}
+    named = {"q": q, "k": k, "v": v, "dout": dout, "out": out, "lse": lse, **given}
+    frame = _interop.frame_of(named)
+    bhsd = layout == "bhsd"
+    dtype = _check_shapes_and_dtypes(q, k, v, bhsd)
+    batch, seqlen_q, num_q_heads, head_dim = (q.shape[0], q.shape[2], q.shape[1], q.shape[3]) if bhsd else q.shape
+    seqlen_k = k.shape[2 if bhsd else 1]
+    for name, x in (("dout", dout), ("out", out)):
+        if tuple(x.shape) != tuple(q.shape):
+            raise ValueError(f"{name}: expected shape {tuple(q.shape)} (that of q), got {tuple(x.shape)}")
+        if _interop.dtype_name(x) != dtype:
+            raise TypeError(f"{name}: expected dtype {dtype} (that of q), got {_interop.dtype_name(x)}")
+    lse_shape = (batch, num_q_heads, seqlen_q)
+    if tuple(lse.shape) != lse_shape:
+        raise ValueError(f"lse: expected shape {lse_shape} (batch, num_q_heads, seqlen_q), got {tuple(lse.shape)}")
+    lse_dtypes = ("float32", "float64") if dtype == "float64" else ("float32",)
+    if _interop.dtype_name(lse) not in lse_dtypes:
+        raise TypeError(f"lse: expected dtype {' or '.join(lse_dtypes)} (the forward's return_lse), got {_interop.dtype_name(lse)}")
+    softmax_scale = _check_scale(softmax_scale, head_dim)
+    lens = _check_seqlens_k(seqlens_k, frame, batch, seqlen_k)
+
+    with _interop.running_on(frame):
+        inputs = {name: _interop.to_backend(x, frame) for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout), ("out", out), ("lse", lse))}
+        for name, a in inputs.items():
+            _check_strides(name, a)
+        results = []
+        for name, like in (("dq", q), ("dk", k), ("dv", v)):
+            x = given.get(name)
+            if x is None:
+                results.append(_interop.empty(tuple(like.shape), like, frame))  # contiguous in the caller's layout
+                continue
+            xb = _interop.to_backend(x, frame)
+            _check_result(name, x, xb, tuple(like.shape), dtype, like_name=name[1:])
+            results.append((x, xb))
+        _check_disjoint(inputs, {name: xb for name, (_, xb) in zip(("dq", "dk", "dv"), results)})
+        (dq, dqb), (dk, dkb), (dv, dvb) = results
+        qb, kb, vb, doutb, outb, lseb = inputs.values()
+        if bhsd:  # (batch, seqlen, heads, head_dim) views, nothing copied
+            qb, kb, vb, doutb, outb, dqb, dkb, dvb = (a.transpose(_BHSD_TO_BSHD) for a in (qb, kb, vb, doutb, outb, dqb, dkb, dvb))
+        lensb = _seqlens_k_backend(lens, frame)
+        if seqlen_q == 0 or seqlen_k == 0 or batch == 0:
+            for a in (dqb, dkb, dvb):  # no row sees a key, or no row at all: zero gradients
+                if a.size:
+                    a.fill(0)
+        elif not frame.on_gpu:
+            attention_backward_cpu(
+                doutb, qb, kb, vb, outb, lseb, dqb, dkb, dvb, causal=bool(causal), softmax_scale=softmax_scale, seqlens_k=lensb
+            )
+        else:
+            problem = _plan.Problem.of(qb, kb, dtype=dtype, causal=bool(causal), softmax_scale=softmax_scale)
+            _plan.launch_backward(problem, doutb, qb, kb, vb, outb, lseb, dqb, dkb, dvb, lensb)
+    return dq, dk, dv
+
+
+def _check_result(name: str, x, xb, shape: tuple, dtype: str, like_name: str) -> None:
+    """A preallocated gradient: shape and dtype of its input, usable strides."""
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape} (that of {like_name}), got {tuple(x.shape)}")
+    if _interop.dtype_name(x) != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype} (that of {like_name}), got {_interop.dtype_name(x)}")
+    if xb.size == 0:
+        return
+    _check_strides(name, xb)
+    if any(s == 0 and n > 1 for n, s in zip(xb.shape, xb.strides)):
+        raise ValueError(f"{name}: expected no zero strides (its elements would overlap), got strides {xb.strides}")
+
+
+def _check_disjoint(inputs: dict, results: dict) -> None:
+    """No result overlaps an input or another result."""
+    names = list(results)
+    for i, name in enumerate(names):
+        lo, hi = _interop.byte_span(results[name])
+        if lo == hi:
+            continue
+        for other, a in [*inputs.items(), *((n, results[n]) for n in names[:i])]:
+            o_lo, o_hi = _interop.byte_span(a)
+            if lo < o_hi and o_lo < hi:
+                raise ValueError(f"{name}: must not overlap the memory of {other}")
 
 
 def _check_shapes_and_dtypes(q, k, v, bhsd: bool = False) -> str:

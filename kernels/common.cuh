@@ -172,6 +172,16 @@ struct KeyRange<CAUSAL, true> {
     __device__ __forceinline__ bool unmasked(int n0, int n) const { return n0 + n <= free && n0 >= free_start; }
 };
 
+// The first packed row (packed row pr = query pr / group, common to the
+// prefill kernels) that sees key `key`, with causal masking aligned
+// bottom-right (query t sees keys j <= t + diag, diag = seqlen_k - seqlen_q):
+// query max(0, key - diag); 0 without the mask. The backward pass's key
+// blocks (kernels/backward.cu) read the packed rows from there on. (key < seqlen_k,
+// so the query is at most seqlen_q and the packed row fits an int.)
+__device__ __forceinline__ int first_row_seeing(int key, int diag, int group, bool causal) {
+    return causal ? max(0, key - diag) * group : 0;
+}
+
 // The 1-D grid of the tiled kernels: CTA blockIdx.x -> (batch b, KV head
 // kv_head, tile m_tile of BLOCK_M packed query rows), num_m_tiles tiles per
 // (b, kv_head).
@@ -181,18 +191,16 @@ struct KeyRange<CAUSAL, true> {
 struct TileOfBlock {
     int b, kv_head, m_tile;
 };
-// (index: the tile's place in that order, blockIdx.x for a CTA per tile; a
-// persistent CTA walks the order with a stride of the grid.)
 template <bool CAUSAL>
-__device__ __forceinline__ TileOfBlock tile_of_block(int num_m_tiles, int batch, int num_kv_heads, unsigned index) {
+__device__ __forceinline__ TileOfBlock tile_of_block(int num_m_tiles, int batch, int num_kv_heads) {
     const int num_bh = batch * num_kv_heads;
     int m_tile, bh;
     if (CAUSAL) {
-        m_tile = num_m_tiles - 1 - (int)(index / num_bh);
-        bh = (int)(index % num_bh);
+        m_tile = num_m_tiles - 1 - (int)(blockIdx.x / num_bh);
+        bh = (int)(blockIdx.x % num_bh);
     } else {
-        bh = (int)(index / num_m_tiles);
-        m_tile = (int)(index % num_m_tiles);
+        bh = (int)(blockIdx.x / num_m_tiles);
+        m_tile = (int)(blockIdx.x % num_m_tiles);
     }
     const int b = bh / num_kv_heads;
     return {b, bh - b * num_kv_heads, m_tile};
@@ -213,10 +221,9 @@ struct PrefillTile {
 __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k);
 
 template <bool CAUSAL, int BLOCK_M>
-__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group,
-                                                           unsigned index = blockIdx.x) {
+__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group) {
     const int packed_rows = p.seqlen_q * group;
-    const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, index);
+    const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads);
     const int row0 = t.m_tile * BLOCK_M;
     const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
     const int seqlen_k = max(len, 0);
@@ -228,12 +235,12 @@ __device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p,
 // [left, right] of the window modifier).
 template <bool CAUSAL, int BLOCK_M, bool WINDOW>
 __device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_mods(const AttnParams& p, const int* seqlens_k,
-                                                                        int group, unsigned index, int left, int right) {
+                                                                        int group, int left, int right) {
     if constexpr (!WINDOW) {
-        return prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, group, index);
+        return prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, group);
     } else {
         const int packed_rows = p.seqlen_q * group;
-        const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, index);
+        const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads);
         const int row0 = t.m_tile * BLOCK_M;
         const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
         const int seqlen_k = max(len, 0);

@@ -27,13 +27,10 @@
  * (query position t, query head kv_head * group + g), so each K/V tile in
  * shared memory serves all heads of the group.
  *
- * Grid and roles.  Persistent: at most one CTA per SM. The num_m_tiles * batch *
- * num_kv_heads tiles are ordered as prefill_tile has them (common.cuh: causal
- * tiles heaviest first), and CTA c takes tiles c, c + gridDim.x, ... The K/V
- * rings and their mbarrier phases run on from one tile to the next, so the
- * next tile's Q, K and V load while the last one's P V and epilogue run. A CTA
- * has two consumer warpgroups (BLOCK_M = 128) and one producer warpgroup (the
- * last), 128 threads each:
+ * Grid and roles.  1-D grid of num_m_tiles * batch * num_kv_heads CTAs, mapped
+ * by prefill_tile (common.cuh: causal tiles heaviest first). A CTA has
+ * two consumer warpgroups (BLOCK_M = 128) and one producer warpgroup (the last),
+ * 128 threads each:
  *   producer   (setmaxnreg down to PRODUCER_REGS): cp.async of the Q tile;
  *              then K_j and V_j into rings of STAGES stages each, by bulk
  *              tensor copies (TMA: one thread, tensor maps from the host) that
@@ -42,10 +39,7 @@
  *              sequence shorter than the array (seqlens_k) goes by cp.async,
  *              which zero-fills the keys past the end;
  *   consumer w (setmaxnreg up to CONSUMER_REGS): packed rows [64 w, 64 w + 64)
- *              of the tile, both matrix products and the softmax for them, and
- *              the rows of out (stored from registers) and lse. The two
- *              consumers take turns at issuing their matrix products
- *              (ping-pong), so one's softmax runs under the other's.
+ *              of the tile, both matrix products and the softmax for them.
  *
  * Head dims.  Any head_dim that is a multiple of 8 up to HEAD_DIM_PAD runs;
  * the columns past head_dim are zero in shared memory (Q and K: they add
@@ -58,9 +52,8 @@
  * (descriptor layout type 1):
  *   [ Q: BLOCK_M rows | K stages 0 .. STAGES-1 | V stages 0 .. STAGES-1 | mbarriers ]
  * K is read K-major (contiguous along head_dim, the reduction of Q K^T); V is
- * read by the same layout as the N-major B operand of P V (trans-b). The Q
- * tile is free for the next tile's Q once every Q K^T of its tile is done
- * (the "Q empty" mbarrier).
+ * read by the same layout as the N-major B operand of P V (trans-b). The
+ * output tile is staged through the Q tile's space, in the same layout.
  *
  * Requirements (checked by cupy_gqa/_plan.py): sm_90, head_dim % 8 == 0,
  * head_dim stride 1, 16-byte aligned pointers and strides (K and V: positive,
@@ -157,12 +150,13 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap& map, 
 template <int N> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
-// Named barriers (id 0 is __syncthreads): the turn-taking of the two consumer
-// warpgroups (TURN_BAR + 0, 1) and the producer warpgroup's own (5).
+// Named barriers (id 0 is __syncthreads): the 128 threads of one warpgroup
+// (ids 1, 2), and the turn-taking of the two consumer warpgroups (ids 3, 4).
+__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void pair_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void pair_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 5, 128;\n" ::: "memory"); }
-enum { TURN_BAR = 3 };
+enum { EPILOGUE_BAR = 1, TURN_BAR = 3 };  // and 5: the producer warpgroup
 
 constexpr int PRODUCER_REGS = 56;   // 56 + 2 x 224 = 3 x 168: what the producer frees, the consumers take
 constexpr int CONSUMER_REGS = 224;
@@ -180,7 +174,7 @@ struct HopperSmem {
     static constexpr int KV_SLAB = BLOCK_N * 128;  // ... of a K or V tile
     static constexpr int Q_BYTES = SLABS * Q_SLAB;
     static constexpr int KV_BYTES = SLABS * KV_SLAB;
-    static constexpr int BARRIERS = 2 + 4 * STAGES;   // Q full and empty; full and empty of each K and each V stage
+    static constexpr int BARRIERS = 1 + 4 * STAGES;   // q_full; full and empty of each K and each V stage
     // tiles from a 1024-aligned base (Q, STAGES K tiles, STAGES V tiles), then
     // the barriers; + 1024 slack for the alignment
     static constexpr int BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 1024;
@@ -203,31 +197,27 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     constexpr int DT = HEAD_DIM_PAD / 8;       // n8 tiles of O (head dims)
     constexpr int CONSUMERS = BLOCK_M / 64 * 128;
 
-    const int seqlen_q = p.seqlen_q, num_q_heads = p.num_q_heads, group = p.num_q_heads / p.num_kv_heads;
-    const int num_tiles = (seqlen_q * group + BLOCK_M - 1) / BLOCK_M * p.batch * p.num_kv_heads;
+    const int seqlen_q = p.seqlen_q, num_q_heads = p.num_q_heads;
 
     extern __shared__ unsigned char smem_raw[];
     const unsigned raw = smem_addr(smem_raw);
     const unsigned base = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+    unsigned char* const smem = smem_raw + (base - raw);
     const unsigned sQ = base;
     const unsigned sK = sQ + L::Q_BYTES;       // K stage s at sK + s * KV_BYTES
     const unsigned sV = sK + STAGES * L::KV_BYTES;
     const unsigned bars = sV + STAGES * L::KV_BYTES;
     const unsigned q_full = bars;              // the Q tile has landed
-    const unsigned q_empty = bars + 8;         // ... and the consumers are done with it
     // K and V run in pipelines of their own: K_j is free again once Q K_j^T is
-    // done, V_j only once P_j V_j is, a tile later (see the consumer loop). The
-    // rings run on across the CTA's tiles: "it" counts K/V tiles over all of them.
-    auto k_full = [&](int s) { return bars + 8 * (2 + s); };               // K stage s has landed
-    auto k_empty = [&](int s) { return bars + 8 * (2 + STAGES + s); };     // ... and has been read
-    auto v_full = [&](int s) { return bars + 8 * (2 + 2 * STAGES + s); };  // V stage s has landed
-    auto v_empty = [&](int s) { return bars + 8 * (2 + 3 * STAGES + s); }; // ... and has been read
-    auto phase = [](int it) { return (unsigned)(it / STAGES) & 1u; };     // parity of use it of its stage
+    // done, V_j only once P_j V_j is, a tile later (see the consumer loop)
+    auto k_full = [&](int s) { return bars + 8 * (1 + s); };               // K stage s has landed
+    auto k_empty = [&](int s) { return bars + 8 * (1 + STAGES + s); };     // ... and has been read
+    auto v_full = [&](int s) { return bars + 8 * (1 + 2 * STAGES + s); };  // V stage s has landed
+    auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * STAGES + s); }; // ... and has been read
 
     const int tid = threadIdx.x;
     if (tid == 0) {
-        mbar_init(q_full, 128);                // every producer thread arrives
-        mbar_init(q_empty, CONSUMERS);         // every consumer thread arrives
+        mbar_init(q_full, 128);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);           // one producer thread arrives (and the copies' bytes land)
             mbar_init(v_full(s), 1);
@@ -237,79 +227,106 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     }
     __syncthreads();
 
+    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, p.num_q_heads / p.num_kv_heads);
+    const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
+    const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
+    const KeyRange<CAUSAL>& keys = tile.keys;
+    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
+
     if (tid >= CONSUMERS) {
         // =========================== producer warpgroup ===========================
+        // 16-byte cp.async chunks into the swizzled slabs: chunk c of a tile of R
+        // rows is row c / CHP, column chunk c % CHP; rows past the data and the
+        // padding columns are zero-filled. K_j goes to K stage j % STAGES once
+        // the consumers have released it, then V_j to its V stage likewise;
+        // each thread's copies arrive on the stage's full barrier when they
+        // land (cp.async.mbarrier.arrive), so the producer only ever waits for
+        // free stages.
         regs_dec<PRODUCER_REGS>();
         const int pt = tid - CONSUMERS;
         const int ch_used = p.head_dim / 8;    // chunks that hold data; the rest are zero
-        int it = 0;                            // K/V tiles loaded so far (all of the CTA's tiles)
-        for (int index = blockIdx.x, n = 0; index < num_tiles; index += gridDim.x, ++n) {
-            const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, group, index);
-            const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, packed_rows = tile.packed_rows;
-            const int seqlen_k = tile.seqlen_k;
-            const int num_n = (tile.keys.end + BLOCK_N - 1) / BLOCK_N;
-
-            // Q by cp.async, 16-byte chunks into the swizzled slabs (chunk c: row
-            // c / CHP, column chunk c % CHP; rows past the data and padding
-            // columns zero-filled), once the consumers are done with the last Q
-            if (n > 0) mbar_wait(q_empty, (n - 1) & 1);
-            for (int c = pt; c < BLOCK_M * CHP; c += 128) {
-                const int r = c / CHP, ch = c % CHP;
-                const int pr = row0 + r;
-                const bool ok = pr < packed_rows && ch < ch_used;
-                const int t = pr / group, g = pr - (pr / group) * group;
-                const T* src = ok ? q + (index_t)b * p.q_stride[0] + (index_t)t * p.q_stride[1] +
-                                        (index_t)q_head_of(kvh, g, group) * p.q_stride[2] + ch * 8
-                                  : q;
-                cp_async_16(sQ + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
-            }
-            // Q has landed once this thread's copies have, and its writes (generic
-            // proxy) are ordered before the consumers' wgmma reads (async proxy)
-            // by this thread's proxy fence, before the arrival that releases them
-            auto q_arrive = [&] {
-                cp_async_wait_all();
-                fence_proxy_async();
-                mbar_arrive(q_full);
-            };
-            // Tile j of K or V into a stage. A tile inside the sequence's keys, or
-            // inside the array (the copy engine zero-fills rows past its end),
-            // goes by bulk tensor copies, one per slab, issued by one thread; the
-            // tile that holds the end of a shorter sequence (seqlens_k) goes by
-            // the warpgroup's cp.async, which zero-fills the keys past it: they
-            // are never read, so a NaN there can't reach P V.
-            auto fill = [&](unsigned full, unsigned dst, const TensorMap& map, const T* src, index_t stride_s, int j) {
-                if (j * BLOCK_N + BLOCK_N <= seqlen_k || seqlen_k == p.seqlen_k) {
-                    if (pt == 0) {
-                        mbar_expect_tx(full, L::KV_BYTES);
+        for (int c = pt; c < BLOCK_M * CHP; c += 128) {
+            const int r = c / CHP, ch = c % CHP;
+            const int pr = row0 + r;
+            const bool ok = pr < packed_rows && ch < ch_used;
+            const int t = pr / group, g = pr - (pr / group) * group;
+            const T* src = ok ? q + (index_t)b * p.q_stride[0] + (index_t)t * p.q_stride[1] +
+                                    (index_t)q_head_of(kvh, g, group) * p.q_stride[2] + ch * 8
+                              : q;
+            cp_async_16(sQ + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
+        }
+        // Q has landed once this thread's copies have, and its writes (generic
+        // proxy) are ordered before the consumers' wgmma reads (async proxy) by
+        // this thread's proxy fence, before the arrival that releases them
+        auto q_arrive = [&] {
+            cp_async_wait_all();
+            fence_proxy_async();
+            mbar_arrive(q_full);
+        };
+        const T* const kbase = k + (index_t)b * p.k_stride[0] + (index_t)kvh * p.k_stride[2];
+        const T* const vbase = v + (index_t)b * p.v_stride[0] + (index_t)kvh * p.v_stride[2];
+        const index_t k_stride_s = p.k_stride[1], v_stride_s = p.v_stride[1];
+        // one tile of K or V: chunk c is row c / CHP (key j * BLOCK_N + row), column chunk c % CHP
+        auto load_tile = [&](unsigned dst, const T* base_ptr, index_t stride_s, const T* dummy, int j) {
+            if constexpr (128 % CHP == 0) {
+                // each thread keeps one column chunk and walks rows RS apart: one
+                // pointer step and one compare per copy (head dims 64, 128, 256)
+                constexpr int RS = 128 / CHP;
+                const int ch = pt % CHP, r0 = pt / CHP;
+                const bool col_ok = ch < ch_used;
+                const T* src = base_ptr + (index_t)(j * BLOCK_N + r0) * stride_s + ch * 8;
+                const unsigned d0 = dst + (ch / 8) * L::KV_SLAB;
 #pragma unroll
-                        for (int sl = 0; sl < L::SLABS; ++sl)
-                            tma_load_4d(dst + sl * L::KV_SLAB, map, full, sl * 64, j * BLOCK_N, kvh, b);
-                    }
-                    return;
+                for (int i = 0; i < BLOCK_N / RS; ++i) {
+                    const int r = r0 + i * RS;
+                    const bool ok = col_ok && j * BLOCK_N + r < seqlen_k;
+                    cp_async_16(d0 + swizzle128(r, ch % 8), ok ? (const void*)src : (const void*)dummy, ok);
+                    src += RS * stride_s;
                 }
+            } else {
+#pragma unroll 4
                 for (int c = pt; c < BLOCK_N * CHP; c += 128) {
-                    const int r = c / CHP, ch = c % CHP, key = j * BLOCK_N + r;
+                    const int r = c / CHP, ch = c % CHP;
+                    const int key = j * BLOCK_N + r;
                     const bool ok = key < seqlen_k && ch < ch_used;
                     cp_async_16(dst + (ch / 8) * L::KV_SLAB + swizzle128(r, ch % 8),
-                                ok ? (const void*)(src + (index_t)key * stride_s + ch * 8) : (const void*)src, ok);
+                                ok ? (const void*)(base_ptr + (index_t)key * stride_s + ch * 8) : (const void*)dummy, ok);
                 }
+            }
+        };
+        // Tile j of K or V into a stage. A tile inside the sequence's keys, or
+        // inside the array (the copy engine zero-fills rows past its end), goes
+        // by bulk tensor copies, one per slab, issued by one thread; the tile
+        // that holds the end of a shorter sequence (seqlens_k) goes by the
+        // warpgroup's cp.async, which zero-fills the keys past it: they are
+        // never read, so a NaN there can't reach P V.
+        auto fill = [&](unsigned full, unsigned dst, const TensorMap& map, const T* base_ptr, index_t stride_s,
+                        const T* dummy, int j) {
+            if (j * BLOCK_N + BLOCK_N <= seqlen_k || seqlen_k == p.seqlen_k) {
+                if (pt == 0) {
+                    mbar_expect_tx(full, L::KV_BYTES);
+#pragma unroll
+                    for (int sl = 0; sl < L::SLABS; ++sl)
+                        tma_load_4d(dst + sl * L::KV_SLAB, map, full, sl * 64, j * BLOCK_N, kvh, b);
+                }
+            } else {
+                load_tile(dst, base_ptr, stride_s, dummy, j);
                 cp_async_wait_all();
                 fence_proxy_async();           // as for Q (q_arrive)
                 producer_sync();
                 if (pt == 0) mbar_arrive(full);
-            };
-            const T* const kbase = k + (index_t)b * p.k_stride[0] + (index_t)kvh * p.k_stride[2];
-            const T* const vbase = v + (index_t)b * p.v_stride[0] + (index_t)kvh * p.v_stride[2];
-            for (int j = 0; j < num_n; ++j, ++it) {
-                const int stage = it % STAGES;
-                if (it >= STAGES) mbar_wait(k_empty(stage), phase(it) ^ 1u);  // its use it - STAGES is done
-                fill(k_full(stage), sK + stage * L::KV_BYTES, k_map, kbase, p.k_stride[1], j);
-                if (j == 0) q_arrive();        // Q's copies had K_0's issue to land
-                if (it >= STAGES) mbar_wait(v_empty(stage), phase(it) ^ 1u);
-                fill(v_full(stage), sV + stage * L::KV_BYTES, v_map, vbase, p.v_stride[1], j);
             }
-            if (num_n == 0) q_arrive();
+        };
+        for (int j = 0; j < num_n; ++j) {
+            const int stage = j % STAGES;
+            const unsigned parity = ((j / STAGES) + 1) & 1;  // the use of tile j - STAGES
+            if (j >= STAGES) mbar_wait(k_empty(stage), parity);
+            fill(k_full(stage), sK + stage * L::KV_BYTES, k_map, kbase, k_stride_s, k, j);
+            if (j == 0) q_arrive();            // Q's copies had K_0's issue to land
+            if (j >= STAGES) mbar_wait(v_empty(stage), parity);
+            fill(v_full(stage), sV + stage * L::KV_BYTES, v_map, vbase, v_stride_s, v, j);
         }
+        if (num_n == 0) q_arrive();
         cp_async_wait_all();                   // nothing in flight when the warpgroup exits
         return;
     }
@@ -321,150 +338,153 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     const int lane = tid & 31;
     const int my_row = wg * 64 + ((tid / 32) & 3) * 16 + (lane >> 2);  // + 8 hf: the lane's rows hf = 0, 1
 
+    // the wgmma accumulators as m16n8 fragments (wgmma.cuh: the same layout)
+    float o[DT][4];                            // O: DT n8 tiles of head dims
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
+    float m_run[2] = {neg_inf<float>(), neg_inf<float>()};  // reference max, log2 units
+    float l_run[2] = {0.f, 0.f};               // the lane's part of the row sums
+    unsigned pa[BLOCK_N / 16][4];              // P of the last tile as wgmma A fragments
+
     const unsigned long long desc_q = make_smem_desc(sQ + wg * 64 * 128, 16, 1024);
     const unsigned long long desc_k0 = make_smem_desc(sK, 16, 1024);
     const unsigned long long desc_v0 = make_smem_desc(sV, L::KV_SLAB, 1024);
     // a k-step of Q K^T moves 32 bytes inside a slab, then to the next slab
     auto kstep = [](int kd, int slab_bytes) { return (unsigned long long)(((kd / 4) * slab_bytes + (kd % 4) * 32) >> 4); };
-    auto stage_off = [](int it) { return (unsigned long long)(((it % STAGES) * L::KV_BYTES) >> 4); };
+    auto stage_off = [](int j) { return (unsigned long long)(((j % STAGES) * L::KV_BYTES) >> 4); };
 
-    int it = 0;                                // K/V tiles consumed before this tile's first
-    for (int index = blockIdx.x, n = 0; index < num_tiles; index += gridDim.x, ++n) {
-        const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, group, index);
-        const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, packed_rows = tile.packed_rows;
-        const int len = tile.len;              // valid keys of this sequence; -1: bad, NaN rows
-        const KeyRange<CAUSAL>& keys = tile.keys;
-        const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
+    // S = Q K_j^T and O += P V_j (asynchronous: committed, not waited for)
+    auto issue_qk = [&](float (&s)[NT][4], int j) {
+        const unsigned long long desc_k = desc_k0 + stage_off(j);
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd)
+            Wgmma<T, BLOCK_N>::ss(flat(s), desc_q + kstep(kd, L::Q_SLAB), desc_k + kstep(kd, L::KV_SLAB), kd);
+        wgmma_commit();
+    };
+    auto issue_pv = [&](int jv) {
+        const unsigned long long desc_v = desc_v0 + stage_off(jv);
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            Wgmma<T, HEAD_DIM_PAD>::rs(flat(o), pa[kk], desc_v + (unsigned long long)((kk * 16 * 128) >> 4), 1);
+        wgmma_commit();
+    };
 
-        // the wgmma accumulators as m16n8 fragments (wgmma.cuh: the same layout)
-        float o[DT][4];                        // O: DT n8 tiles of head dims
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
-        float m_run[2] = {neg_inf<float>(), neg_inf<float>()};  // reference max, log2 units
-        float l_run[2] = {0.f, 0.f};           // the lane's part of the row sums
-        unsigned pa[BLOCK_N / 16][4];          // P of the last tile as wgmma A fragments
-
-        // S = Q K_j^T and O += P V_j (asynchronous: committed, not waited for)
-        auto issue_qk = [&](float (&s)[NT][4], int j) {
-            const unsigned long long desc_k = desc_k0 + stage_off(it + j);
-#pragma unroll
-            for (int kd = 0; kd < KD; ++kd)
-                Wgmma<T, BLOCK_N>::ss(flat(s), desc_q + kstep(kd, L::Q_SLAB), desc_k + kstep(kd, L::KV_SLAB), kd);
-            wgmma_commit();
-        };
-        auto issue_pv = [&](int jv) {
-            const unsigned long long desc_v = desc_v0 + stage_off(it + jv);
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-                Wgmma<T, HEAD_DIM_PAD>::rs(flat(o), pa[kk], desc_v + (unsigned long long)((kk * 16 * 128) >> 4), 1);
-            wgmma_commit();
-        };
-        // Mask S of tile j (tiles crossing the diagonal or the end of the keys),
-        // then P = exp2(S * scale_log2 - m) in place (softmax.cuh, lazy rescale).
-        auto probabilities = [&](float (&s)[NT][4], int j, float (&alpha)[2], float (&rs)[2]) {
-            const int n0 = j * BLOCK_N;
-            if (n0 + BLOCK_N > keys.free) {
-                const int last[2] = {keys.last_key(row0 + my_row), keys.last_key(row0 + my_row + 8)};
-                softmax::frag_mask(s, n0, lane, last);
-            }
-            return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2, softmax::FastExp2());
-        };
-        // P as the A operand of the next P V: the S fragment of keys 16 kk .. is P's
-        auto to_operand = [&](const float (&s)[NT][4]) {
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);          // row r,     keys 16 kk + 2c, +1
-                pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);          // row r + 8
-                pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);  // row r,     keys 16 kk + 8 + 2c, +1
-                pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);  // row r + 8
-            }
-        };
-
-        // Ping-pong: the two consumer warpgroups take turns at issuing their
-        // matrix products (named barriers TURN_BAR + wg), so that the tensor
-        // cores work on one's while the other runs its softmax. Each has num_n + 1
-        // turns in a tile (tile 0's S; S_j with P_{j-1} V_{j-1}; the last P V).
-        // Warpgroup 0 goes first, and warpgroup 1 passes no turn after its last,
-        // so every barrier phase that starts also completes.
-        const int turns = num_n > 0 ? num_n + 1 : 0;
-        int turn = 0;
-        auto take_turn = [&] { pair_sync(TURN_BAR + wg); };
-        auto pass_turn = [&] {
-            if (wg == 0 || ++turn < turns) pair_arrive(TURN_BAR + (wg ^ 1));
-        };
-        if (wg == 1 && turns > 0) pair_arrive(TURN_BAR);
-
-        mbar_wait(q_full, n & 1);
-        if (num_n > 0) {                       // tile 0: S, softmax, P
-            float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
-            mbar_wait(k_full(it % STAGES), phase(it));
-            take_turn();
-            wgmma_fence();
-            issue_qk(s, 0);
-            pass_turn();
-            wgmma_wait<0>();
-            fence_regs(flat(s));
-            mbar_arrive(k_empty(it % STAGES));
-            const bool rescale = probabilities(s, 0, alpha, rs);
-            softmax::frag_rescale(o, l_run, rescale, alpha, rs);
-            to_operand(s);
+    // Mask S of tile j (tiles crossing the diagonal or the end of the keys), then
+    // P = exp2(S * scale_log2 - m) in place (softmax.cuh, lazy rescale).
+    auto probabilities = [&](float (&s)[NT][4], int j, float (&alpha)[2], float (&rs)[2]) {
+        const int n0 = j * BLOCK_N;
+        if (n0 + BLOCK_N > keys.free) {
+            const int last[2] = {keys.last_key(row0 + my_row), keys.last_key(row0 + my_row + 8)};
+            softmax::frag_mask(s, n0, lane, last);
         }
-        for (int j = 1; j < num_n; ++j) {
-            // S_j = Q K_j^T, then O += P_{j-1} V_{j-1} behind it on the tensor
-            // cores; the softmax of S_j runs while P V does
-            float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
-            mbar_wait(k_full((it + j) % STAGES), phase(it + j));
-            mbar_wait(v_full((it + j - 1) % STAGES), phase(it + j - 1));
-            take_turn();
-            wgmma_fence();
-            issue_qk(s, j);
-            issue_pv(j - 1);
-            pass_turn();
-            wgmma_wait<1>();                   // S_j is ready: K_j is free
-            fence_regs(flat(s));
-            mbar_arrive(k_empty((it + j) % STAGES));
-            const bool rescale = probabilities(s, j, alpha, rs);
-            wgmma_wait<0>();                   // P_{j-1} V_{j-1} is done: V_{j-1} is free
-            fence_regs(flat(o));
-            mbar_arrive(v_empty((it + j - 1) % STAGES));
-            softmax::frag_rescale(o, l_run, rescale, alpha, rs);
-            to_operand(s);
-        }
-        mbar_arrive(q_empty);                  // every Q K^T of the tile is done: the next Q may land
-        if (num_n > 0) {                       // the last tile's P V
-            mbar_wait(v_full((it + num_n - 1) % STAGES), phase(it + num_n - 1));
-            take_turn();
-            wgmma_fence();
-            issue_pv(num_n - 1);
-            pass_turn();
-            wgmma_wait<0>();
-            fence_regs(flat(o));
-            mbar_arrive(v_empty((it + num_n - 1) % STAGES));
-        }
-        it += num_n;
-
-        // ---- epilogue: O / l from registers to out, lse -----------------------------
-        // A lane holds columns 8 dt + 2 (lane % 4) + {0, 1} of its two rows; the
-        // quad's four 4-byte stores fill 16 contiguous bytes of a row.
+        return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2, softmax::FastExp2());
+    };
+    // P as the A operand of the next P V: the S fragment of keys 16 kk .. is P's
+    auto to_operand = [&](const float (&s)[NT][4]) {
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const float l = softmax::frag_row_sum(l_run[hf]);
-            const float inv = softmax::out_scale(l, len < 0);
-            const int pr = row0 + my_row + 8 * hf;
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+            pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);          // row r,     keys 16 kk + 2c, +1
+            pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);          // row r + 8
+            pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);  // row r,     keys 16 kk + 8 + 2c, +1
+            pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);  // row r + 8
+        }
+    };
+
+    // Ping-pong: the two consumer warpgroups take turns at issuing their matrix
+    // products (named barriers TURN_BAR + wg), so that the tensor cores work on
+    // one's while the other runs its softmax. Each has num_n + 1 turns (tile 0's
+    // S; S_j with P_{j-1} V_{j-1}; the last P V). Warpgroup 0 goes first, and
+    // warpgroup 1 passes no turn after its last, so every barrier phase that
+    // starts also completes.
+    const int turns = num_n > 0 ? num_n + 1 : 0;
+    int turn = 0;
+    auto take_turn = [&] { pair_sync(TURN_BAR + wg); };
+    auto pass_turn = [&] {
+        if (wg == 0 || ++turn < turns) pair_arrive(TURN_BAR + (wg ^ 1));
+    };
+    if (wg == 1 && turns > 0) pair_arrive(TURN_BAR);
+
+    mbar_wait(q_full, 0);
+    if (num_n > 0) {                           // tile 0: S, softmax, P
+        float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
+        mbar_wait(k_full(0), 0);
+        take_turn();
+        wgmma_fence();
+        issue_qk(s, 0);
+        pass_turn();
+        wgmma_wait<0>();
+        fence_regs(flat(s));
+        mbar_arrive(k_empty(0));
+        const bool rescale = probabilities(s, 0, alpha, rs);
+        softmax::frag_rescale(o, l_run, rescale, alpha, rs);
+        to_operand(s);
+    }
+    for (int j = 1; j < num_n; ++j) {
+        // S_j = Q K_j^T, then O += P_{j-1} V_{j-1} behind it on the tensor cores;
+        // the softmax of S_j runs while P V does
+        float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
+        mbar_wait(k_full(j % STAGES), (j / STAGES) & 1);
+        mbar_wait(v_full((j - 1) % STAGES), ((j - 1) / STAGES) & 1);
+        take_turn();
+        wgmma_fence();
+        issue_qk(s, j);
+        issue_pv(j - 1);
+        pass_turn();
+        wgmma_wait<1>();                       // S_j is ready: K_j is free
+        fence_regs(flat(s));
+        mbar_arrive(k_empty(j % STAGES));
+        const bool rescale = probabilities(s, j, alpha, rs);
+        wgmma_wait<0>();                       // P_{j-1} V_{j-1} is done: V_{j-1} is free
+        fence_regs(flat(o));
+        mbar_arrive(v_empty((j - 1) % STAGES));
+        softmax::frag_rescale(o, l_run, rescale, alpha, rs);
+        to_operand(s);
+    }
+    if (num_n > 0) {                           // the last tile's P V
+        mbar_wait(v_full((num_n - 1) % STAGES), ((num_n - 1) / STAGES) & 1);
+        take_turn();
+        wgmma_fence();
+        issue_pv(num_n - 1);
+        pass_turn();
+        wgmma_wait<0>();
+        fence_regs(flat(o));
+        mbar_arrive(v_empty((num_n - 1) % STAGES));
+    }
+
+    // ---- epilogue: O / l into this warpgroup's rows of the Q tile, then out ----------
+    // (only this warpgroup's wgmmas read those rows, and they are done)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const float l = softmax::frag_row_sum(l_run[hf]);
+        const float inv = softmax::out_scale(l, len < 0);
+        const int r = my_row + 8 * hf;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8
+            const unsigned addr = (dt / 8) * L::Q_SLAB + swizzle128(r, dt % 8) + 4 * (lane & 3);
+            *reinterpret_cast<unsigned*>(smem + (sQ - base) + addr) = pack2<T>(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+        }
+        if (lse != nullptr && (lane & 3) == 0) {
+            const int pr = row0 + r;
             if (pr < packed_rows) {
                 const int t = pr / group, g = pr - (pr / group) * group;
-                const int h = q_head_of(kvh, g, group);
-                T* dst = out + (index_t)b * p.o_stride[0] + (index_t)t * p.o_stride[1] + (index_t)h * p.o_stride[2] +
-                         2 * (lane & 3);
-#pragma unroll
-                for (int dt = 0; dt < DT; ++dt)
-                    if (8 * dt < p.head_dim)
-                        *reinterpret_cast<unsigned*>(dst + 8 * dt) = pack2<T>(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
-                if (lse != nullptr && (lane & 3) == 0)
-                    lse[((index_t)b * num_q_heads + h) * seqlen_q + t] = softmax::lse(m_run[hf], l, len < 0);
+                lse[((index_t)b * num_q_heads + q_head_of(kvh, g, group)) * seqlen_q + t] = softmax::lse(m_run[hf], l, len < 0);
             }
+        }
+    }
+    warpgroup_sync(EPILOGUE_BAR + wg);
+    const int ch_used = p.head_dim / 8;
+    for (int c = tid - wg * 128; c < 64 * ch_used; c += 128) {
+        const int r = wg * 64 + c / ch_used, ch = c - (c / ch_used) * ch_used;
+        const int pr = row0 + r;
+        if (pr < packed_rows) {
+            const int t = pr / group, g = pr - (pr / group) * group;
+            T* dst = out + (index_t)b * p.o_stride[0] + (index_t)t * p.o_stride[1] +
+                     (index_t)q_head_of(kvh, g, group) * p.o_stride[2] + ch * 8;
+            *reinterpret_cast<uint4*>(dst) =
+                *reinterpret_cast<const uint4*>(smem + (sQ - base) + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8));
         }
     }
 }

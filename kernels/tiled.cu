@@ -136,7 +136,7 @@ __device__ __forceinline__ void tiled_body(
 
     // ---- this CTA's (b, kv head, rows) and keys (common.cuh) ---------------
     const PrefillTile<CAUSAL, M::WINDOW> tile = prefill_tile_mods<CAUSAL, BLOCK_M, M::WINDOW>(
-        p, seqlens_k, num_q_heads / num_kv_heads, blockIdx.x, mp.window_left, mp.window_right);
+        p, seqlens_k, num_q_heads / num_kv_heads, mp.window_left, mp.window_right);
     const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
     const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
     const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;

@@ -2,6 +2,7 @@
 # Run every kernel family under each compute-sanitizer tool (on a GPU machine).
 #   tests/sanitize.sh [tool ...]      default: memcheck racecheck initcheck synccheck
 #   SANITIZE_KERNELS="tiled decode" tests/sanitize.sh ...   only these kernel families
+#   SANITIZE_KERNELS=backward tests/sanitize.sh ...          only the backward pass (kernels/backward.cu)
 # Exits non-zero if any tool reports an error or a result is wrong.
 set -uo pipefail
 cd "$(dirname "$0")"

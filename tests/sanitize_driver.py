@@ -2,7 +2,8 @@
 
 Every dtype, causal and non-causal, odd head dims and lengths, strided views,
 ragged seqlens_k, lse; each kernel family through the same list
-(``python3 sanitize_driver.py [kernel ...]`` limits the families). Checks results too, so a
+(``python3 sanitize_driver.py [kernel ...]`` limits the families; "backward" is
+attention_backward's kernels). Checks results too, so a
 sanitizer run that silently computes garbage still fails.
 """
 import sys
@@ -12,7 +13,7 @@ import numpy as np
 import cupy
 import cupy_gqa
 from conftest import TOLERANCE, random_qkv, relative_error
-from reference import reference_attention
+from reference import reference_attention, reference_attention_backward
 
 CASES = [
     # (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim)
@@ -31,9 +32,44 @@ CASES = [
 DTYPES = ["float32", "float16", "bfloat16", "float64"]
 
 
+BACKWARD_TOLERANCE = {"float32": 1e-5, "float16": 4e-3, "bfloat16": 3e-2, "float64": 1e-10}
+
+
+def backward(failures: int, runs: int) -> tuple[int, int]:
+    """attention_backward (kernels/backward.cu: preprocess, dQ, dK/dV) through the same cases."""
+    for case in CASES:
+        for dtype in DTYPES:
+            for causal in (True, False):
+                variant = ("contiguous", "strided", "seqlens_k")[(CASES.index(case) + DTYPES.index(dtype) + causal) % 3]
+                q, k, v = random_qkv(*case, dtype, seed=runs)
+                dout = random_qkv(case[0], case[1], 1, case[3], 1, case[5], dtype, seed=runs + 1)[0]
+                lens = None
+                if variant == "strided":
+                    qd, kd, vd, dd = (cupy.asarray(np.ascontiguousarray(x.transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3) for x in (q, k, v, dout))
+                else:
+                    qd, kd, vd, dd = (cupy.asarray(x) for x in (q, k, v, dout))
+                if variant == "seqlens_k":
+                    lens = [(case[2] * (i + 1)) // (case[0] + 1) for i in range(case[0])]
+                    lens[0], lens[-1] = 0, case[2]
+                out, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, return_lse=True, seqlens_k=lens)
+                grads = [cupy.full(x.shape, np.nan, dtype=x.dtype) for x in (q, k, v)]
+                cupy_gqa.attention_backward(dd, qd, kd, vd, out, lse, causal=causal, seqlens_k=lens, dq=grads[0], dk=grads[1], dv=grads[2])
+                runs += 1
+                want = reference_attention_backward(dout, q, k, v, causal=causal, seqlens_k=lens)
+                for name, g, w in zip(("dq", "dk", "dv"), grads, want):
+                    err = relative_error(cupy.asnumpy(g), np.nan_to_num(w))
+                    if not err <= BACKWARD_TOLERANCE[dtype]:
+                        failures += 1
+                        print(f"FAIL backward {name} {case} {dtype} causal={causal} {variant}: error {err:.2e}")
+    return failures, runs
+
+
 def main(kernels) -> int:
     failures = runs = 0
     for kernel in kernels:
+        if kernel == "backward":
+            failures, runs = backward(failures, runs)
+            continue
         for case in CASES:
             for dtype in DTYPES:
                 for causal in (True, False):
@@ -70,5 +106,6 @@ def main(kernels) -> int:
 
 
 if __name__ == "__main__":
-    # sanitize_driver.py [kernel ...]: only these kernel families (default: all)
-    sys.exit(main(sys.argv[1:] or cupy_gqa.KERNELS))
+    # sanitize_driver.py [kernel ...]: only these kernel families (default: all, and "backward":
+    # attention_backward's kernels)
+    sys.exit(main(sys.argv[1:] or (*cupy_gqa.KERNELS, "backward")))

@@ -6,6 +6,7 @@ a GPU; the reference test needs torch (CPU is enough) and skips without it.
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -95,6 +96,13 @@ def test_attention_flops_table_cases():
     assert bench.attention_flops(c["s0"]) == 4 * 2 * 8 * 32 * 3240
 
 
+def test_backward_flops_are_2_5_times_the_forward():
+    c = bench.CASE_BY_NAME
+    s = 4096
+    assert bench.attention_flops(c["g1"]) == 10 * 4 * 32 * 128 * s * (s + 1) // 2  # 5 products of 2 flops each
+    assert bench.attention_flops(c["g1"]) == int(2.5 * bench.attention_flops(c["h1"]))
+
+
 def test_kv_bytes():
     # batch * seqlen_k * num_kv_heads * head_dim * itemsize * 2 (K and V)
     assert bench.kv_bytes(_case()) == 2 * 5 * 2 * 8 * 2 * 2 == 640
@@ -127,9 +135,15 @@ EXPECTED_CASES = {
     "H5": (4, 2048, 2048, 32, 8, 80, "bf16", True, "prefill"),
     "H6": (4, 2048, 2048, 32, 8, 192, "bf16", True, "prefill"),
     "H7": (4, 2048, 2048, 32, 8, 256, "bf16", True, "prefill"),
+    "G1": (4, 4096, 4096, 32, 8, 128, "bf16", True, "backward"),
+    "G2": (4, 2048, 2048, 32, 8, 64, "bf16", True, "backward"),
+    "G3": (4, 1024, 1024, 32, 8, 64, "fp32", True, "backward"),
     "D1": (16, 1, 8192, 32, 8, 128, "bf16", True, "decode"),
     "D2": (64, 1, 2048, 32, 8, 128, "bf16", True, "decode"),
     "M1": (1, 32768, 32768, 32, 8, 128, "fp32", True, "memory"),
+    "L1": (2, 80, 80, 8, 2, 32, "bf16", True, "call"),
+    "L2": (1, 1, 4096, 32, 8, 128, "bf16", True, "call"),
+    "L3": (8, 1, 1024, 32, 8, 128, "bf16", True, "call"),
 }
 
 
@@ -461,3 +475,221 @@ def test_list_shows_the_modifier_cases(capsys):
     out = capsys.readouterr().out
     assert "W1   B4 S8192 Hq32 Hkv8 D128 bf16 causal prefill {'window': (1024, 0)}" in out
     assert "W2   B4 S4096 Hq32 Hkv8 D128 bf16 causal prefill {'softcap': 30.0}" in out
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(5, 9), (9, 5), (7, 7)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_reference_backward_follows_definition(seqlen_q, seqlen_k, causal):
+    """bench's float64 gradients (autograd through the definition) against tests/reference.py's,
+    on the whole output and on the KV-head-0 subset that large cases use."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from reference import reference_attention_backward
+
+    case = bench.Case("T", 2, seqlen_q, seqlen_k, 6, 2, 8, "fp32", causal, "backward")
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(s, generator=g) for s in ((2, seqlen_q, 6, 8), (2, seqlen_k, 2, 8), (2, seqlen_k, 2, 8), (2, seqlen_q, 6, 8)))
+    want = reference_attention_backward(*(x.numpy() for x in (dout, q, k, v)), causal=causal)
+    got = bench.reference_backward(torch, case, q, k, v, dout, (slice(None),))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b, atol=1e-12)
+    sub = bench.reference_backward(torch, case, q, k, v, dout, (slice(0, 1), slice(None), slice(0, 3)))
+    np.testing.assert_allclose(sub[0].numpy(), want[0][:1, :, :3], atol=1e-12)
+    np.testing.assert_allclose(sub[1].numpy(), want[1][:1, :, :1], atol=1e-12)
+
+
+def test_backward_case_rows_print_time_and_memory():
+    row = bench.finish_row(bench.Row("G1", "cupy_gqa[auto]", ms=2.0, reps=20, rel_err=1e-3, peak_extra_mib=4.0), bench.CASE_BY_NAME["g1"])
+    line = bench._progress(row)
+    assert "2.0000 ms" in line and "peak extra 4.0 MiB" in line
+    assert bench.memory_table([row])[1] == [["G1", "cupy_gqa[auto]", "4.0", "1.0e-03", "—"]]
+
+
+def test_train_check_smoke_run_on_the_cpu(tmp_path):
+    """benchmarks/train_check.py with the tiny config on the CPU (float32, the NumPy backend):
+    both runs start from the same weights and data, so their first losses agree."""
+    pytest.importorskip("torch")
+    script = BENCH_PATH.parent / "train_check.py"
+    subprocess.run(
+        [sys.executable, str(script), "--config", "tiny", "--device", "cpu", "--steps", "4", "--out", str(tmp_path)],
+        check=True, capture_output=True, text=True, timeout=600,
+    )
+    doc = json.loads((tmp_path / "cpu_train.json").read_text())
+    sdpa, ours = doc["results"]["sdpa"], doc["results"]["cupy_gqa"]
+    assert len(sdpa["losses"]) == len(ours["losses"]) == 4
+    assert all(math.isfinite(x) for x in sdpa["losses"] + ours["losses"])
+    assert abs(sdpa["losses"][0] - ours["losses"][0]) < 1e-5  # same forward
+    assert abs(sdpa["losses"][-1] - ours["losses"][-1]) < 1e-3  # and the same gradients, step after step
+    assert doc["precision"] == "float32" and "| cupy_gqa |" in (tmp_path / "cpu_train.md").read_text()
+
+
+# ---------------------------------------------------------------------------
+# Per-call cases (kind "call": L1-L3)
+# ---------------------------------------------------------------------------
+def test_call_cases_select_alone_and_list(capsys):
+    assert [c.name for c in bench.parse_cases("L1,L2,L3")] == ["L1", "L2", "L3"]
+    assert {c.kind for c in bench.parse_cases("l1,l2,l3")} == {"call"}
+    args = bench.build_parser().parse_args(["--cases", "L1,L2,L3"])
+    assert [c.name for c in args.cases] == ["L1", "L2", "L3"]
+    assert {"L1", "L2", "L3"} <= {c.name for c in bench.build_parser().parse_args([]).cases}  # in the default run
+    assert bench.main(["--list", "--cases", "L1,L2,L3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["L1", "L2", "L3"]
+    assert lines[0].endswith("bf16 causal per-call (prefill)") and "B2 S80 Hq8 Hkv2 D32" in lines[0]
+    assert "B1 Sq1 Sk4096 Hq32 Hkv8 D128" in lines[1] and lines[1].endswith("per-call (decode)")
+    assert "B8 Sq1 Sk1024 Hq32 Hkv8 D128" in lines[2]
+
+
+def test_call_cases_in_the_full_list_and_help():
+    out = subprocess.run([sys.executable, str(BENCH_PATH), "--list"], capture_output=True, text=True, check=True).stdout
+    assert [line.split()[0] for line in out.splitlines()][-3:] == ["L1", "L2", "L3"]
+    proc = _run_script("--help", env_extra={"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0 and "L3   B8 Sq1 Sk1024" in proc.stdout
+
+
+class _FakeClock:
+    """A clock that advances by `step` seconds at each call of fn, and not otherwise."""
+
+    def __init__(self, step):
+        self.t, self.step, self.calls = 0.0, step, 0
+
+    def __call__(self):
+        return self.t
+
+    def fn(self):
+        self.calls += 1
+        self.t += self.step
+
+
+def test_per_call_ms_times_the_loop_after_warmup():
+    clock, syncs = _FakeClock(0.5e-3), []
+    ms = bench.per_call_ms(clock.fn, lambda: syncs.append(clock.calls), 40, warmup=7, clock=clock)
+    assert ms == pytest.approx(0.5)  # warm-up calls fall outside the timed loop
+    assert clock.calls == 47
+    assert syncs == [7, 47]  # a synchronize after the warm-up, and one closing the loop
+
+
+def test_host_time_us_is_the_median_of_single_calls_each_after_a_sync():
+    steps = iter([1e-6, 9e-6, 3e-6, 100e-6, 4e-6])
+    t = [0.0]
+    events = []
+
+    def fn():
+        events.append("call")
+        t[0] += next(steps)
+
+    us = bench.host_time_us(fn, lambda: events.append("sync"), 5, clock=lambda: t[0])
+    assert us == pytest.approx(4.0)  # median of 1, 9, 3, 100, 4
+    assert events == ["sync", "call"] * 5 + ["sync"]  # the GPU idle before every call
+
+
+def test_measure_call_fills_a_row_on_the_cpu():
+    """measure_call end to end with CPU tensors and a stand-in for torch.cuda: rel_err,
+    calls, ms per call, host_us, compile_s, rates."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    case = bench.Case("T", 2, 5, 9, 6, 2, 8, "fp32", True, "call")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 5, 6, 8, generator=gen), torch.randn(2, 9, 2, 8, generator=gen), torch.randn(2, 9, 2, 8, generator=gen)
+    ref = bench.reference(torch, case, q, k, v, (slice(None),))
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return bench.naive_loop(torch, q, k, v, causal=True)
+
+    fake = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None))
+    timer = SimpleNamespace(calls=30, host_calls=11)
+    row = bench.measure_call(fake, timer, case, "cupy_gqa[auto]", fn, lambda o: o, ref, "full", (slice(None),))
+    assert row.rel_err < 1e-5 and row.ref_scope == "full"
+    assert row.reps == 30 and len(calls) == 1 + bench.CALL_WARMUP + 30 + 11
+    assert row.ms > 0 and row.host_us > 0 and row.compile_s is not None
+    assert row.tflops == pytest.approx(bench.attention_flops(case) / (row.ms * 1e-3) / 1e12)
+    assert row.note == "per call, back to back"
+    anchor = bench.measure_call(fake, timer, case, "torch_auto", fn, lambda o: o, ref, "full", (slice(None),))
+    assert anchor.compile_s is None and anchor.host_us > 0
+
+
+def _fake_call_rows():
+    rows = [
+        bench.Row("L2", "cupy_gqa[auto]", ms=0.020, reps=2000, rel_err=2e-3, ref_scope="full", compile_s=0.5, host_us=9.5,
+                  note="per call, back to back; auto runs decode"),
+        bench.Row("L2", "cupy_gqa[auto,cupy]", ms=0.016, reps=2000, rel_err=2e-3, ref_scope="full", compile_s=0.0, host_us=7.3),
+        bench.Row("L2", "torch_auto", ms=0.025, reps=2000, rel_err=2e-3, ref_scope="full", host_us=20.0),
+        bench.Row("L1", "cupy_gqa[auto]", ms=0.012, reps=2000, rel_err=2e-3, ref_scope="full", host_us=8.0),
+        bench.Row("L1", "torch_auto", ms=0.010, reps=2000, rel_err=2e-3, ref_scope="full", host_us=15.0),
+    ]
+    for r in rows:
+        bench.finish_row(r, bench.CASE_BY_NAME[r.case.lower()])
+    return rows
+
+
+def test_call_rows_ratios_to_torch_auto():
+    rows = _fake_rows() + _fake_call_rows()
+    bench.add_ratios(rows)
+    by = {(r.case, r.impl): r for r in rows}
+    assert by[("L2", "cupy_gqa[auto]")].vs == {"torch_auto": pytest.approx(0.8)}
+    assert by[("L2", "cupy_gqa[auto,cupy]")].vs == {"torch_auto": pytest.approx(0.64)}
+    assert by[("L1", "cupy_gqa[auto]")].vs == {"torch_auto": pytest.approx(1.2)}
+    assert by[("L2", "torch_auto")].vs == {}
+    assert by[("H1", "cupy_gqa[auto]")].vs == {"torch_flash": 2.0, "torch_cudnn": 0.5}  # other cases' ratios unchanged
+    d = by[("L2", "cupy_gqa[auto,cupy]")].to_json()
+    assert d["host_us"] == 7.3 and d["vs_torch_auto"] == pytest.approx(0.64) and d["reps"] == 2000
+
+
+def test_call_table_and_main_table_split():
+    rows = _fake_rows() + _fake_call_rows()
+    bench.add_ratios(rows)
+    headers, cells = bench.table(rows)
+    assert [c[0] for c in cells] == ["H1", "H1", "H1", "D1", "D1"]  # no per-call row in the main table
+    assert "vs_torch_auto" not in headers
+    headers, cells = bench.call_table(rows)
+    assert headers[:5] == ["case", "impl", "ms_per_call", "calls", "host_us"] and "vs_torch_auto" in headers
+    assert [(c[0], c[1]) for c in cells] == [("L2", "cupy_gqa[auto]"), ("L2", "cupy_gqa[auto,cupy]"), ("L2", "torch_auto"),
+                                             ("L1", "cupy_gqa[auto]"), ("L1", "torch_auto")]
+    col = headers.index
+    assert cells[1][col("ms_per_call")] == "0.0160" and cells[1][col("calls")] == "2000"
+    assert cells[1][col("host_us")] == "7.3"
+    assert cells[0][col("vs_torch_auto")] == "0.80" and cells[2][col("vs_torch_auto")] == ""
+    assert cells[3][col("vs_torch_auto")] == "1.20"
+    assert bench.call_table(_fake_rows()) == (headers, [])
+    assert len(bench.format_text(headers, cells).splitlines()) == 6
+
+
+def test_call_rows_in_results_json_and_markdown(tmp_path):
+    rows = _fake_rows() + _fake_call_rows()
+    bench.add_ratios(rows)
+    bench.write_results(tmp_path, "h200", ENV, rows, [], [], plot=False)
+    doc = json.loads((tmp_path / "h200.json").read_text())
+    by = {(r["case"], r["impl"]): r for r in doc["rows"]}
+    assert by[("L2", "cupy_gqa[auto]")]["host_us"] == 9.5 and by[("L2", "cupy_gqa[auto]")]["vs_torch_auto"] == pytest.approx(0.8)
+    assert by[("L2", "torch_auto")]["host_us"] == 20.0
+    assert by[("H1", "torch_flash")]["host_us"] is None
+    md = (tmp_path / "h200.md").read_text()
+    assert "## Per call (L1-L3)" in md
+    assert "| L2 | cupy_gqa[auto] | 0.0200 | 2000 | 9.5 | 2.0e-03 | 0.50 | — | 0.80 | per call, back to back; auto runs decode |" in md
+    assert "| L2 | torch_auto | 0.0250 | 2000 | 20.0 | 2.0e-03 | — | — |  |  |" in md
+    assert "| H1 | cupy_gqa[auto] | 2.0000 | 20 |" in md  # the main table as before
+    assert md.index("## Time") < md.index("## Per call")
+    assert "## Per call" not in bench.render_markdown(ENV, _fake_rows(), [], [], None)
+
+
+def test_readme_table_leaves_out_the_call_rows():
+    spec = importlib.util.spec_from_file_location("readme_table", BENCH_PATH.parent / "readme_table.py")
+    readme_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(readme_table)
+    rows = _fake_rows() + _fake_call_rows()
+    bench.add_ratios(rows)
+    doc = {**ENV, "git_commit": "0123456789", "torch": "2", "cupy": "14", "driver": "580", "rows": [r.to_json() for r in rows]}
+    text = readme_table.table(doc)
+    assert "| H1 |" in text and "| L1 |" not in text and "| L2 |" not in text
+
+
+def test_method_text_states_the_call_constants():
+    method = bench.METHOD
+    assert f"CALLS = {bench.CALLS} calls back to back (--quick: {bench.QUICK_CALLS})" in method
+    assert f"CALL_WARMUP = {bench.CALL_WARMUP}" in method
+    assert f"HOST_CALLS = {bench.HOST_CALLS} calls" in method and f"(--quick: {bench.QUICK_HOST_CALLS})" in method
+    assert "cupy_gqa[auto,cupy]" in method and "torch_auto" in method

@@ -139,10 +139,10 @@ def test_unsupported_calls_are_refused():
 def test_auto_picks_decode_up_to_its_row_limit(dtype):
     """auto: decode up to DECODE_AUTO_MAX_ROWS packed rows (seqlen_q * group_size),
     beyond that the Hopper kernel on sm_90 where the table prefers it at
-    head_dim 128 (fp16 / bf16), else tiled."""
+    head_dim 128 (fp16 / bf16) for these 64 keys, else tiled."""
     limit = _plan.DECODE_AUTO_MAX_ROWS[dtype]
     hopper = cupy.cuda.Device().compute_capability == "90" and dtype in ("float16", "bfloat16")
-    hopper = hopper and _specs.HOPPER_AUTO_OVER_TILED[128]
+    hopper = hopper and _specs.HOPPER_AUTO_OVER_TILED[128] and 64 >= _specs.HOPPER_AUTO_MIN_KEYS
     for seqlen_q, expect in ((1, "decode"), (limit // 4, "decode"), (limit // 4 + 1, "hopper" if hopper else "tiled")):
         q, k, v = (cupy.asarray(x) for x in random_qkv(2, seqlen_q, 64, 32, 8, 128, dtype))
         problem = _plan.Problem.of(q, k, dtype=dtype, causal=True, softmax_scale=1.0)

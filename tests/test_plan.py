@@ -162,11 +162,25 @@ def test_auto_prefill_choice(monkeypatch, cc, head_dim, dtype):
     arrays = (_FakeDeviceArray((shape, strides, itemsize)),) * 4
     tiled = head_dim in _specs.tiled_head_dims(dtype) and cc >= (8, 0)
     tiled = tiled and not (dtype == "float32" and head_dim == 256 and cc == (8, 9))
-    if cc == (9, 0) and dtype == "bfloat16" and (not tiled or _specs.HOPPER_AUTO_OVER_TILED[_specs.hopper_head_dim_pad(head_dim)]):
+    preferred = _specs.HOPPER_AUTO_OVER_TILED[_specs.hopper_head_dim_pad(head_dim)] and 500 >= _specs.HOPPER_AUTO_MIN_KEYS
+    if cc == (9, 0) and dtype == "bfloat16" and (not tiled or preferred):
         expected = "hopper"
     else:
         expected = "tiled" if tiled else "rowwise"
     assert _plan.choose_kernel(problem, *arrays) == expected
+
+
+def test_auto_takes_hopper_over_tiled_for_long_keys(monkeypatch):
+    """On 9.0, at a head dim where both apply and the table prefers hopper,
+    auto takes hopper from HOPPER_AUTO_MIN_KEYS keys on and tiled below."""
+    monkeypatch.setattr(_plan, "compute_capability", lambda device: (9, 0))
+    monkeypatch.setattr(_tma, "available", lambda: True)
+    assert _specs.HOPPER_AUTO_OVER_TILED[128]
+    for seqlen, expected in ((_specs.HOPPER_AUTO_MIN_KEYS, "hopper"), (_specs.HOPPER_AUTO_MIN_KEYS - 1, "tiled")):
+        problem = _plan.Problem(2, seqlen, seqlen, 32, 8, 128, "bfloat16", True, 128**-0.5)
+        shape = (2, seqlen, 32, 128)
+        strides = tuple(int(np.prod(shape[i + 1 :])) * 2 for i in range(4))
+        assert _plan.choose_kernel(problem, *(_FakeDeviceArray((shape, strides, 2)),) * 4) == expected
 
 
 def test_hopper_refuses_other_architectures(monkeypatch):
@@ -202,14 +216,14 @@ def test_hopper_launch_passes_tensor_maps_of_k_and_v(monkeypatch):
     layout = (q_layout, kv_layout, kv_layout, q_layout)
     spec = _specs.HOPPER["bfloat16", 128, True]
     tiles = math.ceil(300 * 4 / spec.block_m) * 2 * 2
-    assert _plan.plan_hopper(problem, layout, 132).grid == (tiles,)
-    plan = _plan.plan_hopper(problem, layout, 7)  # persistent: at most one CTA per SM
+    plan = _plan.plan_hopper(problem, layout)
+    assert plan.grid == (tiles,)
     packed_values = lambda: plan.packed().values()  # noqa: E731
     plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
     plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)  # the same addresses: no new encoding
     plan.launch(99, 1 << 20, 4096, 12288, 2 << 20, 0, 0)  # a new V
     assert encoded == [(4096, *kv_layout, 128), (8192, *kv_layout, 128), (12288, *kv_layout, 128)]
-    assert [a[:9] for a, _ in launched] == [(77, 7, 1, 1, spec.threads, 1, 1, spec.smem, 99)] * 3
+    assert [a[:9] for a, _ in launched] == [(77, tiles, 1, 1, spec.threads, 1, 1, spec.smem, 99)] * 3
     args = plan.packed().arg_addresses(0)
     assert len(args) == 9
     for (_, buf), maps in zip(launched, ((1, 2), (1, 2), (1, 3))):
@@ -280,7 +294,10 @@ def test_warmup_readies_the_devices_table_for_the_given_calls(monkeypatch):
     assert all(s.dtype == "bfloat16" for s in compiled)
     table = {s.name for s in _specs.specs_for(_specs.ARCHS["sm_89"])}
     assert names <= table  # sm_89's table: no hopper kernel, the 99 KB tiles
-    assert {s.family for s in compiled} == {"rowwise", "tiled", "decode"}
+    assert {s.family for s in compiled} == {"rowwise", "tiled", "decode", "backward"}
+    backward = {s.name.split("<")[0]: s for s in compiled if s.family == "backward" and "_mma<" in s.name}
+    assert {s.head_dim for s in compiled if "_mma<" in s.name} == {96, 128}  # 80 pads to 96
+    assert set(backward) == {"bwd_dq_mma", "bwd_dkdv_mma"}
     assert {s.head_dim for s in compiled if s.family == "rowwise"} == {128}  # 80 and 128 share the 128 bucket
     assert {s.head_dim for s in compiled if s.family == "tiled"} == {128}  # tiled has no 80
     assert [s.family for s in occupancy] == ["decode"] and occupancy[0].block_m == 16
@@ -295,3 +312,53 @@ def test_warmup_rejects_bad_arguments(kw, match):
 
     with pytest.raises(ValueError, match=match):
         cupy_gqa.warmup(**kw)
+
+
+# --- the backward pass -------------------------------------------------------------
+
+
+def test_backward_params_struct_matches_the_kernels():
+    # kernels/backward.cu: struct BwdParams, static_assert(sizeof == 336)
+    dt = _plan.BWD_PARAMS_DTYPE
+    assert dt.itemsize == 336
+    assert [dt.fields[n][1] for n in dt.names] == [0, 176, 208, 240, 272, 304, 328]
+    source = (_compile.KERNEL_DIR / "backward.cu").read_text()
+    body = source[source.index("struct BwdParams {") : source.index("};", source.index("struct BwdParams {"))]
+    body = re.sub(r"//[^\n]*", "", body)
+    positions = [re.search(rf"\b{name}\b", body).start() for name in dt.names]
+    assert positions == sorted(positions), "fields must be declared in the same order"
+
+
+def _bwd_layout(b, sq, sk, hq, hkv, d, itemsize):
+    def contiguous(shape):
+        return (shape, tuple(int(np.prod(shape[i + 1 :])) * itemsize for i in range(4)), itemsize)
+
+    q, kv = contiguous((b, sq, hq, d)), contiguous((b, sk, hkv, d))
+    return (q, kv, kv, q, q, q, kv, kv, (hq * sq * 4, sq * 4, 4))
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_86", "sm_90", "sm_120"])
+@pytest.mark.parametrize("dtype", _specs.DTYPES)
+@pytest.mark.parametrize("head_dim", [1, 8, 20, 32, 40, 64, 96, 128, 136, 192, 256])
+def test_backward_plan_picks_a_kernel_of_the_table(arch, dtype, head_dim):
+    a = _specs.ARCHS[arch]
+    problem = _plan.Problem(2, 100, 77, 8, 2, head_dim, dtype, True, 0.125)
+    mma = _plan.backward_mma_unsupported(problem, a) is None
+    assert mma == (dtype in ("float16", "bfloat16") and head_dim % 8 == 0 and a.sm80)
+    plan = _plan.plan_backward(problem, _bwd_layout(2, 100, 77, 8, 2, head_dim, _specs.ITEMSIZE[dtype]), a, mma)
+    table = set(_specs.specs_for(a))
+    assert {plan.pre, plan.dq, plan.dkdv} <= table
+    assert all(_specs.serves(s, head_dim) for s in (plan.pre, plan.dq, plan.dkdv))
+    assert plan.dq.head_dim >= head_dim and plan.dkdv.head_dim >= head_dim
+    assert ("_mma<" in plan.dq.name) == mma and ("_mma<" in plan.dkdv.name) == mma
+    packed = 100 * 4
+    assert plan.grids[1] == (-(-packed // plan.dq.block_m) * 4,)  # rows per CTA
+    assert plan.grids[2] == (-(-77 // plan.dkdv.block_m) * 4,)  # keys per CTA
+    p = plan.params[0]
+    assert p["scale"] == 0.125 and p["a"]["group_size"] == 4 and list(p["lse_stride"]) == [800, 100, 1]
+
+
+def test_backward_tensor_cores_need_a_positive_scale():
+    a = _specs.ARCHS["sm_90"]
+    assert _plan.backward_mma_unsupported(_plan.Problem(1, 4, 4, 2, 1, 64, "float16", True, -0.5), a) is not None
+    assert _plan.backward_mma_unsupported(_plan.Problem(1, 4, 4, 2, 1, 64, "float16", True, 0.5), a) is None

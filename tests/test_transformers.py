@@ -93,13 +93,22 @@ def test_padded_batch_falls_back_once_with_a_warning_and_strict_raises():
             ours(ids, attention_mask=mask)
 
 
-def test_training_mode_with_grad_falls_back():
-    ids = torch.randint(0, 101, (1, 9), generator=torch.Generator().manual_seed(4))
-    model = _model("llama", "cupy_gqa")
-    with pytest.warns(UserWarning, match="require grad"):
-        loss = model(ids, labels=ids).loss
-    loss.backward()  # sdpa's backward ran
-    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+def test_training_with_grad_runs_cupy_gqa_and_matches_sdpa_gradients(calls):
+    """Inputs that require grad run cupy_gqa (no fallback, no warning), and its
+    backward gives sdpa's gradients."""
+    ids = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(4))
+    ours, theirs = _model("llama", "cupy_gqa").train(), _model("llama", "sdpa").train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback
+        loss_a = ours(ids, labels=ids).loss
+    loss_b = theirs(ids, labels=ids).loss
+    assert len(calls) == 2  # both layers ran cupy_gqa
+    loss_a.backward()
+    loss_b.backward()
+    np.testing.assert_allclose(loss_a.item(), loss_b.item(), rtol=1e-5)
+    for (name, pa), pb in zip(ours.named_parameters(), theirs.parameters()):
+        assert pa.grad is not None, name
+        np.testing.assert_allclose(pa.grad.numpy(), pb.grad.numpy(), rtol=1e-3, atol=1e-5, err_msg=name)
 
 
 def test_register_checks_its_argument():
@@ -163,6 +172,34 @@ def test_modifier_models_run_cupy_gqa_and_match_eager(name, calls):
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=2e-5)
     assert torch.equal(gen_ours, gen_theirs)
     assert calls and {shape[2] for shape in calls} == {19, 1}  # prefill and decode steps ran cupy_gqa
+
+
+@pytest.mark.parametrize("name", ["mistral_sliding_window", "gemma2_softcap_alternating"])
+def test_training_with_modifiers_falls_back_and_matches_eager_gradients(name, calls):
+    """cupy_gqa's backward takes no modifiers yet: with inputs that require grad, calls with a sliding
+    window or softcap fall back (sdpa with the window's mask, or eager for softcap) with a warning,
+    and the gradients are the model's eager ones (Gemma 2 caps every layer: none runs cupy_gqa)."""
+    cls_name, extra = MODIFIER_MODELS[name]
+    ids = torch.randint(0, 101, (2, 13), generator=torch.Generator().manual_seed(8))
+    models = {}
+    for attn in ("cupy_gqa", "eager"):
+        torch.manual_seed(0)  # a config each: from_config records the implementation in it
+        models[attn] = transformers.AutoModelForCausalLM.from_config(_small(cls_name, **extra), attn_implementation=attn).train()
+    with pytest.warns(UserWarning, match="backward pass takes no modifiers yet"):
+        loss_a = models["cupy_gqa"](ids, labels=ids).loss
+    loss_b = models["eager"](ids, labels=ids).loss
+    assert calls == []
+    loss_a.backward()
+    loss_b.backward()
+    np.testing.assert_allclose(loss_a.item(), loss_b.item(), rtol=1e-5)
+    for (pname, pa), pb in zip(models["cupy_gqa"].named_parameters(), models["eager"].parameters()):
+        if pb.grad is None:
+            assert pa.grad is None, pname
+            continue
+        np.testing.assert_allclose(pa.grad.numpy(), pb.grad.numpy(), rtol=1e-3, atol=1e-5, err_msg=pname)
+    hf.register(strict=True)
+    with pytest.raises(ValueError, match="cupy_gqa does not run calls with a sliding window, softcap or attention sinks"):
+        models["cupy_gqa"](ids, labels=ids)
 
 
 def test_sliding_window_with_padding_falls_back_to_sdpa_with_the_window():

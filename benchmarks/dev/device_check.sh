@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One command that checks and measures this checkout on a GPU machine.
-#   benchmarks/dev/device_check.sh tests        the GPU test suite (pytest -n 8)
+#   benchmarks/dev/device_check.sh tests        the GPU test suite (pytest -n 16, failures named as they come)
 #   benchmarks/dev/device_check.sh sanitize     tests/sanitize.sh (all four compute-sanitizer tools)
 #   benchmarks/dev/device_check.sh bench [..]   benchmarks/bench_attention.py [args], results under $OUT/results
 #   benchmarks/dev/device_check.sh prefill      one call for a prefill-kernel change, each part under a time
 #                                               limit: the hopper and other-architecture GPU tests, the
 #                                               sanitizer on hopper, a quick H1-H7/N1 bench, SASS counts
+#   benchmarks/dev/device_check.sh backward     one call for the backward pass: its GPU tests, the sanitizer
+#                                               on its kernels, a quick G1-G3 bench and the training check
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,11 +19,15 @@ shift || true
 echo "$(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) $(git rev-parse --short HEAD 2>/dev/null)"
 case "$stage" in
   tests)
-    # a hung kernel must not eat the call: a time limit, and GPU processes left behind are killed
-    timeout -s KILL "${TESTS_LIMIT_S:-420}" python3 -m pytest -q -n 8 -p no:cacheprovider tests "$@" >"$out/gpu_tests.txt" 2>&1
+    # a hung kernel must not eat the call: a time limit, and GPU processes left behind are killed.
+    # -v prints each result as it comes, so a run cut short by the limit still names its failures
+    # (the whole suite took 356 s with 16 workers on the H200 machine)
+    timeout -s KILL "${TESTS_LIMIT_S:-420}" python3 -m pytest -v -n "${TESTS_WORKERS:-16}" -p no:cacheprovider -rf tests "$@" \
+      >"$out/gpu_tests.txt" 2>&1
     rc=$?
     nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
-    grep -iE "passed|failed|error" "$out/gpu_tests.txt" | grep -v Warning | tail -40
+    grep -E "^=+ .*(passed|failed)" "$out/gpu_tests.txt" | tail -1
+    grep -E " FAILED | ERROR " "$out/gpu_tests.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u | head -40
     exit $rc ;;
   sanitize)
     bash tests/sanitize.sh "$@" >"$out/sanitize.txt" 2>&1
@@ -47,5 +53,17 @@ case "$stage" in
     grep -E "cupy_gqa\[(tiled|hopper)\]|torch_(flash|cudnn)" "$out/bench.txt" | cut -c10-80
     NVDISASM=nvdisasm timeout 60 python3 benchmarks/dev/sass_stats.py hopper >"$out/sass.txt" 2>&1
     cut -c1-60,140- "$out/sass.txt" | tail -8 ;;
+  backward)
+    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
+    timeout -s KILL 300 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_gpu_backward.py \
+      tests/test_gpu_interop.py "$@" >"$out/gpu_tests.txt" 2>&1
+    echo "tests rc $?"; reap; grep -E "passed|failed|FAILED" "$out/gpu_tests.txt" | tail -30
+    SANITIZE_KERNELS=backward timeout -s KILL 200 bash tests/sanitize.sh >"$out/sanitize.txt" 2>&1
+    echo "sanitize rc $?"; reap; grep -E "ERROR SUMMARY|sanitize_driver:|exit code|FAIL" "$out/sanitize.txt"
+    timeout -s KILL 150 python3 benchmarks/bench_attention.py --cases G1,G2,G3 --quick --no-plot \
+      --no-compile-probe --out "$out/results" >"$out/bench.txt" 2>&1
+    echo "bench rc $?"; reap; grep -E "G[123] " "$out/bench.txt" | cut -c10-130
+    timeout -s KILL 120 python3 benchmarks/train_check.py --out "$out/results" >"$out/train.txt" 2>&1
+    echo "train rc $?"; reap; tail -3 "$out/train.txt" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

@@ -15,13 +15,16 @@ wrong: transformers then passes no mask at all, padded batches included.)
 cupy_gqa runs a call when:
   - there is no mask;
   - no dropout is active;
-  - no input requires a gradient (there is no backward pass yet);
-  - it has no position bias.
-The causal pattern is then cupy_gqa's bottom-right one, with the model's
-sliding window (``window=(sliding_window - 1, 0)``: Mistral, Qwen2, the local
-layers of Gemma 2 and gpt-oss), softcap (Gemma 2) and attention sinks
-(gpt-oss, float32). A prefill whose keys are a whole preallocated (static)
-cache is cut to the prefill's own keys, as transformers' sdpa does.
+  - it has no position bias;
+  - inputs that require grad (or a torch.compile trace) have no sliding
+    window, softcap or sinks: cupy_gqa's backward pass takes no modifiers yet.
+Inputs that require grad run too: cupy_gqa.attention records its own backward
+(cupy_gqa.attention_backward) with torch autograd. The causal pattern is then
+cupy_gqa's bottom-right one, with the model's sliding window
+(``window=(sliding_window - 1, 0)``: Mistral, Qwen2, the local layers of
+Gemma 2 and gpt-oss), softcap (Gemma 2) and attention sinks (gpt-oss,
+float32). A prefill whose keys are a whole preallocated (static) cache is cut
+to the prefill's own keys, as transformers' sdpa does.
 
 Any other call falls back, with a warning the first time for each reason:
   - to transformers' sdpa;
@@ -64,16 +67,21 @@ def _mask(*args, local_size=None, **kwargs):
 
 def _unsupported(module, query, key, value, attention_mask, dropout, kwargs) -> str | None:
     """Why cupy_gqa can't run this call of transformers' attention, or None."""
-    import torch
-
     if attention_mask is not None:
         return "an attention mask (padding, sliding window or a custom pattern)"
     if dropout and module.training:
         return "attention dropout"
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
-        return "inputs that require grad (cupy_gqa has no backward pass yet)"
     if kwargs.get("position_bias") is not None:
         return "a position bias"
+    modifiers = kwargs.get("sliding_window") or kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None
+    if modifiers:
+        from cupy_gqa import api
+
+        if api._torch_op_call(query, key, value):
+            return (
+                "a sliding window, softcap or attention sinks and inputs that require grad (or torch.compile): "
+                "cupy_gqa's backward pass takes no modifiers yet"
+            )
     if kwargs.get("output_attentions"):
         return "output_attentions"
     return None

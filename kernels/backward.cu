@@ -1,0 +1,861 @@
+/*
+ * backward.cu -- the backward pass of causal / non-causal grouped-query
+ * attention, compiled at runtime by NVRTC (cupy_gqa.attention_backward).
+ *
+ * Algorithm (FlashAttention-2's backward, written for this project)
+ * -----------------------------------------------------------------------------
+ * Scores s = scale q.k, P = softmax(s) per row, out = P V. Given dout and the
+ * forward's lse (natural log of each row's softmax denominator), the
+ * probabilities are rebuilt without the row max: P = exp(s - lse) =
+ * exp2(q.k * scale_log2 - lse2), lse2 = lse * log2(e). Per row
+ *     delta = rowsum(dout * out),   dP = dout V^T,   dS = P (dP - delta),
+ *     dq = scale dS K,   dk = scale dS^T Q,   dv = P^T dout,
+ * with dk and dv of a KV head summed over its group_size query heads.
+ *
+ * GQA packing, as in the forward (kernels/tiled.cu): for one (batch b, KV
+ * head kvh) the G = group_size query heads that read it are packed into rows
+ * pr = t * G + g (t = query position, head q_head_of(kvh, g, G)). The masks are
+ * common.cuh's: packed row pr sees keys j <= pr / G + diag (causal, aligned
+ * bottom-right, diag = seqlen_k - seqlen_q) and j < seqlen_k (the sequence's
+ * own length when seqlens_k is given).
+ *
+ * Three launches, in this order on one stream; nothing is atomic, so two calls
+ * give bitwise-equal results (each sum is taken in a fixed order):
+ *   1. bwd_preprocess: one warp per packed row; delta = rowsum(dout * out) and
+ *      lse2 = lse * log2(e) (+inf for a row that sees no key, so that its P is
+ *      0) into a workspace of acc_t<T>, (batch, num_kv_heads, seqlen_q * G),
+ *      two values per row. (For float32 and float64 inputs bwd_dq_rows
+ *      rebuilds lse2 from its own scores.)
+ *   2. dQ, one CTA per block of packed query rows of one (b, kvh), streaming
+ *      the K and V tiles that some row sees (the forward's grid and key range,
+ *      common.cuh: prefill_tile): S = Q K^T, dP = dO V^T, dS, dQ += dS K, dQ
+ *      held in registers and written once. (P is recomputed here and in 3:
+ *      two more matrix products than an atomic dQ, but no atomics and no
+ *      per-key-block dQ workspace.)
+ *   3. dK and dV, one CTA per (key block, b, kvh) (key blocks slowest: in causal
+ *      attention the first key blocks have the most rows), the K and V tiles
+ *      loaded once, streaming the tiles of packed rows that see some key of the
+ *      block (all G heads of the group, so the group's sum happens in the
+ *      registers): S^T = K Q^T, dP^T = V dO^T, P^T, dS^T,
+ *      dV += P^T dO, dK += dS^T Q; written once at the end.
+ *
+ * Tensor-core kernels (fp16 / bf16, sm_80+; mma.sync m16n8k16, fp32
+ * accumulation, the fragments of kernels/tiled.cu and softmax.cuh):
+ *   bwd_dq_mma: NUM_WARPS warps, warp w owns packed rows [16w, 16w + 16) of the
+ *     BLOCK_M = 16 NUM_WARPS rows. Q, dO tiles stay in shared memory; K and V
+ *     tiles of BLOCK_N keys are double buffered (cp.async, tile j + 1 in flight
+ *     while tile j is used). S and dP (fp32) in registers; dS becomes the A
+ *     operand of dS K in registers (C fragment pairs -> A fragment, as P in the
+ *     forward's P V); K is the B operand through ldmatrix.trans.
+ *     Shared memory, rows of HEAD_DIM + 8 elements (16-byte pad: the 8 rows of
+ *     an ldmatrix hit distinct bank groups):
+ *       [ Q: BLOCK_M | dO: BLOCK_M | K: 2 x BLOCK_N | V: 2 x BLOCK_N ]
+ *   bwd_dkdv_mma: KEY_WARPS x DSPLIT warps; warp w owns keys [16 (w % KEY_WARPS),
+ *     + 16) of the BLOCK_N = 16 KEY_WARPS keys, and the head dims
+ *     [(w / KEY_WARPS) DH, + DH), DH = HEAD_DIM / DSPLIT, of their dK and dV
+ *     accumulators (fp32 registers; DSPLIT = 2 at head dims above 128, where
+ *     a warp's whole rows would not fit, and the two warps of a key slab then
+ *     both compute its S^T and dP^T). The tiles of BLOCK_M packed rows of Q and
+ *     dO are double buffered (cp.async), with their lse2 and delta (plain
+ *     loads into the next stage, read after the next barrier). P^T and dS^T
+ *     become A operands in registers; Q and dO are B operands through
+ *     ldmatrix.trans. At the end dK, dV (in T) go through the K and V tiles'
+ *     shared memory to 16-byte stores.
+ *       [ K: BLOCK_N | V: BLOCK_N | Q: 2 x BLOCK_M | dO: 2 x BLOCK_M ]
+ *       [ lse2: 2 x BLOCK_M floats | delta: 2 x BLOCK_M floats ]
+ *   Head dims: HEAD_DIM is the padded head dim (32, 64, 96, 128, 192, 256);
+ *   the runtime head_dim is a multiple of 8, the 16-byte chunks past it are
+ *   zero-filled on load and not stored. Requirements (checked by the Python
+ *   layer, which otherwise copies): head_dim stride 1 and 16-byte aligned
+ *   rows of q, k, v, dout, dq, dk, dv; scale_log2 > 0 (masked scores are -inf
+ *   before the scaling).
+ *
+ * CUDA-core kernels (every dtype and head dim, any strides; float32 and
+ * float64 everywhere, fp16 / bf16 where the tensor-core kernels don't run):
+ *   bwd_dq_rows: a team of TEAM lanes per packed row (PL = DPAD / TEAM dims
+ *     of q, dout and dq each in registers), 128 / TEAM rows per CTA of one
+ *     (b, kvh); K and V pass through shared memory in stages of KEYS keys
+ *     ([KEYS][DPAD] of K, then of V). Dot products are reduced over the team
+ *     with shuffles. For float32 and float64 inputs it first rebuilds each
+ *     row's lse2 from its own exact scores (one more sweep over its keys, the
+ *     online-softmax rules of softmax.cuh) and writes it to the workspace for
+ *     bwd_dkdv_rows: the forward's lse (split TF32; float32 for float64)
+ *     would cap the gradients' accuracy.
+ *   bwd_dkdv_rows: a team per key (k, v, dk, dv in registers), 128 / TEAM keys
+ *     per CTA; the packed rows that see some key of the CTA pass through
+ *     shared memory in stages of ROWS rows: [ROWS][DPAD] of Q, then of dO,
+ *     then ROWS of lse2, of delta (acc_t<T>) and of each row's last visible
+ *     key (int).
+ * A sequence whose seqlens_k value is out of range (a device array the host
+ * does not read) gets NaN gradients (dq of its rows, dk and dv of its keys);
+ * keys past a sequence's length get dk = dv = 0, rows that see no key dq = 0.
+ */
+#include "common.cuh"
+#include "softmax.cuh"
+
+// The launch parameters, by value (mirrored by cupy_gqa/_plan.py: BWD_PARAMS_DTYPE).
+struct BwdParams {
+    AttnParams a;            // q, k, v and out (a.o_stride) strides, shapes, scale_log2, causal
+    index_t do_stride[4];    // dout
+    index_t dq_stride[4];
+    index_t dk_stride[4];
+    index_t dv_stride[4];
+    index_t lse_stride[3];   // lse: batch, head, seq
+    double scale;            // softmax_scale
+};
+static_assert(sizeof(BwdParams) == 336, "BwdParams must match _plan.BWD_PARAMS_DTYPE");
+
+namespace bwd_detail {
+
+// Two products of one shape side by side, from shared memory through
+// ldmatrix: c0 = A0 B0^T and c1 = A1 B1^T for the warp's 16 rows of A (the
+// warp's fragment addresses a0, a1) against NT n8 tiles of B (the lane's
+// addresses b0, b1; rows ROW elements apart), over KD k16 steps. The dQ pass
+// takes S = Q K^T with dP = dO V^T, the dK/dV pass S^T = K Q^T with dP^T = V dO^T.
+template <typename T, int NT, int KD, int ROW>
+__device__ __forceinline__ void two_products(float (&c0)[NT][4], float (&c1)[NT][4], unsigned a0, unsigned a1,
+                                             unsigned b0, unsigned b1) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c0[nt][e] = c1[nt][e] = 0.f;
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) {
+        unsigned x0[4], x1[4];
+        ldmatrix_x4(x0, a0 + kd * 16 * 2);
+        ldmatrix_x4(x1, a1 + kd * 16 * 2);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            unsigned y0[4], y1[4];
+            ldmatrix_x4(y0, b0 + (np * 16 * ROW + kd * 16) * 2);
+            ldmatrix_x4(y1, b1 + (np * 16 * ROW + kd * 16) * 2);
+            mma_16816<T>(c0[2 * np], x0, y0[0], y0[1]);
+            mma_16816<T>(c0[2 * np + 1], x0, y0[2], y0[3]);
+            mma_16816<T>(c1[2 * np], x1, y1[0], y1[1]);
+            mma_16816<T>(c1[2 * np + 1], x1, y1[2], y1[3]);
+        }
+    }
+}
+
+
+template <typename A> __device__ __forceinline__ A pos_inf() { return -neg_inf<A>(); }
+template <typename A> __host__ __device__ constexpr A log2e() { return A(1.44269504088896340736); }
+
+// Workspace index of packed row pr of (b, kvh).
+__device__ __forceinline__ index_t ws_row(const BwdParams& p, int b, int kvh, int pr) {
+    return ((index_t)b * p.a.num_kv_heads + kvh) * ((index_t)p.a.seqlen_q * p.a.group_size) + pr;
+}
+
+// Rows [row0, row0 + ROWS) of the packed rows of (b, kvh) of a (batch, seq,
+// head, dim) tensor x with element strides st, into shared-memory rows of ROW
+// elements (cp.async, 16 bytes each); zero-filled past packed_rows and past
+// head_dim (a multiple of 8).
+template <typename T, int ROWS, int D, int ROW, int NTHREADS>
+__device__ __forceinline__ void load_packed_rows(T* s, const T* x, const index_t* st, int b, int kvh, int row0,
+                                                 int packed_rows, int group, int head_dim, int tid) {
+    constexpr int CH = D / 8, TOTAL = ROWS * CH;
+#pragma unroll
+    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
+        const int c = tid + i * NTHREADS;
+        if (TOTAL % NTHREADS == 0 || c < TOTAL) {
+            const int r = c / CH, ch = c - (c / CH) * CH;
+            const int pr = row0 + r;
+            const bool ok = pr < packed_rows && ch * 8 < head_dim;
+            const int t = pr / group, g = pr - (pr / group) * group;
+            const T* src = ok ? x + b * st[0] + (index_t)t * st[1] + (index_t)q_head_of(kvh, g, group) * st[2] + ch * 8 : x;
+            cp_async_16(smem_addr(s + r * ROW + ch * 8), src, ok);
+        }
+    }
+}
+
+// Keys [key0, key0 + ROWS) of k or v at (b, kvh) (base), row stride stride_s,
+// into shared-memory rows of ROW elements; zero-filled at keys >= seqlen_k and
+// dims >= head_dim.
+template <typename T, int ROWS, int D, int ROW, int NTHREADS>
+__device__ __forceinline__ void load_key_rows(T* s, const T* base, index_t stride_s, const T* any, int key0, int seqlen_k,
+                                              int head_dim, int tid) {
+    constexpr int CH = D / 8, TOTAL = ROWS * CH;
+#pragma unroll
+    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
+        const int c = tid + i * NTHREADS;
+        if (TOTAL % NTHREADS == 0 || c < TOTAL) {
+            const int r = c / CH, ch = c - (c / CH) * CH;
+            const bool ok = key0 + r < seqlen_k && ch * 8 < head_dim;
+            const T* src = ok ? base + (index_t)(key0 + r) * stride_s + ch * 8 : any;
+            cp_async_16(smem_addr(s + r * ROW + ch * 8), src, ok);
+        }
+    }
+}
+
+// 16-byte stores of shared-memory rows (ROW elements each) to rows of a tensor:
+// row r goes to dst_row(r) when it is not null, chunks past head_dim skipped.
+template <typename T, int ROWS, int D, int ROW, int NTHREADS, class DstRow>
+__device__ __forceinline__ void store_rows(const T* s, int head_dim, int tid, DstRow dst_row) {
+    constexpr int CH = D / 8, TOTAL = ROWS * CH;
+#pragma unroll
+    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
+        const int c = tid + i * NTHREADS;
+        if (TOTAL % NTHREADS == 0 || c < TOTAL) {
+            const int r = c / CH, ch = c - (c / CH) * CH;
+            T* dst = dst_row(r);
+            if (dst != nullptr && ch * 8 < head_dim)
+                *reinterpret_cast<uint4*>(dst + ch * 8) = *reinterpret_cast<const uint4*>(s + r * ROW + ch * 8);
+        }
+    }
+}
+
+// The shared-memory layouts (see the top): offsets in elements of T.
+template <typename T, int D, int BLOCK_M, int BLOCK_N>
+struct DqSmem {
+    enum : int {
+        ROW = D + 8,
+        STAGE = BLOCK_N * ROW,       // one K (or V) tile
+        Q = 0,                       // [BLOCK_M][ROW]
+        DO = Q + BLOCK_M * ROW,      // [BLOCK_M][ROW]
+        K = DO + BLOCK_M * ROW,      // [2][BLOCK_N][ROW]
+        V = K + 2 * STAGE,           // [2][BLOCK_N][ROW]
+        END = V + 2 * STAGE,
+        BYTES = END * (int)sizeof(T),
+    };
+};
+template <typename T, int D, int BLOCK_N, int BLOCK_M>
+struct DkvSmem {
+    enum : int {
+        ROW = D + 8,
+        STAGE = BLOCK_M * ROW,       // one Q (or dO) tile
+        K = 0,                       // [BLOCK_N][ROW]
+        V = K + BLOCK_N * ROW,       // [BLOCK_N][ROW]
+        Q = V + BLOCK_N * ROW,       // [2][BLOCK_M][ROW]
+        DO = Q + 2 * STAGE,          // [2][BLOCK_M][ROW]
+        END = DO + 2 * STAGE,
+        LSE2_BYTE = END * (int)sizeof(T),          // float [2][BLOCK_M]
+        DELTA_BYTE = LSE2_BYTE + 2 * BLOCK_M * 4,  // float [2][BLOCK_M]
+        BYTES = DELTA_BYTE + 2 * BLOCK_M * 4,
+    };
+};
+template <typename T, int DPAD, int KEYS>
+struct DqRowsSmem {
+    enum : int {
+        K = 0,                       // [KEYS][DPAD]
+        V = K + KEYS * DPAD,         // [KEYS][DPAD]
+        BYTES = (V + KEYS * DPAD) * (int)sizeof(T),
+    };
+};
+template <typename T, int DPAD, int ROWS>
+struct DkvRowsSmem {
+    enum : int {
+        Q = 0,                                                   // T [ROWS][DPAD]
+        DO = Q + ROWS * DPAD,                                    // T [ROWS][DPAD]
+        LSE2_BYTE = (DO + ROWS * DPAD) * (int)sizeof(T),         // acc [ROWS]
+        DELTA_BYTE = LSE2_BYTE + ROWS * (int)sizeof(acc_t<T>),   // acc [ROWS]
+        LAST_BYTE = DELTA_BYTE + ROWS * (int)sizeof(acc_t<T>),   // int [ROWS]
+        BYTES = LAST_BYTE + ROWS * 4,
+    };
+};
+
+}  // namespace bwd_detail
+
+// ---- 1. delta = rowsum(dout * out), lse2 = lse * log2(e) ---------------------------
+// One warp per packed row, a grid-stride loop over all of them. lse nullptr:
+// delta only (float64: bwd_dq_rows writes lse2).
+template <typename T>
+__global__ void __launch_bounds__(256) bwd_preprocess(const T* __restrict__ out, const T* __restrict__ dout,
+                                                      const float* __restrict__ lse, acc_t<T>* __restrict__ delta,
+                                                      acc_t<T>* __restrict__ lse2, const BwdParams p) {
+    typedef acc_t<T> A;
+    const int lane = threadIdx.x & 31;
+    const int group = p.a.group_size;
+    const index_t packed = (index_t)p.a.seqlen_q * group;
+    const index_t rows = (index_t)p.a.batch * p.a.num_kv_heads * packed;
+    const index_t warps = (index_t)gridDim.x * (blockDim.x / 32);
+    for (index_t r = (index_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5); r < rows; r += warps) {
+        const index_t bk = r / packed;
+        const int pr = (int)(r - bk * packed);
+        const int b = (int)(bk / p.a.num_kv_heads), kvh = (int)(bk - (index_t)b * p.a.num_kv_heads);
+        const int t = pr / group, h = q_head_of(kvh, pr - t * group, group);
+        const T* o = out + b * p.a.o_stride[0] + (index_t)t * p.a.o_stride[1] + (index_t)h * p.a.o_stride[2];
+        const T* d = dout + b * p.do_stride[0] + (index_t)t * p.do_stride[1] + (index_t)h * p.do_stride[2];
+        A sum = 0;
+        for (int i = lane; i < p.a.head_dim; i += 32) sum += to_acc(o[i * p.a.o_stride[3]]) * to_acc(d[i * p.do_stride[3]]);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (lane == 0) {
+            delta[r] = sum;
+            if (lse != nullptr) {
+                const float l = lse[b * p.lse_stride[0] + (index_t)h * p.lse_stride[1] + (index_t)t * p.lse_stride[2]];
+                lse2[r] = l == neg_inf<float>() ? bwd_detail::pos_inf<A>() : (A)l * bwd_detail::log2e<A>();
+            }
+        }
+    }
+}
+
+// ---- 2. dQ on the tensor cores ----------------------------------------------------------
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// bwd_dq_smem), checked against the layout at compile time.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+           const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dq,
+           const int* __restrict__ seqlens_k, const BwdParams p) {
+    using namespace bwd_detail;
+    constexpr int D = HEAD_DIM;
+    constexpr int NTHREADS = NUM_WARPS * 32;
+    using L = DqSmem<T, D, BLOCK_M, BLOCK_N>;
+    constexpr int ROW = L::ROW;
+    constexpr int KD = D / 16;      // k16 steps of Q K^T and dO V^T
+    constexpr int NT = BLOCK_N / 8; // n8 tiles of S and dP
+    constexpr int DT = D / 8;       // n8 tiles of dQ
+    static_assert(BLOCK_M == 16 * NUM_WARPS, "16 rows per warp");
+    static_assert(D % 16 == 0 && BLOCK_N % 16 == 0, "tile shapes");
+    static_assert(sizeof(T) == 2, "fp16 / bf16 only");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw) + L::Q;
+    T* sdO = reinterpret_cast<T*>(smem_raw) + L::DO;
+    T* sK = reinterpret_cast<T*>(smem_raw) + L::K;
+    T* sV = reinterpret_cast<T*>(smem_raw) + L::V;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float scale_log2 = (float)p.a.scale_log2;
+    const int head_dim = p.a.head_dim;
+
+    // ---- this CTA's (b, kv head, rows) and keys: the forward's (common.cuh) ----
+    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p.a, seqlens_k, p.a.group_size);
+    const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
+    const int len = tile.len, seqlen_k = tile.seqlen_k;  // len -1: a bad seqlens_k value, NaN rows
+    const KeyRange<CAUSAL>& keys = tile.keys;
+    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
+    const T* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
+    const T* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
+
+    load_packed_rows<T, BLOCK_M, D, ROW, NTHREADS>(sQ, q, p.a.q_stride, b, kvh, row0, packed_rows, group, head_dim, tid);
+    load_packed_rows<T, BLOCK_M, D, ROW, NTHREADS>(sdO, dout, p.do_stride, b, kvh, row0, packed_rows, group, head_dim, tid);
+    auto load_kv = [&](int j, int stage) {
+        load_key_rows<T, BLOCK_N, D, ROW, NTHREADS>(sK + stage * L::STAGE, kbase, p.a.k_stride[1], k, j * BLOCK_N, seqlen_k, head_dim, tid);
+        load_key_rows<T, BLOCK_N, D, ROW, NTHREADS>(sV + stage * L::STAGE, vbase, p.a.v_stride[1], v, j * BLOCK_N, seqlen_k, head_dim, tid);
+    };
+    if (num_n > 0) load_kv(0, 0);
+    cp_async_commit();  // group 0: Q, dO and K/V tile 0
+
+    // The lane's rows g = lane / 4 and g + 8 of the warp's 16: their lse2 and delta.
+    float lse2_r[2], delta_r[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int pr = row0 + warp * 16 + (lane >> 2) + hf * 8;
+        const bool ok = pr < packed_rows;
+        lse2_r[hf] = ok ? lse2_ws[ws_row(p, b, kvh, pr)] : pos_inf<float>();
+        delta_r[hf] = ok ? delta_ws[ws_row(p, b, kvh, pr)] : 0.f;
+    }
+    float dq_acc[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq_acc[dt][e] = 0.f;
+
+    // ldmatrix lane offsets (kernels/tiled.cu): a_off for A operands and the
+    // transposed B operands, k_off for B operands read from rows of their n index
+    const int a_off = (((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + (lane >> 4) * 8;
+    const int k_off = ((lane >> 4) * 8 + (lane & 7)) * ROW + ((lane >> 3) & 1) * 8;
+    const unsigned sQ_warp = smem_addr(sQ + warp * 16 * ROW + a_off);
+    const unsigned sdO_warp = smem_addr(sdO + warp * 16 * ROW + a_off);
+
+    for (int j = 0; j < num_n; ++j) {
+        const int stage = j & 1;
+        cp_async_wait<0>();  // tile j landed for this thread
+        __syncthreads();     // ... for all; the other stage's tile is consumed
+        if (j + 1 < num_n) load_kv(j + 1, stage ^ 1);
+        cp_async_commit();
+        const unsigned sK_lane = smem_addr(sK + stage * L::STAGE + k_off);
+        const unsigned sV_lane = smem_addr(sV + stage * L::STAGE + k_off);
+        const unsigned sKt_lane = smem_addr(sK + stage * L::STAGE + a_off);
+
+        // ---- S = Q K^T, dP = dO V^T ----
+        float s[NT][4], dp[NT][4];
+        bwd_detail::two_products<T, NT, KD, ROW>(s, dp, sQ_warp, sdO_warp, sK_lane, sV_lane);
+
+        // ---- mask (tiles crossing the diagonal or the end of the keys), softmax.cuh's rule ----
+        const int n0 = j * BLOCK_N;
+        if (n0 + BLOCK_N > keys.free) {
+            int last[2];
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) last[hf] = keys.last_key(row0 + warp * 16 + (lane >> 2) + hf * 8);
+            softmax::frag_mask(s, n0, lane, last);
+        }
+
+        // ---- P = exp2(S scale_log2 - lse2) (masked: 0), dS = P (dP - delta), in s ----
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float pv = fast_exp2(fmaf(s[nt][e], scale_log2, -lse2_r[e >> 1]));
+                s[nt][e] = pv * (dp[nt][e] - delta_r[e >> 1]);
+            }
+
+        // ---- dQ += dS K (C fragment pairs -> A fragment; K through ldmatrix.trans) ----
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+            unsigned pa[4];
+            pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp2 = 0; dp2 < DT / 2; ++dp2) {
+                unsigned kb[4];
+                ldmatrix_x4_trans(kb, sKt_lane + (kk * 16 * ROW + dp2 * 16) * 2);
+                mma_16816<T>(dq_acc[2 * dp2], pa, kb[0], kb[1]);
+                mma_16816<T>(dq_acc[2 * dp2 + 1], pa, kb[2], kb[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();  // nothing in flight (also when num_n == 0)
+    __syncthreads();     // every warp is done with the tiles
+
+    // ---- dq = scale dQ, through the warp's own Q rows, then 16-byte stores ----
+    const float sc = len < 0 ? quiet_nan() : (float)p.scale;
+    T* sO = sQ + warp * 16 * ROW;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int r = (lane >> 2) + hf * 8;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+            *reinterpret_cast<unsigned*>(sO + r * ROW + dt * 8 + (lane & 3) * 2) =
+                pack2<T>(dq_acc[dt][2 * hf] * sc, dq_acc[dt][2 * hf + 1] * sc);
+    }
+    __syncwarp();
+    store_rows<T, 16, D, ROW, 32>(sO, head_dim, lane, [&](int r) -> T* {
+        const int pr = row0 + warp * 16 + r;
+        if (pr >= packed_rows) return nullptr;
+        const int t = pr / group, g = pr - (pr / group) * group;
+        return dq + b * p.dq_stride[0] + (index_t)t * p.dq_stride[1] + (index_t)q_head_of(kvh, g, group) * p.dq_stride[2];
+    });
+}
+
+// ---- 3. dK, dV on the tensor cores ------------------------------------------------------
+// SMEM_BYTES: cupy_gqa/_specs.py: bwd_dkdv_smem, checked against the layout.
+template <typename T, int HEAD_DIM, int BLOCK_M, int KEY_WARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(KEY_WARPS * DSPLIT * 32, 1)
+bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+             const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
+             T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p) {
+    using namespace bwd_detail;
+    constexpr int D = HEAD_DIM;
+    constexpr int NTHREADS = KEY_WARPS * DSPLIT * 32;
+    constexpr int BLOCK_N = 16 * KEY_WARPS;  // keys per CTA
+    constexpr int DH = D / DSPLIT;           // head dims of a warp's dK, dV
+    using L = DkvSmem<T, D, BLOCK_N, BLOCK_M>;
+    constexpr int ROW = L::ROW;
+    constexpr int KD = D / 16;       // k16 steps of K Q^T and V dO^T
+    constexpr int NT = BLOCK_M / 8;  // n8 tiles of S^T and dP^T (packed rows)
+    constexpr int DTH = DH / 8;      // n8 tiles of the warp's dK, dV
+    static_assert(D % 16 == 0 && DH % 16 == 0 && BLOCK_M % 16 == 0, "tile shapes");
+    static_assert(sizeof(T) == 2, "fp16 / bf16 only");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sK = reinterpret_cast<T*>(smem_raw) + L::K;
+    T* sV = reinterpret_cast<T*>(smem_raw) + L::V;
+    T* sQ = reinterpret_cast<T*>(smem_raw) + L::Q;
+    T* sdO = reinterpret_cast<T*>(smem_raw) + L::DO;
+    float* sLse2 = reinterpret_cast<float*>(smem_raw + L::LSE2_BYTE);
+    float* sDelta = reinterpret_cast<float*>(smem_raw + L::DELTA_BYTE);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int ks = warp % KEY_WARPS, dpart = warp / KEY_WARPS;  // key slab, head-dim part
+    const float scale_log2 = (float)p.a.scale_log2;
+    const int head_dim = p.a.head_dim;
+
+    // ---- this CTA's (key block, b, kv head): key blocks slowest ----
+    const int num_bh = p.a.batch * p.a.num_kv_heads;
+    const int n_block = (int)(blockIdx.x / num_bh), bh = (int)(blockIdx.x % num_bh);
+    const int b = bh / p.a.num_kv_heads, kvh = bh - b * p.a.num_kv_heads;
+    const int n0 = n_block * BLOCK_N;
+    const int group = p.a.group_size, packed_rows = p.a.seqlen_q * group;
+    const int len = seqlen_k_of(seqlens_k, b, p.a.seqlen_k), seqlen_k = max(len, 0);
+    const int diag = seqlen_k - p.a.seqlen_q;
+    // the packed rows that see some key of the block: from the first row that sees key n0 on
+    const int pr_first = n0 < seqlen_k ? first_row_seeing(n0, diag, group, CAUSAL) : packed_rows;
+    const int m_begin = pr_first / BLOCK_M * BLOCK_M;
+    const int num_m = pr_first < packed_rows ? (packed_rows - m_begin + BLOCK_M - 1) / BLOCK_M : 0;
+
+    load_key_rows<T, BLOCK_N, D, ROW, NTHREADS>(sK, k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2],
+                                                p.a.k_stride[1], k, n0, seqlen_k, head_dim, tid);
+    load_key_rows<T, BLOCK_N, D, ROW, NTHREADS>(sV, v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2],
+                                                p.a.v_stride[1], v, n0, seqlen_k, head_dim, tid);
+    auto load_rows = [&](int m, int stage) {
+        const int m0 = m_begin + m * BLOCK_M;
+        load_packed_rows<T, BLOCK_M, D, ROW, NTHREADS>(sQ + stage * L::STAGE, q, p.a.q_stride, b, kvh, m0, packed_rows, group, head_dim, tid);
+        load_packed_rows<T, BLOCK_M, D, ROW, NTHREADS>(sdO + stage * L::STAGE, dout, p.do_stride, b, kvh, m0, packed_rows, group, head_dim, tid);
+        for (int i = tid; i < BLOCK_M; i += NTHREADS) {  // rows past the end: P = 0 (lse2 = +inf), dS = 0
+            const int pr = m0 + i;
+            const bool ok = pr < packed_rows;
+            sLse2[stage * BLOCK_M + i] = ok ? lse2_ws[ws_row(p, b, kvh, pr)] : pos_inf<float>();
+            sDelta[stage * BLOCK_M + i] = ok ? delta_ws[ws_row(p, b, kvh, pr)] : 0.f;
+        }
+    };
+    if (num_m > 0) load_rows(0, 0);
+    cp_async_commit();  // group 0: K, V and row tile 0
+
+    float dk_acc[DTH][4], dv_acc[DTH][4];
+#pragma unroll
+    for (int dt = 0; dt < DTH; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk_acc[dt][e] = dv_acc[dt][e] = 0.f;
+
+    const int a_off = (((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + (lane >> 4) * 8;
+    const int k_off = ((lane >> 4) * 8 + (lane & 7)) * ROW + ((lane >> 3) & 1) * 8;
+    const unsigned sK_warp = smem_addr(sK + ks * 16 * ROW + a_off);
+    const unsigned sV_warp = smem_addr(sV + ks * 16 * ROW + a_off);
+    int key_r[2];  // the lane's keys (rows of S^T)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) key_r[hf] = n0 + ks * 16 + (lane >> 2) + hf * 8;
+
+    for (int m = 0; m < num_m; ++m) {
+        const int stage = m & 1;
+        cp_async_wait<0>();  // row tile m landed for this thread
+        __syncthreads();     // ... for all (and its lse2, delta); the other stage is consumed
+        if (m + 1 < num_m) load_rows(m + 1, stage ^ 1);
+        cp_async_commit();
+        const int m0 = m_begin + m * BLOCK_M;
+        const unsigned sQ_lane = smem_addr(sQ + stage * L::STAGE + k_off);
+        const unsigned sdO_lane = smem_addr(sdO + stage * L::STAGE + k_off);
+        const unsigned sQt_lane = smem_addr(sQ + stage * L::STAGE + a_off);
+        const unsigned sdOt_lane = smem_addr(sdO + stage * L::STAGE + a_off);
+
+        // ---- S^T = K Q^T, dP^T = V dO^T (rows: the warp's 16 keys; columns: packed rows) ----
+        float s[NT][4], dpt[NT][4];
+        bwd_detail::two_products<T, NT, KD, ROW>(s, dpt, sK_warp, sV_warp, sQ_lane, sdO_lane);
+
+        // ---- mask: keys past the sequence, and (causal) rows that don't see the key ----
+        // element (nt, e): key key_r[e >> 1], packed row m0 + 8 nt + 2 (lane % 4) + (e & 1)
+        if (n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 / group + diag)) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int pr = m0 + nt * 8 + (lane & 3) * 2 + c;
+                    const int last = CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
+#pragma unroll
+                    for (int hf = 0; hf < 2; ++hf)
+                        if (key_r[hf] > last) s[nt][2 * hf + c] = neg_inf<float>();
+                }
+        }
+
+        // ---- P^T = exp2(S^T scale_log2 - lse2) (masked: 0), dS^T = P^T (dP^T - delta) ----
+        const float* lse2_s = sLse2 + stage * BLOCK_M;
+        const float* delta_s = sDelta + stage * BLOCK_M;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int col = nt * 8 + (lane & 3) * 2 + c;
+                const float l2 = lse2_s[col], de = delta_s[col];
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int e = 2 * hf + c;
+                    const float pv = fast_exp2(fmaf(s[nt][e], scale_log2, -l2));
+                    s[nt][e] = pv;
+                    dpt[nt][e] = pv * (dpt[nt][e] - de);
+                }
+            }
+
+        // ---- dV += P^T dO, dK += dS^T Q (the warp's head dims) ----
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            unsigned pa[4], sa[4];
+            pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            sa[0] = pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]);
+            sa[1] = pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]);
+            sa[2] = pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+            sa[3] = pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp2 = 0; dp2 < DTH / 2; ++dp2) {
+                const int off = (kk * 16 * ROW + dpart * DH + dp2 * 16) * 2;
+                unsigned ob[4], qb[4];
+                ldmatrix_x4_trans(ob, sdOt_lane + off);
+                ldmatrix_x4_trans(qb, sQt_lane + off);
+                mma_16816<T>(dv_acc[2 * dp2], pa, ob[0], ob[1]);
+                mma_16816<T>(dv_acc[2 * dp2 + 1], pa, ob[2], ob[3]);
+                mma_16816<T>(dk_acc[2 * dp2], sa, qb[0], qb[1]);
+                mma_16816<T>(dk_acc[2 * dp2 + 1], sa, qb[2], qb[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();  // nothing in flight (also when num_m == 0)
+    __syncthreads();     // every warp is done with K and V
+
+    // ---- dk = scale dK, dv = dV, through the K and V tiles, then 16-byte stores ----
+    const float sc_k = len < 0 ? quiet_nan() : (float)p.scale;
+    const float sc_v = len < 0 ? quiet_nan() : 1.f;
+    T* sdK = sK + ks * 16 * ROW + dpart * DH;
+    T* sdV = sV + ks * 16 * ROW + dpart * DH;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int r = (lane >> 2) + hf * 8;
+#pragma unroll
+        for (int dt = 0; dt < DTH; ++dt) {
+            const int off = r * ROW + dt * 8 + (lane & 3) * 2;
+            *reinterpret_cast<unsigned*>(sdK + off) = pack2<T>(dk_acc[dt][2 * hf] * sc_k, dk_acc[dt][2 * hf + 1] * sc_k);
+            *reinterpret_cast<unsigned*>(sdV + off) = pack2<T>(dv_acc[dt][2 * hf] * sc_v, dv_acc[dt][2 * hf + 1] * sc_v);
+        }
+    }
+    __syncthreads();
+    const int seqlen_k_all = p.a.seqlen_k;  // every key of the array is written: past the sequence, zeros
+    store_rows<T, BLOCK_N, D, ROW, NTHREADS>(sK, head_dim, tid, [&](int r) -> T* {
+        return n0 + r < seqlen_k_all ? dk + b * p.dk_stride[0] + (index_t)(n0 + r) * p.dk_stride[1] + (index_t)kvh * p.dk_stride[2] : nullptr;
+    });
+    store_rows<T, BLOCK_N, D, ROW, NTHREADS>(sV, head_dim, tid, [&](int r) -> T* {
+        return n0 + r < seqlen_k_all ? dv + b * p.dv_stride[0] + (index_t)(n0 + r) * p.dv_stride[1] + (index_t)kvh * p.dv_stride[2] : nullptr;
+    });
+}
+
+// ---- CUDA-core kernels: any dtype, head dim and strides ------------------------------------
+#define BWD_ROWS_THREADS 128
+
+namespace bwd_detail {
+
+// Sum over the team's lanes (TEAM consecutive lanes, a power of two).
+template <int TEAM, typename A>
+__device__ __forceinline__ A team_sum(A x, unsigned mask) {
+#pragma unroll
+    for (int off = TEAM / 2; off > 0; off /= 2) x += __shfl_xor_sync(mask, x, off);
+    return x;
+}
+
+template <int TEAM>
+__device__ __forceinline__ unsigned team_mask() {
+    return TEAM == 32 ? 0xffffffffu : (((1u << TEAM) - 1u) << ((threadIdx.x % 32) / TEAM * TEAM));
+}
+
+// Keys [key0, key0 + KEYS) of k or v at (b, kvh) (base) into s[KEYS][DPAD]: any
+// strides; zeros at keys >= n_keys and dims >= head_dim.
+template <typename T, int DPAD, int KEYS>
+__device__ __forceinline__ void stage_keys(T* s, const T* base, index_t stride_s, index_t stride_d, int key0, int n_keys,
+                                           int head_dim) {
+    for (int e = threadIdx.x; e < KEYS * DPAD; e += BWD_ROWS_THREADS) {
+        const int j = e / DPAD, d = e - (e / DPAD) * DPAD;
+        const bool ok = key0 + j < n_keys && d < head_dim;
+        s[e] = ok ? base[(index_t)(key0 + j) * stride_s + d * stride_d] : from_acc<T>((acc_t<T>)0);
+    }
+}
+
+// Packed rows [row0, row0 + ROWS) of (b, kvh) of a (batch, seq, head, dim)
+// tensor x (strides st) into s[ROWS][DPAD]; zeros past packed_rows and head_dim.
+template <typename T, int DPAD, int ROWS>
+__device__ __forceinline__ void stage_packed_rows(T* s, const T* x, const index_t* st, int b, int kvh, int row0,
+                                                  int packed_rows, int group, int head_dim) {
+    for (int e = threadIdx.x; e < ROWS * DPAD; e += BWD_ROWS_THREADS) {
+        const int i = e / DPAD, d = e - (e / DPAD) * DPAD;
+        const int pr = row0 + i;
+        const bool ok = pr < packed_rows && d < head_dim;
+        const int t = pr / group, g = pr - (pr / group) * group;
+        s[e] = ok ? x[b * st[0] + (index_t)t * st[1] + (index_t)q_head_of(kvh, g, group) * st[2] + d * st[3]]
+                  : from_acc<T>((acc_t<T>)0);
+    }
+}
+
+}  // namespace bwd_detail
+
+// dQ (and, in float64, lse2) on CUDA cores. SMEM_BYTES: _specs.bwd_rows_dq_smem.
+template <typename T, int DPAD, int TEAM, int KEYS, int SMEM_BYTES>
+__global__ void __launch_bounds__(BWD_ROWS_THREADS, 1)
+bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+            const acc_t<T>* __restrict__ delta_ws, acc_t<T>* __restrict__ lse2_ws, T* __restrict__ dq,
+            const int* __restrict__ seqlens_k, const BwdParams p) {
+    using namespace bwd_detail;
+    typedef acc_t<T> A;
+    // float32 and float64 inputs: rebuild lse2 from this kernel's own exact
+    // scores. The forward's lse comes from other arithmetic (split TF32, or
+    // float32 for float64), and at scores of a few hundred the difference
+    // moves every P by more than the gradients' float32 accuracy.
+    constexpr bool RECOMPUTE = sizeof(T) >= 4;
+    constexpr int PL = DPAD / TEAM;             // dims per lane: d = i * TEAM + lane
+    constexpr int R = BWD_ROWS_THREADS / TEAM;  // rows per CTA
+    using L = DqRowsSmem<T, DPAD, KEYS>;
+    static_assert(PL * TEAM == DPAD && (TEAM & (TEAM - 1)) == 0 && TEAM <= 32, "team shape");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sK = reinterpret_cast<T*>(smem_raw) + L::K;
+    T* sV = reinterpret_cast<T*>(smem_raw) + L::V;
+
+    const int lane = threadIdx.x % TEAM, r = threadIdx.x / TEAM;
+    const unsigned mask = team_mask<TEAM>();
+    const int group = p.a.group_size, packed_rows = p.a.seqlen_q * group;
+    const int num_bh = p.a.batch * p.a.num_kv_heads;
+    const int row_blocks = (packed_rows + R - 1) / R;
+    const int rb = row_blocks - 1 - (int)(blockIdx.x / num_bh);  // the latest (longest causal) rows first
+    const int bh = (int)(blockIdx.x % num_bh), b = bh / p.a.num_kv_heads, kvh = bh - b * p.a.num_kv_heads;
+    const int len = seqlen_k_of(seqlens_k, b, p.a.seqlen_k), seqlen_k = max(len, 0);
+    const bool causal = p.a.causal != 0;
+
+    const int pr = rb * R + r;
+    const bool active = pr < packed_rows;
+    const int t = active ? pr / group : 0, h = q_head_of(kvh, active ? pr - t * group : 0, group);
+    const int n_keys = active ? visible_keys(t, p.a.seqlen_q, seqlen_k, causal) : 0;
+    const int n_block = visible_keys((min(rb * R + R, packed_rows) - 1) / group, p.a.seqlen_q, seqlen_k, causal);  // its last row's keys
+    const A scale_log2 = (A)p.a.scale_log2;
+
+    A qv[PL], dov[PL], acc[PL];
+    const T* q_row = q + b * p.a.q_stride[0] + (index_t)t * p.a.q_stride[1] + (index_t)h * p.a.q_stride[2];
+    const T* do_row = dout + b * p.do_stride[0] + (index_t)t * p.do_stride[1] + (index_t)h * p.do_stride[2];
+#pragma unroll
+    for (int i = 0; i < PL; ++i) {
+        const int d = i * TEAM + lane;
+        const bool ok = active && d < p.a.head_dim;
+        qv[i] = ok ? to_acc(q_row[d * p.a.q_stride[3]]) : (A)0;
+        dov[i] = ok ? to_acc(do_row[d * p.do_stride[3]]) : (A)0;
+        acc[i] = 0;
+    }
+    const index_t ws = active ? ws_row(p, b, kvh, pr) : 0;
+    const A delta = active ? delta_ws[ws] : (A)0;
+    A lse2 = (!RECOMPUTE && active) ? lse2_ws[ws] : (A)0;
+    const T* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
+    const T* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
+    const int n_stages = (n_block + KEYS - 1) / KEYS;
+
+    if constexpr (RECOMPUTE) {  // lse2 = log2 sum_j exp2(s_j), online (softmax.cuh's rules)
+        A m = neg_inf<A>(), l = 0;
+        for (int st = 0; st < n_stages; ++st) {
+            __syncthreads();
+            stage_keys<T, DPAD, KEYS>(sK, kbase, p.a.k_stride[1], p.a.k_stride[3], st * KEYS, n_block, p.a.head_dim);
+            __syncthreads();
+            const int j_end = min(KEYS, n_keys - st * KEYS);
+            for (int j = 0; j < j_end; ++j) {
+                A sd = 0;
+#pragma unroll
+                for (int i = 0; i < PL; ++i) sd += qv[i] * to_acc(sK[j * DPAD + i * TEAM + lane]);
+                const A sj = team_sum<TEAM>(sd, mask) * scale_log2;
+                const A alpha = softmax::raise_ref(m, m > sj ? m : sj, softmax::ExactExp2());
+                l = l * alpha + exp2_acc(sj - softmax::ref(m));
+            }
+        }
+        lse2 = l > (A)0 ? m + log2_acc(l) : pos_inf<A>();
+        if (active && lane == 0) lse2_ws[ws] = lse2;
+    }
+
+    for (int st = 0; st < n_stages; ++st) {
+        __syncthreads();  // the previous stage is consumed
+        stage_keys<T, DPAD, KEYS>(sK, kbase, p.a.k_stride[1], p.a.k_stride[3], st * KEYS, n_block, p.a.head_dim);
+        stage_keys<T, DPAD, KEYS>(sV, vbase, p.a.v_stride[1], p.a.v_stride[3], st * KEYS, n_block, p.a.head_dim);
+        __syncthreads();
+        const int j_end = min(KEYS, n_keys - st * KEYS);  // this row's keys in the stage
+        for (int j = 0; j < j_end; ++j) {
+            A sd = 0, dd = 0;
+#pragma unroll
+            for (int i = 0; i < PL; ++i) {
+                sd += qv[i] * to_acc(sK[j * DPAD + i * TEAM + lane]);
+                dd += dov[i] * to_acc(sV[j * DPAD + i * TEAM + lane]);
+            }
+            const A sj = team_sum<TEAM>(sd, mask), dpj = team_sum<TEAM>(dd, mask);
+            const A pj = exp2_acc(sj * scale_log2 - lse2);
+            const A ds = pj * (dpj - delta);
+#pragma unroll
+            for (int i = 0; i < PL; ++i) acc[i] += ds * to_acc(sK[j * DPAD + i * TEAM + lane]);
+        }
+    }
+
+    if (active) {
+        const A sc = len < 0 ? (A)quiet_nan() : (A)p.scale;
+        T* dq_row = dq + b * p.dq_stride[0] + (index_t)t * p.dq_stride[1] + (index_t)h * p.dq_stride[2];
+#pragma unroll
+        for (int i = 0; i < PL; ++i) {
+            const int d = i * TEAM + lane;
+            if (d < p.a.head_dim) dq_row[d * p.dq_stride[3]] = from_acc<T>(acc[i] * sc);
+        }
+    }
+}
+
+// dK, dV on CUDA cores. SMEM_BYTES: _specs.bwd_rows_dkdv_smem.
+template <typename T, int DPAD, int TEAM, int ROWS, int SMEM_BYTES>
+__global__ void __launch_bounds__(BWD_ROWS_THREADS, 1)
+bwd_dkdv_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+              const acc_t<T>* __restrict__ delta_ws, const acc_t<T>* __restrict__ lse2_ws, T* __restrict__ dk,
+              T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p) {
+    using namespace bwd_detail;
+    typedef acc_t<T> A;
+    constexpr int PL = DPAD / TEAM;
+    constexpr int R = BWD_ROWS_THREADS / TEAM;  // keys per CTA
+    using L = DkvRowsSmem<T, DPAD, ROWS>;
+    static_assert(PL * TEAM == DPAD && (TEAM & (TEAM - 1)) == 0 && TEAM <= 32, "team shape");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw) + L::Q;
+    T* sdO = reinterpret_cast<T*>(smem_raw) + L::DO;
+    A* sLse2 = reinterpret_cast<A*>(smem_raw + L::LSE2_BYTE);
+    A* sDelta = reinterpret_cast<A*>(smem_raw + L::DELTA_BYTE);
+    int* sLast = reinterpret_cast<int*>(smem_raw + L::LAST_BYTE);
+
+    const int lane = threadIdx.x % TEAM, r = threadIdx.x / TEAM;
+    const unsigned mask = team_mask<TEAM>();
+    const int group = p.a.group_size, packed_rows = p.a.seqlen_q * group;
+    const int num_bh = p.a.batch * p.a.num_kv_heads;
+    const int kb = (int)(blockIdx.x / num_bh);  // key blocks slowest: the first ones have the most rows (causal)
+    const int bh = (int)(blockIdx.x % num_bh), b = bh / p.a.num_kv_heads, kvh = bh - b * p.a.num_kv_heads;
+    const int len = seqlen_k_of(seqlens_k, b, p.a.seqlen_k), seqlen_k = max(len, 0);
+    const int diag = seqlen_k - p.a.seqlen_q;
+    const bool causal = p.a.causal != 0;
+    const int j = kb * R + r;  // this team's key
+    const bool active = j < p.a.seqlen_k;
+    const A scale_log2 = (A)p.a.scale_log2;
+
+    A kv[PL], vv[PL], dka[PL], dva[PL];
+    const T* k_row = k + b * p.a.k_stride[0] + (index_t)(j < seqlen_k ? j : 0) * p.a.k_stride[1] + (index_t)kvh * p.a.k_stride[2];
+    const T* v_row = v + b * p.a.v_stride[0] + (index_t)(j < seqlen_k ? j : 0) * p.a.v_stride[1] + (index_t)kvh * p.a.v_stride[2];
+#pragma unroll
+    for (int i = 0; i < PL; ++i) {
+        const int d = i * TEAM + lane;
+        const bool ok = j < seqlen_k && d < p.a.head_dim;  // keys past the sequence: zeros, never visible
+        kv[i] = ok ? to_acc(k_row[d * p.a.k_stride[3]]) : (A)0;
+        vv[i] = ok ? to_acc(v_row[d * p.a.v_stride[3]]) : (A)0;
+        dka[i] = dva[i] = 0;
+    }
+    const int key0 = kb * R;
+    const int pr_first = key0 < seqlen_k ? first_row_seeing(key0, diag, group, causal) : packed_rows;
+
+    for (int row0 = pr_first; row0 < packed_rows; row0 += ROWS) {
+        __syncthreads();  // the previous stage is consumed
+        stage_packed_rows<T, DPAD, ROWS>(sQ, q, p.a.q_stride, b, kvh, row0, packed_rows, group, p.a.head_dim);
+        stage_packed_rows<T, DPAD, ROWS>(sdO, dout, p.do_stride, b, kvh, row0, packed_rows, group, p.a.head_dim);
+        for (int i = threadIdx.x; i < ROWS; i += BWD_ROWS_THREADS) {
+            const int pr = row0 + i;
+            const bool ok = pr < packed_rows;
+            sLse2[i] = ok ? lse2_ws[ws_row(p, b, kvh, pr)] : (A)0;
+            sDelta[i] = ok ? delta_ws[ws_row(p, b, kvh, pr)] : (A)0;
+            sLast[i] = ok ? (causal ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1) : -1;  // last visible key
+        }
+        __syncthreads();
+        for (int i = 0; i < ROWS; ++i) {
+            if (j > sLast[i]) continue;  // the row does not see this key (uniform over the team)
+            A sd = 0, dd = 0;
+#pragma unroll
+            for (int e = 0; e < PL; ++e) {
+                sd += to_acc(sQ[i * DPAD + e * TEAM + lane]) * kv[e];
+                dd += to_acc(sdO[i * DPAD + e * TEAM + lane]) * vv[e];
+            }
+            const A s = team_sum<TEAM>(sd, mask), dp = team_sum<TEAM>(dd, mask);
+            const A pj = exp2_acc(s * scale_log2 - sLse2[i]);
+            const A ds = pj * (dp - sDelta[i]);
+#pragma unroll
+            for (int e = 0; e < PL; ++e) {
+                dka[e] += ds * to_acc(sQ[i * DPAD + e * TEAM + lane]);
+                dva[e] += pj * to_acc(sdO[i * DPAD + e * TEAM + lane]);
+            }
+        }
+    }
+
+    if (active) {
+        const A sc_k = len < 0 ? (A)quiet_nan() : (A)p.scale, sc_v = len < 0 ? (A)quiet_nan() : (A)1;
+        T* dk_row = dk + b * p.dk_stride[0] + (index_t)j * p.dk_stride[1] + (index_t)kvh * p.dk_stride[2];
+        T* dv_row = dv + b * p.dv_stride[0] + (index_t)j * p.dv_stride[1] + (index_t)kvh * p.dv_stride[2];
+#pragma unroll
+        for (int i = 0; i < PL; ++i) {
+            const int d = i * TEAM + lane;
+            if (d < p.a.head_dim) {
+                dk_row[d * p.dk_stride[3]] = from_acc<T>(dka[i] * sc_k);
+                dv_row[d * p.dv_stride[3]] = from_acc<T>(dva[i] * sc_v);
+            }
+        }
+    }
+}
