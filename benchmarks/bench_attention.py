@@ -292,6 +292,78 @@ def attention_flops(case: Case) -> int:
     return int(flops * BACKWARD_FLOP_FACTOR) if case.kind == "backward" else flops
 
 
+# ---------------------------------------------------------------------------
+# Modifier cases (--modifiers): each against a baseline from the same run
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModCase:
+    """A prefill case with modifiers (``attention`` keywords), and what it is compared with."""
+
+    name: str
+    case: Case
+    mods: tuple  # ((keyword, value), ...)
+    baseline: str  # how the baseline time is made (see run_modifier_case)
+
+
+MOD_CASES: tuple[ModCase, ...] = (
+    # sliding window: torch's SDPA takes no window, so the baseline is cupy_gqa's own causal
+    # call of the shape, its time scaled by the visible pairs (window / causal)
+    ModCase("W1", _prefill("W1", 4, 8192, 128, "bf16"), (("window", (1024, 0)),), "causal_scaled"),
+    # softcap on H1, against cupy_gqa's H1 without it
+    ModCase("W2", _prefill("W2", 4, 4096, 128, "bf16"), (("softcap", 30.0),), "plain"),
+)
+
+
+def window_visible_pairs(seqlen_q: int, seqlen_k: int, window: tuple, causal: bool = True) -> int:
+    """(query, key) pairs a window (left, right) leaves visible (bottom-right; -1 unbounded;
+    causal caps right at 0): the FLOP basis of a windowed call."""
+    left, right = window
+    right = 0 if causal else right
+    offset = seqlen_k - seqlen_q
+    total = 0
+    for i in range(seqlen_q):
+        lo = 0 if left < 0 else max(0, i + offset - left)
+        hi = seqlen_k - 1 if right < 0 else min(seqlen_k - 1, i + offset + right)
+        total += max(0, hi - lo + 1)
+    return total
+
+
+def modifier_flops(mc: ModCase) -> int:
+    """4 * head_dim per visible pair, the window's pairs where there is one."""
+    c, mods = mc.case, dict(mc.mods)
+    if "window" in mods:
+        pairs = window_visible_pairs(c.seqlen_q, c.seqlen_k, mods["window"], c.causal)
+        return 4 * c.head_dim * pairs * c.batch * c.num_q_heads
+    return attention_flops(c)
+
+
+def run_modifier_case(torch, cupy_gqa, timer, mc: ModCase, log) -> dict:
+    """Time cupy_gqa[auto] with the case's modifiers and its baseline in the same run:
+    "plain": the same call without modifiers; "causal_scaled": the causal call without
+    the window, its time scaled by window pairs / causal pairs (the time the window
+    would take if cost followed the band exactly)."""
+    c, mods = mc.case, dict(mc.mods)
+    q, k, v = make_inputs(torch, c)
+    with_mods = lambda: cupy_gqa.attention(q, k, v, causal=c.causal, **mods)  # noqa: E731
+    plain = lambda: cupy_gqa.attention(q, k, v, causal=c.causal)  # noqa: E731
+    for fn in (with_mods, plain):
+        _first_call(torch, fn)
+    t_mod, t_plain = timer(with_mods), timer(plain)
+    base_ms = t_plain.ms
+    if mc.baseline == "causal_scaled":
+        base_ms *= modifier_flops(mc) / attention_flops(c)
+    row = {
+        "case": mc.name, "shape": c.describe(), "mods": {k_: list(v_) if isinstance(v_, tuple) else v_ for k_, v_ in mods.items()},
+        "ms": t_mod.ms, "tflops": modifier_flops(mc) / (t_mod.ms * 1e-3) / 1e12, "baseline": mc.baseline,
+        "baseline_ms": base_ms, "plain_ms": t_plain.ms, "vs_baseline": t_mod.ms / base_ms,
+    }  # fmt: skip
+    log(f"  {mc.name:3} {t_mod.ms:9.4f} ms {row['tflops']:7.1f} TF/s  baseline ({mc.baseline}) {base_ms:9.4f} ms  "
+        f"ratio {row['vs_baseline']:.3f}")  # fmt: skip
+    del q, k, v
+    torch.cuda.empty_cache()
+    return row
+
+
 def kv_bytes(case: Case) -> int:
     """Bytes of K and V: the traffic that bounds decode, and the GB/s basis of every row."""
     return case.batch * case.seqlen_k * case.num_kv_heads * case.head_dim * case.itemsize * 2
@@ -1347,6 +1419,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="store_true",
                    help=f"run the shape sweep ({len(SHAPE_SWEEP)} shapes of open models, SHAPE_SWEEP) instead of the "
                         "table: <gpu>_sweep.json, .md and .png")
+    p.add_argument("--modifiers", action="store_true",
+                   help="run the modifier cases (W1 window, W2 softcap) against their baselines instead of the table")
     p.add_argument("--compile-probe", action="store_true", help=argparse.SUPPRESS)  # the second process
     return p
 
@@ -1355,8 +1429,10 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     cases: list[Case] = list(SHAPE_SWEEP) if args.sweep else args.cases
     if args.list:
-        for c in cases:
+        for c in [] if args.modifiers else cases:
             print(f"{c.name:4} {c.describe()}")
+        for mc in MOD_CASES if args.modifiers else ():
+            print(f"{mc.name:4} {mc.case.describe()} {dict(mc.mods)} (--modifiers; baseline: {mc.baseline})")
         return 0
 
     if args.compile_probe:  # CUPY_CACHE_DIR is set by the parent
@@ -1386,6 +1462,13 @@ def _bench(args, cases: list[Case], cache_dir: str) -> int:
     reps = (QUICK_FAST_REPS, QUICK_SLOW_REPS) if args.quick else (FAST_REPS, SLOW_REPS)
     timer = Timer(torch, fast_reps=reps[0], slow_reps=reps[1],
                   calls=QUICK_CALLS if args.quick else CALLS, host_calls=QUICK_HOST_CALLS if args.quick else HOST_CALLS)
+    if args.modifiers:
+        mod_rows = [run_modifier_case(torch, cupy_gqa, timer, mc, log) for mc in MOD_CASES]
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"{gpu_tag(env['gpu'])}_modifiers.json"
+        path.write_text(json.dumps({"environment": env, "rows": mod_rows}, indent=1) + "\n")
+        log(f"wrote {path}")
+        return 0
     if args.sweep:
         rows = run_shape_sweep(torch, cupy_gqa, timer, cases, log)
         written = write_sweep_results(args.out, gpu_tag(env["gpu"]), env, rows, plot=not args.no_plot)

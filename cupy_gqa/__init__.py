@@ -6,6 +6,10 @@
 
 __version__ = "0.1.0"
 
+from ._mods import MaskMod, ScoreMod
 from .api import KERNELS, attention, attention_backward, decode_workspace, decode_workspace_size, warmup
 
-__all__ = ["attention", "attention_backward", "decode_workspace", "decode_workspace_size", "warmup", "KERNELS", "__version__"]
+__all__ = [
+    "attention", "attention_backward", "ScoreMod", "MaskMod", "decode_workspace", "decode_workspace_size", "warmup",
+    "KERNELS", "__version__",
+]  # fmt: skip

@@ -58,8 +58,39 @@ def _cuda_include_dirs() -> tuple[str, ...]:
     return (str(found),) if found else ()
 
 
-def compile_options(spec: Spec) -> tuple[str, ...]:
-    return ("-std=c++17", *(f"-I{d}" for d in _cuda_include_dirs()), *spec.options)
+_USER_MODS_MARKER = "// @user-mods@"
+
+
+def source_for(spec: Spec) -> str:
+    """The program of ``spec``: its kernel file's source, with the code of the
+    user modifiers (``spec.user_code``) at common.cuh's marker."""
+    text = source(spec.source)
+    if not spec.user_code:
+        return text
+    at = text.index(_USER_MODS_MARKER)
+    line = text.count("\n", 0, at) + 2  # the line after the marker, as NVRTC numbers the program
+    return f'{text[:at]}{spec.user_code}\n#line {line} "{spec.source}"\n{text[at + len(_USER_MODS_MARKER):]}'
+
+
+def user_mods_check_program(mod) -> str:
+    """A program of common.cuh and one user modifier, with a kernel that calls it:
+    what cupy_gqa.ScoreMod / MaskMod compile to check their code."""
+    text = source("common.cuh")
+    at = text.index(_USER_MODS_MARKER)
+    line = text.count("\n", 0, at) + 2
+    call = (
+        "out[0] = user_score_mod<float>(1.f, 0, 0, 0, 0, 1, 1, mp) + (float)user_score_mod<double>(1.0, 0, 0, 0, 0, 1, 1, mp);"
+        if mod.kind == "score_mod"
+        else "out[0] = user_mask_mod(0, 0, 0, 0, 1, 1, mp) ? 1.f : 0.f;"
+    )
+    return (
+        f'{text[:at]}{mod.definition(0)}\n#line {line} "common.cuh"\n{text[at + len(_USER_MODS_MARKER):]}\n'
+        f'extern "C" __global__ void cupy_gqa_check_user_mod(float* out, const ModParams mp) {{ {call} }}\n'
+    )
+
+
+def compile_options(spec: Spec | None) -> tuple[str, ...]:
+    return ("-std=c++17", *(f"-I{d}" for d in _cuda_include_dirs()), *(spec.options if spec is not None else ()))
 
 
 _lock = threading.Lock()
@@ -70,16 +101,21 @@ def get_kernel(spec: Spec):
     """The ``cupy.RawKernel`` for ``spec`` on the current device, compiled once."""
     import cupy
 
-    key = (spec.name, spec.options, cupy.cuda.Device().id)
+    key = (spec.name, spec.options, spec.user_code, cupy.cuda.Device().id)
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:
             kernel = _kernels.get(key)
             if kernel is None:
                 module = cupy.RawModule(
-                    code=source(spec.source), options=compile_options(spec), name_expressions=[spec.name]
+                    code=source_for(spec), options=compile_options(spec), name_expressions=[spec.name]
                 )
-                kernel = module.get_function(spec.name)  # compiles (or loads from disk) here
+                try:
+                    kernel = module.get_function(spec.name)  # compiles (or loads from disk) here
+                except cupy.cuda.compiler.CompileException as e:
+                    if not spec.user_code:
+                        raise
+                    raise ValueError(f"score_mod / mask_mod: NVRTC could not compile the kernel with them:\n{e}") from None
                 if spec.smem > 48 * 1024:
                     kernel.max_dynamic_shared_size_bytes = spec.smem
                 _kernels[key] = kernel
@@ -112,7 +148,7 @@ def compile_offline(spec: Spec, arch: str) -> CompileReport:
     A spec built for one target (``spec.arch``, e.g. sm_90a) compiles for that target."""
     from cupy.cuda import nvrtc
 
-    prog = nvrtc.createProgram(source(spec.source), spec.source, [], [])
+    prog = nvrtc.createProgram(source_for(spec), spec.source, [], [])
     try:
         nvrtc.addNameExpression(prog, spec.name)
         # a spec built for one target names it in its own options (-arch=sm_90a)

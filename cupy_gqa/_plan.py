@@ -32,16 +32,29 @@ class Problem:
     causal: bool
     softmax_scale: float
     precision: str = "highest"  # float32 only ("highest" or "tf32"); "highest" for other dtypes
+    mods: object = None  # _mods.Modifiers of a call with modifiers, else None
 
     @property
     def group_size(self) -> int:
         return self.num_q_heads // self.num_kv_heads
 
     @classmethod
-    def of(cls, q, k, *, dtype: str, causal: bool, softmax_scale: float, precision: str = "highest") -> "Problem":
+    def of(cls, q, k, *, dtype: str, causal: bool, softmax_scale: float, precision: str = "highest", mods=None) -> "Problem":
         batch, seqlen_q, num_q_heads, head_dim = q.shape
         precision = precision if dtype == "float32" else "highest"  # it only means something for float32
-        return cls(batch, seqlen_q, k.shape[1], num_q_heads, k.shape[2], head_dim, dtype, causal, softmax_scale, precision)
+        return cls(batch, seqlen_q, k.shape[1], num_q_heads, k.shape[2], head_dim, dtype, causal, softmax_scale, precision, mods)
+
+    def spec(self, spec: _specs.Spec) -> _specs.Spec:
+        """``spec``, or its instantiation with this call's modifiers."""
+        if self.mods is None:
+            return spec
+        return _specs.with_mods(spec, self.mods.flags, self.mods.user_code())
+
+    def mod_args(self, spec: _specs.Spec, device: int) -> tuple:
+        """The ModParams argument of kernel ``spec`` on ``device`` (none without modifiers)."""
+        if not spec.mods:
+            return ()
+        return (self.mods.params(device, self.num_q_heads),)
 
 
 def element_strides(strides: tuple, itemsize: int) -> tuple[np.int64, ...]:
@@ -123,13 +136,15 @@ class Launch(_PackedPerDevice):
     spec: _specs.Spec
     grid: tuple
     params: np.ndarray  # PARAMS_DTYPE, shape (1,)
+    problem: Problem | None = None  # for the modifiers' ModParams (spec.mods), built per device
 
     workspace_bytes = 0  # the prefill and rowwise kernels take no workspace
     extra_args = ()  # per-launch values after the parameter struct (_launch.BLOBS)
 
     def _pack(self, device: int) -> PackedLaunch:
         kernel = get_kernel(self.spec)
-        args = ("q", "k", "v", "out", "lse", "seqlens_k", self.params.tobytes(), *self.extra_args)
+        mods = self.problem.mod_args(self.spec, device) if self.problem is not None else ()
+        args = ("q", "k", "v", "out", "lse", "seqlens_k", self.params.tobytes(), *mods, *self.extra_args)
         return PackedLaunch([(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], device, keep=(kernel,))
 
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0) -> None:
@@ -178,10 +193,10 @@ def rowwise_blocks(problem: Problem, team: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def plan_rowwise(problem: Problem, layout: tuple, vec: bool) -> Launch:
     """``vec``: the cp.async variant (rows read as 16-byte vectors, sm_80 and newer)."""
-    spec = _specs.rowwise_spec(problem.dtype, problem.head_dim, vec)
+    spec = problem.spec(_specs.rowwise_spec(problem.dtype, problem.head_dim, vec))
     blocks = rowwise_blocks(problem, spec.team)
     total_threads = blocks * spec.threads
-    return Launch(spec, (grid_stride_blocks(total_threads, spec.threads),), make_params(problem, layout, total_threads))
+    return Launch(spec, (grid_stride_blocks(total_threads, spec.threads),), make_params(problem, layout, total_threads), problem)
 
 
 def rowwise_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:
@@ -224,13 +239,13 @@ def _prefill_launch(problem: Problem, layout: tuple, spec: _specs.Spec) -> Launc
     blocks = num_m_tiles * problem.batch * problem.num_kv_heads
     if blocks > MAX_GRID_X:
         raise ValueError(f"q: too many query rows for one launch ({blocks} blocks > {MAX_GRID_X})")
-    return Launch(spec, (blocks,), make_params(problem, layout))
+    return Launch(spec, (blocks,), make_params(problem, layout), problem)
 
 
 @functools.lru_cache(maxsize=4096)
 def plan_tiled(problem: Problem, layout: tuple, arch: _specs.Arch) -> Launch:
     spec = _specs.tiled_any_spec(problem.dtype, problem.head_dim, problem.causal, problem.precision, arch)
-    return _prefill_launch(problem, layout, spec)
+    return _prefill_launch(problem, layout, problem.spec(spec))
 
 
 def tiled_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:
@@ -284,6 +299,8 @@ def _scale_issue(problem: Problem) -> str | None:
 
 def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
     """Why kernels/hopper.cu cannot run this call, or None if it can."""
+    if problem.mods is not None:
+        return "modifiers (window, softcap, sinks, alibi_slopes, score_mod, mask_mod), which it does not take yet"
     if problem.dtype not in _specs.HOPPER_DTYPES:
         return f"dtype {problem.dtype} (it takes {', '.join(_specs.HOPPER_DTYPES)})"
     if problem.head_dim % 8:
@@ -402,6 +419,7 @@ class DecodeLaunch(_PackedPerDevice):
     params: np.ndarray
     num_splits: int
     workspace_rows: int  # packed rows: batch * num_q_heads * seqlen_q
+    problem: Problem | None = None  # for the modifiers' ModParams (spec.mods), built per device
 
     @property
     def workspace_bytes(self) -> int:
@@ -418,11 +436,13 @@ class DecodeLaunch(_PackedPerDevice):
         """The decode kernel, then the combine kernel when split."""
         params, ns = self.params.tobytes(), np.int32(self.num_splits).tobytes()
         kernel = get_kernel(self.spec)
-        args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns)
+        mods = self.problem.mod_args(self.spec, device) if self.problem is not None else ()
+        args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods)
         kernels, keep = [(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], [kernel]
         if self.num_splits > 1:
             combine = get_kernel(self.combine)
-            args = ("out", "lse", "seqlens_k", params, "part_o", "part_lse", ns)
+            mods = self.problem.mod_args(self.combine, device) if self.problem is not None else ()
+            args = ("out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods)
             kernels.append((combine.kernel.ptr, self.combine_grid[0], self.combine.threads, self.combine.smem, args))
             keep.append(combine)
         return PackedLaunch(kernels, device, keep=keep, part_lse_offset=self.part_lse_offset)
@@ -489,10 +509,10 @@ def _decode_plan(problem: Problem, layout: tuple, spec: _specs.Spec, num_splits:
     if blocks > MAX_GRID_X:
         raise ValueError(f"q: too many query rows for one launch ({blocks} blocks > {MAX_GRID_X})")
     packed_rows = problem.batch * problem.num_q_heads * problem.seqlen_q
-    combine = _specs.DECODE_COMBINE[problem.dtype]
+    combine = problem.spec(_specs.DECODE_COMBINE[problem.dtype])
     combine_blocks = grid_stride_blocks(packed_rows * problem.head_dim // 4, combine.threads)
     params = make_params(problem, layout)
-    return DecodeLaunch(spec, combine, (blocks,), (combine_blocks,), params, num_splits, packed_rows)
+    return DecodeLaunch(problem.spec(spec), combine, (blocks,), (combine_blocks,), params, num_splits, packed_rows, problem)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -528,7 +548,7 @@ def decode_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) ->
         _check_decode(problem, q, k, v, out)
     arch = device_arch(q.device.id)
     spec = _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size, arch)
-    slots = _resident_slots(spec, q.device.id)
+    slots = _resident_slots(problem.spec(spec), q.device.id)
     return plan_decode(problem, _layout(q, k, v, out), slots, arch)
 
 

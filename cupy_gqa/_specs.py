@@ -11,7 +11,7 @@ and :data:`SPECS` the union. Reading this file tells you what is supported.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,42 @@ class Spec:
     options: tuple = ()  # extra NVRTC options
     arch: str | None = None  # the one target it is built for (e.g. "sm_90a"); None: the device's own
     sm80: bool = True  # uses cp.async / ldmatrix / mma.sync: compute capability 8.0 or newer
+    mods: int = 0  # the modifiers' FLAGS (_mods.MOD_*) of a *_mods instantiation; 0: none
+    user_code: str = ""  # the CUDA code of user modifiers (ScoreMod, MaskMod), put into common.cuh
+
+
+MODS_FAMILIES = ("rowwise", "tiled", "decode")  # the kernel families that take modifiers (hopper: not yet)
+
+
+def with_mods(spec: Spec, flags: int, user_code: str = "") -> Spec:
+    """The instantiation of ``spec``'s kernel with the modifiers ``flags``
+    (kernels/*.cu: ``<name>_mods<..., FLAGS>``), or ``spec`` itself for none.
+    The combine kernel of decode only needs the sinks."""
+    if spec.family == "decode" and not spec.block_m:  # decode_combine: sinks only
+        flags &= 8  # _mods.MOD_SINKS
+        user_code = ""
+    if not flags:
+        return spec
+    assert spec.family in MODS_FAMILIES, spec.family
+    kernel, args = spec.name.split("<", 1)
+    if spec.source == "tiled.cu" and spec.head_dim >= 96 and spec.block_m // (spec.threads // 32) > 16:
+        # the modifiers' registers don't fit beside 32 rows per warp: 16 (twice the warps, same tile)
+        warps = spec.block_m // 16
+        parts = args[:-1].split(", ")
+        parts[4] = str(warps)  # T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES
+        args, spec = ", ".join(parts) + ">", replace(spec, threads=warps * 32)
+    return replace(spec, name=f"{kernel}_mods<{args[:-1]}, {flags}>", mods=flags, user_code=user_code)
+
+
+# Instantiations with every built-in modifier (FLAGS 15), one per kernel file, for
+# the compile checks (registers, spills; tests/test_compile.py).
+def mods_check_specs(arch: "Arch") -> tuple:
+    picked: dict[str, Spec] = {}
+    for spec in specs_for(arch):
+        if spec.family in MODS_FAMILIES:
+            s = with_mods(spec, 15)
+            picked.setdefault(s.name, s)
+    return tuple(picked.values())
 
 
 # --- rowwise: one query row per thread (team) ----------------------------------

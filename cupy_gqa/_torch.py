@@ -15,6 +15,11 @@ from lse (cupy_gqa.attention_backward). lse is not differentiable. Both run on
 CUDA tensors (the kernels, on torch's current stream) and on CPU tensors (the
 NumPy backend).
 
+Neither op takes modifiers (window, softcap, sinks, alibi_slopes, score_mod,
+mask_mod) yet: api.attention refuses a call that would reach them with one
+(api._torch_op_modifiers), so their signatures and fake implementations are
+those of the calls without modifiers.
+
 This module imports torch; cupy_gqa imports it only once a torch tensor needs
 it (api.attention's routing), so torch stays optional.
 """

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from . import _fast, _interop, _plan
+from . import _fast, _interop, _mods, _plan
 from ._specs import DTYPES, MAX_HEAD_DIM, PRECISIONS
 from .cpu import attention_backward_cpu, attention_cpu
 
@@ -37,6 +37,12 @@ def attention(
     seqlens_k=None,
     layout="bshd",
     workspace=None,
+    window=None,
+    softcap=None,
+    sinks=None,
+    alibi_slopes=None,
+    score_mod=None,
+    mask_mod=None,
 ):
     """Causal grouped-query attention: ``softmax(scale * q k^T + mask) v`` per query head.
 
@@ -143,6 +149,34 @@ def attention(
         returns; while a CUDA graph is captured, CuPy inputs must pass one (a
         ValueError says so): the graph writes into it at every replay. Other
         calls, and CPU inputs, ignore it.
+    window : (left, right), optional
+        Local (sliding-window) attention, FlashAttention's ``window_size``:
+        query ``i`` sees keys ``j`` in ``[i + d - left, i + d + right]``, d =
+        seqlen_k - seqlen_q (bottom-right, per sequence with seqlens_k); -1
+        leaves that side unbounded. With ``causal`` right is 0 at most. The
+        tiled kernels skip key tiles outside the band.
+    softcap : float > 0, optional
+        Scores become ``softcap * tanh(score / softcap)``, score = softmax_scale
+        * q . k, before masking (Gemma 2; FlashAttention's order).
+    sinks : (num_q_heads,) float32 array, optional
+        Sink logits (gpt-oss): ``exp(sinks[h] - m)`` joins the softmax
+        denominator of every row of head h and adds no value; lse includes
+        it (a row that sees no key then has out 0 and lse = its sink).
+    alibi_slopes : (num_q_heads,) or (batch, num_q_heads) float32 array, optional
+        ALiBi: ``-slope * |i + d - j|`` is added to the scaled score
+        (FlashAttention's convention).
+    score_mod : cupy_gqa.ScoreMod, optional
+        A user-written score modifier (CUDA code and its NumPy twin), applied
+        after softcap and ALiBi.
+    mask_mod : cupy_gqa.MaskMod, optional
+        A user-written mask on top of causal, seqlens_k and window.
+        The modifiers combine with each other, GQA, seqlens_k and layout; the
+        hopper kernel takes none of them yet (auto runs tiled or rowwise).
+        sinks and alibi_slopes are read in place when they are CUDA arrays of
+        q's device, else copied there at each call; calls with them take the
+        full path every call (no repeat-call entry). The backward pass takes
+        none yet: a torch call that needs autograd, or one inside
+        ``torch.compile``, raises ValueError when a modifier is given.
 
     Returns
     -------
@@ -176,6 +210,8 @@ def attention(
     None then.
     """
     if out is None and _torch_op_call(q, k, v):
+        _torch_op_modifiers(q, k, v, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+                            score_mod=score_mod, mask_mod=mask_mod)  # fmt: skip
         from . import _torch
 
         return _torch.attention(
@@ -188,18 +224,23 @@ def attention(
             "call it under torch.no_grad() to write into out"
         )
     flags = (type(causal), causal, type(softmax_scale), softmax_scale, type(return_lse), return_lse, kernel, precision, layout)
-    try:  # a repeat call of a signature seen before (CuPy arrays, torch CUDA tensors): _fast
-        found = _fast.signature(q, k, v, out, seqlens_k, workspace, flags)
-        entry = None if found is None else _fast.lookup(found[0])
-    except Exception:  # arguments no signature can hold (unhashable, ...): the full path says what is wrong
-        found = entry = None
+    if window is not None or softcap is not None or score_mod is not None or mask_mod is not None:
+        flags += (type(window), window, type(softcap), softcap, score_mod, mask_mod)
+    found = entry = None
+    if sinks is None and alibi_slopes is None:  # calls with those arrays take the full path every call
+        try:  # a repeat call of a signature seen before (CuPy arrays, torch CUDA tensors): _fast
+            found = _fast.signature(q, k, v, out, seqlens_k, workspace, flags)
+            entry = None if found is None else _fast.lookup(found[0])
+        except Exception:  # arguments no signature can hold (unhashable, ...): the full path says what is wrong
+            found = entry = None
     if entry is not None:
         result = entry(q, k, v, out, seqlens_k, workspace, found[1])
         if result is not None:
             return result
     return _attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out, kernel=kernel,
-        precision=precision, seqlens_k=seqlens_k, layout=layout, workspace=workspace, flags=flags,
+        precision=precision, seqlens_k=seqlens_k, layout=layout, workspace=workspace, flags=flags, window=window,
+        softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes, score_mod=score_mod, mask_mod=mask_mod,
     )  # fmt: skip
 
 
@@ -220,7 +261,25 @@ def _torch_op_call(q, k, v) -> bool:
     return _torch_grad_needed(q, k, v) or torch.compiler.is_compiling()
 
 
-def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, seqlens_k, layout, workspace, flags, plan_only=False):
+def _torch_op_modifiers(q, k, v, **modifiers) -> None:
+    """Refuse modifiers on a call that goes through the torch custom op: the op
+    (and the backward pass) takes none of them yet."""
+    given = [name for name, value in modifiers.items() if value is not None]
+    if not given:
+        return
+    if _torch_grad_needed(q, k, v):
+        why = "q, k or v requires grad, and the backward pass takes no modifiers yet"
+        hint = "call it under torch.no_grad() or with inputs that don't require grad"
+    else:
+        why = "inside torch.compile the call runs as the custom op torch.ops.cupy_gqa.attention, which takes no modifiers yet"
+        hint = "call it outside torch.compile (torch.compiler.disable)"
+    value = modifiers[given[0]]
+    shown = repr(value) if isinstance(value, (numbers.Real, tuple, list)) else f"a {type(value).__name__}"
+    raise ValueError(f"{given[0]}: expected None when {why}, got {shown}; {hint}")
+
+
+def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, seqlens_k, layout, workspace, flags,
+               window=None, softcap=None, sinks=None, alibi_slopes=None, score_mod=None, mask_mod=None, plan_only=False):  # fmt: skip
     """The full path: every check, the plan, the launch; then the signature's
     entry for later calls (none when ``flags`` is None: the torch custom op's
     calls). ``plan_only``: return the plan (or None where no kernel runs)
@@ -247,6 +306,19 @@ def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, preci
     seqlen_k = k.shape[2 if bhsd else 1]
     softmax_scale = _check_scale(softmax_scale, head_dim)
     lens = _check_seqlens_k(seqlens_k, frame, batch, seqlen_k)
+    win = _mods.check_window(window, bool(causal), seqlen_q, seqlen_k)
+    cap = _mods.check_softcap(softcap)
+    _mods.check_user_mod("score_mod", score_mod, _mods.ScoreMod)
+    _mods.check_user_mod("mask_mod", mask_mod, _mods.MaskMod)
+    sinks_a = _check_mod_array("sinks", sinks, frame, ((num_q_heads,),), "(num_q_heads,)")
+    alibi_a = _check_mod_array(
+        "alibi_slopes", alibi_slopes, frame, ((num_q_heads,), (batch, num_q_heads)), "(num_q_heads,) or (batch, num_q_heads)"
+    )
+    has_mods = win is not None or cap or sinks_a is not None or alibi_a is not None or score_mod or mask_mod
+    if not frame.on_gpu:
+        for mod in (score_mod, mask_mod):
+            if mod is not None:
+                mod.numpy_function()  # CPU inputs run the NumPy twin: it must be there
     if kernel != "auto" and not frame.on_gpu:
         raise ValueError(f"kernel: {kernel!r} runs on CUDA arrays; CPU inputs use the NumPy backend, kernel='auto'")
 
@@ -264,8 +336,19 @@ def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, preci
             _check_out(out, outb, tuple(q.shape), qb, kb, vb, dtype)
         if bhsd:  # from here on (batch, seqlen, heads, head_dim): transposed views, nothing copied
             qb, kb, vb, outb = (a.transpose(_BHSD_TO_BSHD) for a in (qb, kb, vb, outb))
+        mods = sinks_b = alibi_b = None
+        if has_mods:
+            sinks_b = _mod_array_backend("sinks", sinks_a, frame)
+            alibi_b = _mod_array_backend("alibi_slopes", alibi_a, frame)
+            mods = _mods.Modifiers(
+                window=win is not None, window_left=win[0] if win else -1, window_right=win[1] if win else -1,
+                softcap=cap, sinks=sinks_b is not None, alibi=0 if alibi_b is None else alibi_b.ndim,
+                score_mod=score_mod, mask_mod=mask_mod,
+                sinks_ptr=sinks_b.data.ptr if frame.on_gpu and sinks_b is not None else 0,
+                alibi_ptr=alibi_b.data.ptr if frame.on_gpu and alibi_b is not None else 0,
+            )  # fmt: skip
         problem = _plan.Problem.of(
-            qb, kb, dtype=dtype, causal=bool(causal), softmax_scale=softmax_scale, precision=precision
+            qb, kb, dtype=dtype, causal=bool(causal), softmax_scale=softmax_scale, precision=precision, mods=mods
         )
         runs = frame.on_gpu and outb.size != 0 and problem.seqlen_k != 0
         if plan_only:
@@ -282,10 +365,13 @@ def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, preci
             pass  # nothing to compute, nothing launched
         elif problem.seqlen_k == 0:
             outb.fill(0)  # every row sees no key
-            if lseb is not None:
+            if lseb is not None:  # lse -inf, or with sinks the sink's
                 lseb.fill(-np.inf)
+                if sinks_b is not None:
+                    lseb[...] = sinks_b[None, :, None]
         elif not frame.on_gpu:
-            attention_cpu(qb, kb, vb, outb, lseb, causal=problem.causal, softmax_scale=softmax_scale, seqlens_k=lensb)
+            attention_cpu(qb, kb, vb, outb, lseb, causal=problem.causal, softmax_scale=softmax_scale, seqlens_k=lensb,
+                          mods=None if mods is None else _mods.CpuModifiers.of(mods, sinks_b, alibi_b))  # fmt: skip
         else:
             family = _plan.choose_kernel(problem, qb, kb, vb, outb) if kernel == "auto" else kernel
             if wsb is not None:
@@ -296,7 +382,8 @@ def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, preci
                 ws_arg = None  # CuPy's pool (refused while capturing)
             # auto's choice has checked that the family supports the call; a forced one checks here
             plan = _plan.LAUNCH[family](problem, qb, kb, vb, outb, lseb, lensb, checked=kernel == "auto", workspace=ws_arg)
-            if runs and plan is not None and flags is not None:  # flags None: the torch op's calls
+            # flags None: the torch op's calls; sinks / alibi_slopes: their addresses are in the plan
+            if runs and plan is not None and flags is not None and not (mods is not None and mods.per_call):
                 _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, (qb, kb, vb, outb, lensb),
                           out_given="out" in named, return_lse=bool(return_lse),
                           lse_shape=(batch, num_q_heads, seqlen_q), lens=lens, seqlen_k=seqlen_k)  # fmt: skip
@@ -582,6 +669,61 @@ def _seqlens_k_backend(lens, frame: _interop.Frame):
     return a
 
 
+def _check_mod_array(name: str, a, frame: _interop.Frame, shapes: tuple, expected: str):
+    """A modifier's float32 array (sinks, alibi_slopes), checked: None, or
+    ("host", float32 NumPy array) or ("device", the CUDA array)."""
+    if a is None:
+        return None
+    kind = "list" if isinstance(a, (list, tuple)) else _interop._kind(a)
+    if kind == "unknown":
+        raise TypeError(
+            f"{name}: expected None or a float32 array (NumPy, CuPy, torch, list), got "
+            f"{type(a).__module__}.{type(a).__qualname__}"
+        )
+    on_cpu = kind in ("list", "numpy") or (kind == "torch" and a.device.type == "cpu")
+    if kind == "list":
+        a = np.asarray(a, dtype=np.float32)
+    dtype = _interop.dtype_name(a)
+    if dtype != "float32":
+        raise TypeError(f"{name}: expected dtype float32, got {dtype}")
+    shape = tuple(a.shape)
+    if shape not in shapes:
+        want = " or ".join(str(s) for s in shapes)
+        raise ValueError(f"{name}: expected shape {want} {expected}, got {shape}")
+    if on_cpu:
+        host = a.detach().numpy() if kind == "torch" else np.asarray(a)
+        return ("host", np.ascontiguousarray(host))
+    dev = _interop._device_of(a, kind)
+    if not frame.on_gpu:
+        raise ValueError(f"{name}: expected a host array (NumPy, list, CPU torch tensor) for CPU inputs, got an array on cuda:{dev}")
+    if dev != frame.device:
+        raise ValueError(f"{name}: expected device cuda:{frame.device} (that of q), got cuda:{dev}")
+    return ("device", a)
+
+
+def _mod_array_backend(name: str, checked, frame: _interop.Frame):
+    """The checked modifier array as the backend reads it: a NumPy array (CPU) or a
+    contiguous float32 CuPy array on the current device (a host one copied on the call's stream)."""
+    if checked is None:
+        return None
+    where, a = checked
+    if not frame.on_gpu:
+        return a
+    import cupy
+
+    if where == "host":
+        if cupy.cuda.get_current_stream().is_capturing():
+            raise ValueError(
+                f"{name}: expected a CUDA float32 array while a CUDA graph is being captured "
+                f"(a host array is copied at each call), got a host array"
+            )
+        return cupy.asarray(a)
+    b = _interop.to_backend(a, frame)
+    if not b.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a contiguous CUDA array (it is read in place), got strides {b.strides} bytes")
+    return b
+
+
 def _check_workspace(workspace, frame: _interop.Frame):
     """A caller's decode workspace (framework and device already checked) as a
     backend array: float32 and contiguous. Its size, address and overlap are
@@ -638,7 +780,8 @@ def _check_out(out, outb, q_shape: tuple, qb, kb, vb, dtype: str) -> None:
 
 _ATTENTION_DEFAULTS = {
     "causal": True, "softmax_scale": None, "return_lse": False, "out": None, "kernel": "auto",
-    "precision": "highest", "seqlens_k": None, "layout": "bshd", "workspace": None,
+    "precision": "highest", "seqlens_k": None, "layout": "bshd", "workspace": None, "window": None,
+    "softcap": None, "sinks": None, "alibi_slopes": None, "score_mod": None, "mask_mod": None,
 }  # fmt: skip
 
 

@@ -16,15 +16,19 @@ Q_BLOCK = 256
 K_BLOCK = 1024
 
 
-def attention_cpu(q, k, v, out, lse, *, causal: bool, softmax_scale: float, seqlens_k=None) -> None:
+def attention_cpu(q, k, v, out, lse, *, causal: bool, softmax_scale: float, seqlens_k=None, mods=None) -> None:
     """Write attention(q, k, v) into ``out`` and, if given, the log-sum-exp into ``lse``.
 
     q : (batch, seqlen_q, num_q_heads, head_dim); k, v : (batch, seqlen_k, num_kv_heads, head_dim)
     out : like q; lse : float32 (batch, num_q_heads, seqlen_q) or None.
     seqlens_k : (batch,) integers in [0, seqlen_k], or None: batch b uses keys
     [0, seqlens_k[b]) only, and its causal mask is aligned to that length.
+    mods : _mods.CpuModifiers or None: window, softcap, ALiBi, sinks and the
+    user modifiers' NumPy twins, by the rules of cupy_gqa/_mods.py.
     Inputs are validated by the caller.
     """
+    if mods is not None:
+        return _attention_cpu_mods(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k, mods=mods)
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
     group_size = num_q_heads // num_kv_heads
@@ -70,18 +74,103 @@ def attention_cpu(q, k, v, out, lse, *, causal: bool, softmax_scale: float, seql
                     lse[b, heads, t0:t1] = block_lse
 
 
+def _attention_cpu_mods(q, k, v, out, lse, *, causal, softmax_scale, seqlens_k, mods) -> None:
+    """attention_cpu with modifiers (see _mods.py for the rules): the same blocks
+    and online softmax, with the scores modified, the window's band (only its key
+    blocks are read), mask_mod, and the sinks folded in at the end."""
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    group_size = num_q_heads // num_kv_heads
+    acc = np.float64 if q.dtype == np.float64 else np.float32
+    scale = acc(softmax_scale)
+    left, right = mods.window_left, mods.window_right
+
+    for b in range(batch):
+        len_b = seqlen_k if seqlens_k is None else int(seqlens_k[b])
+        offset = len_b - seqlen_q  # t's diagonal key: t + offset
+        slopes = None if mods.alibi is None else mods.slopes(b).astype(acc)
+        for kv_head in range(num_kv_heads):
+            heads = slice(kv_head * group_size, (kv_head + 1) * group_size)
+            h_idx = np.arange(heads.start, heads.stop)[:, None, None]  # (group_size, 1, 1)
+            for t0 in range(0, seqlen_q, Q_BLOCK):
+                t1 = min(seqlen_q, t0 + Q_BLOCK)
+                qb = np.swapaxes(q[b, t0:t1, heads, :], 0, 1).astype(acc) * scale
+                t = np.arange(t0, t1)
+                # each row's band of keys [first, last]
+                last = np.full(t1 - t0, len_b - 1)
+                if causal:
+                    last = np.minimum(last, t + offset)
+                elif right >= 0:
+                    last = np.minimum(last, t + offset + right)
+                first = np.maximum(0, t + offset - left) if left >= 0 else np.zeros(t1 - t0, dtype=np.int64)
+                m = np.full((group_size, t1 - t0), -np.inf, dtype=acc)
+                l = np.zeros_like(m)
+                o = np.zeros((group_size, t1 - t0, head_dim), dtype=acc)
+                lo, hi = int(first.min(initial=0)), int(last.max(initial=-1)) + 1
+                for j0 in range(lo, hi, K_BLOCK):
+                    j1 = min(hi, j0 + K_BLOCK)
+                    j = np.arange(j0, j1)
+                    kb = k[b, j0:j1, kv_head, :].astype(acc)
+                    vb = v[b, j0:j1, kv_head, :].astype(acc)
+                    s = qb @ kb.T  # (group_size, rows, keys), scaled
+                    visible = (j[None, :] >= first[:, None]) & (j[None, :] <= last[:, None])  # (rows, keys)
+                    with np.errstate(all="ignore"):  # scores of masked keys are dropped below
+                        if mods.softcap:
+                            cap = acc(mods.softcap)
+                            s = cap * np.tanh(s / cap)
+                        if slopes is not None:
+                            s = s - slopes[heads][:, None, None] * np.abs(t[:, None] + offset - j[None, :]).astype(acc)
+                        if mods.score_fn is not None:
+                            s = np.asarray(mods.score_fn(
+                                score=s, b=b, h=h_idx, q_idx=t[None, :, None], kv_idx=j[None, None, :],
+                                seqlen_q=seqlen_q, seqlen_k=len_b, **mods.score_buffers,
+                            ), dtype=acc)  # fmt: skip
+                            s = np.broadcast_to(s, (group_size, t1 - t0, j1 - j0))
+                    if mods.mask_fn is not None:
+                        user = np.asarray(mods.mask_fn(
+                            b=b, h=h_idx, q_idx=t[None, :, None], kv_idx=j[None, None, :], seqlen_q=seqlen_q,
+                            seqlen_k=len_b, **mods.mask_buffers,
+                        ), dtype=bool)  # fmt: skip
+                        visible = np.broadcast_to(visible[None] & user, (group_size, t1 - t0, j1 - j0))
+                    else:
+                        visible = np.broadcast_to(visible[None], (group_size, t1 - t0, j1 - j0))
+                    s = np.where(visible, s, -np.inf)
+                    m_new = np.maximum(m, s.max(axis=-1))
+                    m_ref = np.where(m_new == -np.inf, 0, m_new)
+                    alpha = np.exp(m - m_ref)
+                    p = np.exp(s - m_ref[..., None])
+                    l = l * alpha + p.sum(axis=-1)
+                    o = o * alpha[..., None] + _masked_pv(p, vb, visible)
+                    m = m_new
+                if mods.sinks is not None:  # the sink joins the denominator, no value (softmax.cuh: fold_sink)
+                    sink = mods.sinks[heads].astype(acc)[:, None]
+                    m_new = np.maximum(m, sink)
+                    alpha = np.exp(m - m_new)
+                    l = l * alpha + np.exp(sink - m_new)
+                    o = o * alpha[..., None]
+                    m = m_new
+                seen = l > 0  # rows that see no key (and no sink): out 0, lse -inf
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    res = np.where(seen[..., None], o / l[..., None], 0)
+                    block_lse = np.where(seen, m + np.log(l), -np.inf)
+                out[b, t0:t1, heads, :] = np.swapaxes(res, 0, 1).astype(out.dtype)
+                if lse is not None:
+                    lse[b, heads, t0:t1] = block_lse
+
+
 def _masked_pv(p, vb, visible):
     """p @ vb, where a key that a row does not see adds nothing, even if its V is NaN or Inf.
 
     p : (group_size, rows, keys), 0 at masked keys; vb : (keys, head_dim);
-    visible : (rows, keys) bool, or None when nothing is masked.
+    visible : (rows, keys) or (group_size, rows, keys) bool, or None when nothing is masked.
     """
     bad = ~np.isfinite(vb) if visible is not None else None
     if bad is None or not bad.any():
         return p @ vb
     pv = p @ np.where(bad, 0, vb)
     j, d = np.nonzero(bad)  # the few non-finite V entries, added where visible
-    extra = np.where(visible[None][..., j], p[..., j] * vb[j, d], 0)
+    vis = visible if visible.ndim == 3 else visible[None]
+    extra = np.where(vis[..., j], p[..., j] * vb[j, d], 0)
     np.add.at(pv, (slice(None), slice(None), d), extra)
     return pv
 

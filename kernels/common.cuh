@@ -114,11 +114,16 @@ __device__ __forceinline__ int visible_keys(int t, int seqlen_q, int seqlen_k, b
 // The keys that a CTA of the prefill kernels (tiled, tiled_tf32, hopper) reads
 // for its packed rows [row0, last_row] (packed row pr is query pr / group),
 // with causal masking aligned bottom-right: query t sees keys j <= t + diag,
-// diag = seqlen_k - seqlen_q. Keys [0, end) are read, and those in [0, free)
-// are visible to every row of the CTA (tiles there need no mask).
-template <bool CAUSAL>
+// diag = seqlen_k - seqlen_q. Keys [start, end) are read, and those in
+// [free_start, free) are visible to every row of the CTA (tiles there need no
+// mask). WINDOW (the window modifier, see "Modifiers" below): query t sees keys
+// [t + diag - left, t + diag + right] (left, right -1: unbounded on that side;
+// causal caps right at 0), so start and free_start move up with the left side
+// and end and free down with the right one; without it start = free_start = 0.
+template <bool CAUSAL, bool WINDOW = false>
 struct KeyRange {
     int end, free, diag, seqlen_k, group;
+    enum : int { start = 0, free_start = 0 };  // the window's left side (WINDOW: see below)
     __device__ __forceinline__ KeyRange(int row0, int last_row, int seqlen_q, int seqlen_k_, int group_)
         : end(seqlen_k_), free(seqlen_k_), diag(seqlen_k_ - seqlen_q), seqlen_k(seqlen_k_), group(group_) {
         if (CAUSAL) {
@@ -130,6 +135,41 @@ struct KeyRange {
     __device__ __forceinline__ int last_key(int pr) const {
         return CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
     }
+    // the first key packed row pr sees
+    __device__ __forceinline__ int first_key(int) const { return 0; }
+    // whether keys [n0, n0 + n) are seen by every row of the CTA (no mask needed)
+    __device__ __forceinline__ bool unmasked(int n0, int n) const { return n0 + n <= free; }
+};
+
+// WINDOW: the band [t + diag - left, t + diag + right] of each row (-1: that
+// side unbounded; causal: right is 0).
+template <bool CAUSAL>
+struct KeyRange<CAUSAL, true> {
+    int end, free, diag, seqlen_k, group;
+    int start, free_start, left, right;
+    __device__ __forceinline__ KeyRange(int row0, int last_row, int seqlen_q, int seqlen_k_, int group_, int left_,
+                                        int right_)
+        : end(seqlen_k_), free(seqlen_k_), diag(seqlen_k_ - seqlen_q), seqlen_k(seqlen_k_), group(group_),
+          start(0), free_start(0), left(left_), right(CAUSAL ? 0 : right_) {
+        if (right >= 0) {
+            end = clamp_key((long long)(last_row / group) + diag + right + 1);
+            free = clamp_key((long long)(row0 / group) + diag + right + 1);
+        }
+        if (left >= 0) {
+            start = clamp_key((long long)(row0 / group) + diag - left);
+            free_start = clamp_key((long long)(last_row / group) + diag - left);
+        }
+    }
+    __device__ __forceinline__ int clamp_key(long long j) const {
+        return (int)(j < 0 ? 0 : (j > seqlen_k ? seqlen_k : j));
+    }
+    __device__ __forceinline__ int last_key(int pr) const {
+        return right >= 0 ? clamp_key((long long)(pr / group) + diag + right + 1) - 1 : seqlen_k - 1;
+    }
+    __device__ __forceinline__ int first_key(int pr) const {
+        return left >= 0 ? clamp_key((long long)(pr / group) + diag - left) : 0;
+    }
+    __device__ __forceinline__ bool unmasked(int n0, int n) const { return n0 + n <= free && n0 >= free_start; }
 };
 
 // The first packed row (packed row pr = query pr / group, common to the
@@ -170,11 +210,12 @@ __device__ __forceinline__ TileOfBlock tile_of_block(int num_m_tiles, int batch,
 // head (group = num_q_heads / num_kv_heads, as the caller has it), its packed rows [row0, row0 + BLOCK_M) of the group * seqlen_q rows of
 // that KV head (packed row r = query t * group + head g of the group), the
 // sequence's valid keys (len = seqlen_k_of: -1 for a bad length, seqlen_k =
-// max(len, 0)) and the keys the CTA reads.
-template <bool CAUSAL>
+// max(len, 0)) and the keys the CTA reads (WINDOW: within the window
+// [left, right] of the window modifier).
+template <bool CAUSAL, bool WINDOW = false>
 struct PrefillTile {
     int b, kv_head, row0, group, packed_rows, len, seqlen_k;
-    KeyRange<CAUSAL> keys;
+    KeyRange<CAUSAL, WINDOW> keys;
 };
 
 __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k);
@@ -190,6 +231,25 @@ __device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p,
             KeyRange<CAUSAL>(row0, min(row0 + BLOCK_M, packed_rows) - 1, p.seqlen_q, seqlen_k, group)};
 }
 
+// The same for a kernel with modifiers (WINDOW: the keys within the window
+// [left, right] of the window modifier).
+template <bool CAUSAL, int BLOCK_M, bool WINDOW>
+__device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_mods(const AttnParams& p, const int* seqlens_k,
+                                                                        int group, int left, int right) {
+    if constexpr (!WINDOW) {
+        return prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, group);
+    } else {
+        const int packed_rows = p.seqlen_q * group;
+        const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads);
+        const int row0 = t.m_tile * BLOCK_M;
+        const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
+        const int seqlen_k = max(len, 0);
+        return {t.b, t.kv_head, row0, group, packed_rows, len, seqlen_k,
+                KeyRange<CAUSAL, true>(row0, min(row0 + BLOCK_M, packed_rows) - 1, p.seqlen_q, seqlen_k, group, left,
+                                       right)};
+    }
+}
+
 // Valid keys of batch b: seqlens_k[b] when the caller gave per-sequence cache
 // lengths (kernel argument seqlens_k, else nullptr), otherwise seqlen_k; -1
 // when seqlens_k[b] is outside [0, seqlen_k] (possible only for a device array,
@@ -202,6 +262,167 @@ __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seql
 }
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fffffff); }
+
+// ---- modifiers (window, softcap, ALiBi, sinks, score_mod, mask_mod) ---------------
+// The rules every kernel family follows, written once (cupy_gqa/_mods.py is the
+// Python side, tests/reference.py the definition). With b the batch, h the
+// query head, t the query position, j the key, diag = len - seqlen_q (len: the
+// sequence's valid keys) and x = softmax_scale * (q . k), natural units:
+//   softcap:   x = softcap * tanh(x / softcap)
+//   ALiBi:     x = x - slope[b][h] * |t + diag - j|
+//   score_mod: x = user_score_mod(x, b, h, t, j, seqlen_q, len)       (in this order)
+// then a key is masked (weight 0) outside the causal / sequence bounds, outside
+// the window [t + diag - left, t + diag + right] (-1: unbounded side; causal
+// caps right at 0), or where user_mask_mod(b, h, t, j, seqlen_q, len) is false.
+// Sinks: sink[h] (natural units) joins the row's softmax denominator once,
+// exp(sink - m), and adds no value (softmax.cuh: fold_sink); lse includes it.
+// A kernel with modifiers is a separate instantiation (FLAGS != 0) that takes a
+// ModParams after its AttnParams; the kernels without them are unchanged.
+enum : int { MOD_WINDOW = 1, MOD_SOFTCAP = 2, MOD_ALIBI = 4, MOD_SINKS = 8, MOD_SCORE = 16, MOD_MASK = 32 };
+
+// Mirrored field by field by cupy_gqa/_mods.py: MOD_PARAMS_DTYPE.
+struct ModParams {
+    const float* sinks;           // MOD_SINKS: (num_q_heads,) float32 sink logits
+    const float* alibi;           // MOD_ALIBI: slopes, alibi[b * alibi_batch_stride + h]
+    const void* buffers[6];       // the user modifiers' buffers (score_mod's, then mask_mod's)
+    index_t alibi_batch_stride;   // 0: slopes (num_q_heads,); num_q_heads: (batch, num_q_heads)
+    double softcap;               // MOD_SOFTCAP: > 0
+    int window_left, window_right;  // MOD_WINDOW: -1 unbounded (causal: right is 0)
+};
+static_assert(sizeof(ModParams) == 88, "ModParams must match _mods.MOD_PARAMS_DTYPE");
+// What a kernel without modifiers passes its body in place of a ModParams: an
+// empty struct, so that nothing is built (an 88-byte ModParams{} temporary,
+// though unused, changes the order of the generated code).
+struct NoModParams {};
+
+template <int FLAGS>
+struct Mods {
+    enum : int {
+        ANY = FLAGS != 0,
+        WINDOW = (FLAGS & MOD_WINDOW) != 0,
+        SOFTCAP = (FLAGS & MOD_SOFTCAP) != 0,
+        ALIBI = (FLAGS & MOD_ALIBI) != 0,
+        SINKS = (FLAGS & MOD_SINKS) != 0,
+        SCORE = (FLAGS & MOD_SCORE) != 0,
+        MASK = (FLAGS & MOD_MASK) != 0,
+        SCORES = SOFTCAP || ALIBI || SCORE,  // the scores change (the scale can't stay inside the exp2)
+        MASKS = WINDOW || MASK,              // keys inside the causal bounds may be masked
+    };
+};
+typedef Mods<0> NoMods;
+
+// The user modifiers (cupy_gqa.ScoreMod, cupy_gqa.MaskMod): cupy_gqa/_compile.py
+// puts their code at the marker below; without them these are the identity.
+// @user-mods@
+#ifndef CUPY_GQA_USER_SCORE_MOD
+template <typename A>
+__device__ __forceinline__ A user_score_mod(A score, int, int, int, int, int, int, const ModParams&) { return score; }
+#endif
+#ifndef CUPY_GQA_USER_MASK_MOD
+__device__ __forceinline__ bool user_mask_mod(int, int, int, int, int, int, const ModParams&) { return true; }
+#endif
+
+namespace mods {
+
+// What the rules need of a sequence: its batch, lengths and diagonal.
+struct Seq {
+    int b, seqlen_q, len, diag;  // len: valid keys (>= 0); diag = len - seqlen_q
+};
+__device__ __forceinline__ Seq seq(int b, int seqlen_q, int len) { return {b, seqlen_q, len, len - seqlen_q}; }
+
+// What they need of a row: query position t, query head h, its ALiBi slope,
+// and its first and last visible key under the window and the causal and
+// sequence bounds (last < first: none).
+struct Row {
+    int t, h, first, last;
+    float slope;
+};
+
+// The key bounds of query t (causal: the causal end; window: its band).
+template <class M>
+__device__ __forceinline__ Row row(const ModParams& mp, const Seq& sq, int t, int h, bool causal) {
+    long long first = 0, last = (long long)sq.len - 1;
+    const long long c = (long long)t + sq.diag;
+    if (causal && c < last) last = c;
+    if (M::WINDOW) {
+        if (mp.window_left >= 0 && c - mp.window_left > first) first = c - mp.window_left;
+        if (!causal && mp.window_right >= 0 && c + mp.window_right < last) last = c + mp.window_right;
+    }
+    if (last < -1) last = -1;
+    if (first > sq.len) first = sq.len;
+    float slope = 0.f;
+    if (M::ALIBI) slope = mp.alibi[sq.b * mp.alibi_batch_stride + h];
+    return {t, h, (int)first, (int)last, slope};
+}
+
+// A score in log2 units (softmax_scale * log2(e) * q . k) after the score
+// modifiers, in log2 units (computed in natural units, in A's precision).
+// (Of query t, head h, ALiBi slope.)
+template <class M, typename A>
+__device__ __forceinline__ A score_of(A s2, const ModParams& mp, const Seq& sq, int t, int h, float slope, int j) {
+    if (!M::SCORES) return s2;
+    A x = s2 * (A)0.69314718055994530942;
+    if (M::SOFTCAP) {
+        const A cap = (A)mp.softcap;
+        x = cap * tanh(x / cap);
+    }
+    if (M::ALIBI) x -= (A)slope * (A)abs(t + sq.diag - j);
+    if (M::SCORE) x = user_score_mod<A>(x, sq.b, h, t, j, sq.seqlen_q, sq.len, mp);
+    return x * (A)1.44269504088896340736;
+}
+template <class M, typename A>
+__device__ __forceinline__ A score(A s2, const ModParams& mp, const Seq& sq, const Row& r, int j) {
+    return score_of<M, A>(s2, mp, sq, r.t, r.h, r.slope, j);
+}
+
+// Whether row r sees key j (j in [0, len)): its bounds and mask_mod.
+template <class M>
+__device__ __forceinline__ bool visible(const ModParams& mp, const Seq& sq, const Row& r, int j) {
+    bool ok = j >= r.first && j <= r.last;
+    if (M::MASK) ok = ok && user_mask_mod(sq.b, r.h, r.t, j, sq.seqlen_q, sq.len, mp);
+    return ok;
+}
+
+// The tensor-core prefill kernels (tiled, tiled_tf32) hold less of a row across
+// their key loop, where registers are short: its diagonal key c = t + diag, its
+// ALiBi slope (ALiBi) and its query head (score_mod, mask_mod); its key bounds
+// are the distance j - c compared with the window where a tile is masked, and
+// its head for the sink is recomputed after the loop. Unused fields cost nothing.
+struct Diag {
+    int c, h;
+    float slope;
+};
+template <class M>
+__device__ __forceinline__ Diag diag(const ModParams& mp, const Seq& sq, int t, int h) {
+    Diag d = {t + sq.diag, 0, 0.f};
+    if (M::SCORE || M::MASK) d.h = h;
+    if (M::ALIBI) d.slope = mp.alibi[sq.b * mp.alibi_batch_stride + h];
+    return d;
+}
+// Whether the row sees key j (j >= 0): the same bounds as Row's first and last.
+template <class M, bool CAUSAL>
+__device__ __forceinline__ bool visible(const ModParams& mp, const Seq& sq, const Diag& r, int j) {
+    const int d = j - r.c;  // no overflow: j < len + a tile, -seqlen_q <= c < len
+    bool ok = j < sq.len && (!CAUSAL || d <= 0);
+    if (M::WINDOW) {
+        if (mp.window_left >= 0) ok = ok && d >= -mp.window_left;
+        if (!CAUSAL && mp.window_right >= 0) ok = ok && d <= mp.window_right;
+    }
+    if (M::MASK) ok = ok && user_mask_mod(sq.b, r.h, r.c - sq.diag, j, sq.seqlen_q, sq.len, mp);
+    return ok;
+}
+template <class M, typename A>
+__device__ __forceinline__ A score(A s2, const ModParams& mp, const Seq& sq, const Diag& r, int j) {
+    return score_of<M, A>(s2, mp, sq, r.c - sq.diag, r.h, r.slope, j);
+}
+
+// A sink in log2 units, for query head h (0 without sinks: unused).
+template <class M, typename A>
+__device__ __forceinline__ A sink2(const ModParams& mp, int h) {
+    return M::SINKS ? (A)mp.sinks[h] * (A)1.44269504088896340736 : (A)0;
+}
+
+}  // namespace mods
 
 // ---- asynchronous global -> shared copies (cp.async, sm_80+) ----------------
 __device__ __forceinline__ unsigned smem_addr(const void* p) {

@@ -127,10 +127,13 @@ __device__ __forceinline__ void load_step(uint4 (&kr)[U][C], uint4 (&vr)[U][C], 
 // One step of a key group over its U keys j, j + NUM_GROUPS, ... (see the top):
 // scores, then the online softmax update of every row. MASK: some key may be
 // past k_end or past a row's causal end.
-template <typename T, int ROWS, int U, int C, int NUM_GROUPS, int LANES, bool MASK>
+// M: the modifiers (common.cuh: mods), with each row's view of them in mrow.
+template <typename T, int ROWS, int U, int C, int NUM_GROUPS, int LANES, bool MASK, class M = NoMods>
 __device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4 (&vr)[U][C],
                                             const float (&qv)[ROWS][8], float (&m)[ROWS], float (&l)[ROWS],
-                                            float (&o)[ROWS][8], int j, int k_end, const int (&n_vis)[ROWS]) {
+                                            float (&o)[ROWS][8], int j, int k_end, const int (&n_vis)[ROWS],
+                                            const ModParams* mp = nullptr, const mods::Seq* sq = nullptr,
+                                            const mods::Row* mrow = nullptr) {
     constexpr int W = 16 / (int)sizeof(T), DL = 8;
     const float NEG_INF = neg_inf<float>();
     // s_u = q . k_u for every row: partial dots, then a sum over the group's lanes
@@ -171,6 +174,10 @@ __device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             vis[u] = !MASK || (j + u * NUM_GROUPS < k_end && j + u * NUM_GROUPS < n_vis[i]);
+            if constexpr (M::ANY) {
+                if (M::MASKS && vis[u]) vis[u] = mods::visible<M>(*mp, *sq, mrow[i], j + u * NUM_GROUPS);
+                if (M::SCORES && vis[u]) s[u][i] = mods::score<M>(s[u][i], *mp, *sq, mrow[i], j + u * NUM_GROUPS);
+            }
             if (!vis[u]) s[u][i] = NEG_INF;
             m_new = fmaxf(m_new, s[u][i]);
         }
@@ -202,10 +209,13 @@ __device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4
 // domain). One thread per (row, dim) merges the warps and writes out = o / l
 // and lse (num_splits == 1), or this split's normalised partial and its log2
 // lse to the workspace (see the top).
-template <typename T, int HEAD_DIM, int ROWS, int NW, int THREADS>
+// M: the modifiers; a sink joins the row here when num_splits == 1 (else in
+// decode_combine_mods).
+template <typename T, int HEAD_DIM, int ROWS, int NW, int THREADS, class M = NoMods>
 __device__ __forceinline__ void write_cta_result(const float* m_w, const float* l_w, const float* o_w, T* out,
                                                  float* lse, const AttnParams& p, int b, int kv_head, int rb, int split,
-                                                 int num_splits, int len, float* part_o, float* part_lse) {
+                                                 int num_splits, int len, float* part_o, float* part_lse,
+                                                 const ModParams* mp = nullptr) {
     const float NEG_INF = neg_inf<float>();
     const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
     for (int x = threadIdx.x; x < ROWS * HEAD_DIM; x += THREADS) {
@@ -221,6 +231,12 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
             const float wt = softmax::merge_weight(m_w[w * ROWS + i], mm);
             ls = fmaf(l_w[w * ROWS + i], wt, ls);
             os = fmaf(o_w[(w * ROWS + i) * HEAD_DIM + d], wt, os);
+        }
+        if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
+            if (num_splits == 1) {
+                const int q_head = q_head_of(kv_head, r % group_size, group_size);
+                os *= softmax::fold_sink(mm, ls, mods::sink2<M, float>(*mp, q_head));
+            }
         }
         // a row that saw no key (of this split): 0 and lse = -inf
         const float res = softmax::normalized(os, ls, ls != 0.f);
@@ -242,11 +258,13 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
 
 }  // namespace decode_detail
 
-template <typename T, int HEAD_DIM, int ROWS>
-__global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS : 1) decode_attention(
+// The kernel's body, for the kernel without modifiers (M = NoMods) and the one
+// with them (decode_attention_mods, common.cuh: modifiers).
+template <typename T, int HEAD_DIM, int ROWS, class M>
+__device__ __forceinline__ void decode_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams& mp)
 {
     using namespace decode_detail;
     constexpr int W = 16 / (int)sizeof(T);        // elements per 16-byte chunk
@@ -275,12 +293,22 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
     float qv[ROWS][DL];
     int n_vis[ROWS];  // keys [0, n_vis) visible to the row (0 for idle rows)
     int n_max = 0, n_min = 1 << 30;  // over the live rows
+    const mods::Seq sq = mods::seq(b, p.seqlen_q, max(len, 0));
+    mods::Row mrow[M::ANY ? ROWS : 1];  // the rows' view of the modifiers (common.cuh: mods)
+    int first_min = 1 << 30;            // (window) the first key any live row sees
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
         const int r = rb * ROWS + i;
         const int t = r / group_size, g = r % group_size;
         const bool live = r < rows_total && len >= 0;
-        n_vis[i] = live ? visible_keys(t, p.seqlen_q, len, p.causal != 0) : 0;
+        if constexpr (M::ANY) {
+            mrow[i] = {t, 0, 0, -1, 0.f};
+            if (live) mrow[i] = mods::row<M>(mp, sq, t, q_head_of(kv_head, g, group_size), p.causal != 0);
+            n_vis[i] = mrow[i].last + 1;
+            if (live) first_min = min(first_min, mrow[i].first);
+        } else {
+            n_vis[i] = live ? visible_keys(t, p.seqlen_q, len, p.causal != 0) : 0;
+        }
         n_max = max(n_max, n_vis[i]);
         if (live) n_min = min(n_min, n_vis[i]);
         const T* q_row = q + b * p.q_stride[0] + t * p.q_stride[1]
@@ -313,20 +341,24 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
     }
 
     // keys [k_begin, k_full) come in whole steps that every live row sees: no mask
-    const int k_full = k_begin + max(0, min(k_end, n_min) - k_begin) / STEP * STEP;
+    // (with the window or mask_mod: none)
+    const int k_full = M::MASKS ? k_begin : k_begin + max(0, min(k_end, n_min) - k_begin) / STEP * STEP;
+    // (window) whole steps before the first key any row sees are skipped; the
+    // steps keep their places, so each key meets the same lane as without
+    const int j_start = M::WINDOW ? k_begin + max(0, first_min - k_begin) / STEP * STEP : k_begin;
     const T* k_ptr = k + b * p.k_stride[0] + kv_head * p.k_stride[2] + gl * W;
     const T* v_ptr = v + b * p.v_stride[0] + kv_head * p.v_stride[2] + gl * W;
     const index_t ks = p.k_stride[1], vs = p.v_stride[1];
 
     // software pipeline: step j0 + STEP's loads are in flight while step j0 is computed
     uint4 kr[U][C], vr[U][C], kn[U][C], vn[U][C];
-    load_step<T, U, C, NUM_GROUPS, LANES>(kr, vr, k_ptr, v_ptr, ks, vs, k_begin + group, k_end);
-    for (int j0 = k_begin; j0 < k_end; j0 += STEP) {
+    load_step<T, U, C, NUM_GROUPS, LANES>(kr, vr, k_ptr, v_ptr, ks, vs, j_start + group, k_end);
+    for (int j0 = j_start; j0 < k_end; j0 += STEP) {
         load_step<T, U, C, NUM_GROUPS, LANES>(kn, vn, k_ptr, v_ptr, ks, vs, j0 + STEP + group, k_end);
         if (j0 + STEP <= k_full)
-            attend_step<T, ROWS, U, C, NUM_GROUPS, LANES, false>(kr, vr, qv, m, l, o, j0 + group, k_end, n_vis);
+            attend_step<T, ROWS, U, C, NUM_GROUPS, LANES, false, M>(kr, vr, qv, m, l, o, j0 + group, k_end, n_vis, &mp, &sq, mrow);
         else
-            attend_step<T, ROWS, U, C, NUM_GROUPS, LANES, true>(kr, vr, qv, m, l, o, j0 + group, k_end, n_vis);
+            attend_step<T, ROWS, U, C, NUM_GROUPS, LANES, true, M>(kr, vr, qv, m, l, o, j0 + group, k_end, n_vis, &mp, &sq, mrow);
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -373,8 +405,28 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
     }
     __syncthreads();
 
-    write_cta_result<T, HEAD_DIM, ROWS, NUM_WARPS, DECODE_THREADS>(&sm_m[0][0], &sm_l[0][0], &sm_o[0][0][0], out, lse, p, b,
-                                                                   kv_head, rb, split, num_splits, len, part_o, part_lse);
+    write_cta_result<T, HEAD_DIM, ROWS, NUM_WARPS, DECODE_THREADS, M>(&sm_m[0][0], &sm_l[0][0], &sm_o[0][0][0], out, lse,
+                                                                      p, b, kv_head, rb, split, num_splits, len, part_o,
+                                                                      part_lse, &mp);
+}
+
+template <typename T, int HEAD_DIM, int ROWS>
+__global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS : 1) decode_attention(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)
+{
+    decode_body<T, HEAD_DIM, ROWS, NoMods>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits, ModParams{});
+}
+
+// The same with the modifiers FLAGS (common.cuh: MOD_*), whose values are in mp.
+template <typename T, int HEAD_DIM, int ROWS, int FLAGS>
+__global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS : 1) decode_attention_mods(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams mp)
+{
+    decode_body<T, HEAD_DIM, ROWS, Mods<FLAGS>>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits, mp);
 }
 
 // ---- decode_mma_attention: fp16 / bf16 on tensor cores -----------------------
@@ -441,11 +493,13 @@ struct MmaSmem {
 
 // SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
 // decode_mma_smem), checked against the layout at compile time.
-template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES>
-__global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention(
+// The kernel's body, for the kernel without modifiers (M = NoMods) and the one
+// with them (decode_mma_attention_mods, common.cuh: modifiers).
+template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES, class M>
+__device__ __forceinline__ void decode_mma_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams& mp)
 {
     using namespace decode_detail;
     constexpr int NW = DECODE_MMA_WARPS, THREADS = NW * 32;
@@ -485,11 +539,24 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     cp_async_commit();
     int n_max = 0, n_min = 1 << 30;  // over the CTA's live rows
     int n_vis[2];                    // of this lane's rows lane / 4 and lane / 4 + 8
+    const mods::Seq sq = mods::seq(b, p.seqlen_q, max(len, 0));
+    mods::Row mrow[2];               // (modifiers) the lane's rows' view of them (common.cuh: mods)
+    int first_min = 1 << 30;         // (window) the first key any live row sees
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
         const int r = rb * ROWS + i;
         const bool live = r < rows_total && len >= 0;
-        const int n = live ? visible_keys(r / group_size, p.seqlen_q, len, p.causal != 0) : 0;
+        int n;
+        if constexpr (M::ANY) {
+            mods::Row mr = {r / group_size, 0, 0, -1, 0.f};
+            if (live) mr = mods::row<M>(mp, sq, r / group_size, q_head_of(kv_head, r % group_size, group_size), p.causal != 0);
+            n = mr.last + 1;
+            if (live) first_min = min(first_min, mr.first);
+            if (i == lane / 4) mrow[0] = mr;
+            if (i == lane / 4 + 8) mrow[1] = mr;
+        } else {
+            n = live ? visible_keys(r / group_size, p.seqlen_q, len, p.causal != 0) : 0;
+        }
         if (live) { n_max = max(n_max, n); n_min = min(n_min, n); }
         if (i == lane / 4) n_vis[0] = n;
         if (i == lane / 4 + 8) n_vis[1] = n;
@@ -503,6 +570,18 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     const int num_tiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
     const int my_tiles = num_tiles > warp ? (num_tiles - warp + NW - 1) / NW : 0;  // tiles warp, warp + NW, ..
     const int last[2] = {min(k_end, n_vis[0]) - 1, min(k_end, n_vis[1]) - 1};  // last key rows lane / 4 (+ 8) see
+    // (window) the warp's tiles before the first key any row sees are skipped;
+    // every tile keeps its warp, so each key meets the same lane as without
+    int i_first = 0;
+    if constexpr (M::WINDOW) {
+        const int u_first = max(0, first_min - k_begin) / BN;
+        i_first = u_first > warp ? (u_first - warp + NW - 1) / NW : 0;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) mrow[hf].last = min(mrow[hf].last, k_end - 1);
+    } else if constexpr (M::ANY) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) mrow[hf].last = min(mrow[hf].last, k_end - 1);
+    }
 
     // lane copies 16-byte chunk lane % CH of key rows lane / CH + RPP * i of a tile
     const int ld_r = lane / CH, ld_ch = lane % CH;
@@ -525,7 +604,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < my_tiles) load_tile(warp + s * NW, s);
+        if (i_first + s < my_tiles) load_tile(warp + (i_first + s) * NW, (i_first + s) % STAGES);
         cp_async_commit();
     }
 
@@ -554,7 +633,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     m_run[0] = m_run[1] = NEG_INF;
     l_run[0] = l_run[1] = 0.f;
 
-    for (int i = 0; i < my_tiles; ++i) {
+    for (int i = i_first; i < my_tiles; ++i) {
         cp_async_wait<STAGES - 2>();  // tile i landed, for this lane ..
         __syncwarp();                 // .. and the warp; stage (i - 1) % STAGES is free again
         if (i + STAGES - 1 < my_tiles) load_tile(warp + (i + STAGES - 1) * NW, (i + STAGES - 1) % STAGES);
@@ -591,7 +670,12 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
         // then mask keys past a row's causal end or past the range
-        if (key0 + BN > k_free) softmax::frag_mask(s, key0, lane, last);
+        if constexpr (!M::ANY) {
+            if (key0 + BN > k_free) softmax::frag_mask(s, key0, lane, last);
+        } else {  // the modifiers (common.cuh: mods), and their mask where some row may not see a key
+            const bool mask = M::MASKS || key0 + BN > k_free;
+            if (M::SCORES || mask) softmax::frag_mods<M>(s, key0, lane, mp, sq, mrow, mask);
+        }
         // online softmax (softmax.cuh), lazy rescale
         softmax::frag_update<DECODE_RESCALE_THRESHOLD, false>(s, o, m_run, l_run, 0.f, softmax::FastExp2());
         // O += P V: the C fragments of S, paired, are the A fragment of P
@@ -631,15 +715,37 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
                 make_float2(o[dt][2 * hf], o[dt][2 * hf + 1]);
     }
     __syncthreads();
-    write_cta_result<T, HEAD_DIM, ROWS, NW, THREADS>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, split, num_splits,
-                                                      len, part_o, part_lse);
+    write_cta_result<T, HEAD_DIM, ROWS, NW, THREADS, M>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, split, num_splits,
+                                                         len, part_o, part_lse, &mp);
 }
 
-// Merge the num_splits partial results of each packed row (see the top).
-template <typename T>
-__global__ void __launch_bounds__(128) decode_combine(
+template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES>
+__global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-    const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits)
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)
+{
+    decode_mma_body<T, HEAD_DIM, STAGES, SMEM_BYTES, NoMods>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
+                                                            num_splits, ModParams{});
+}
+
+// The same with the modifiers FLAGS (common.cuh: MOD_*), whose values are in mp.
+template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES, int FLAGS>
+__global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention_mods(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams mp)
+{
+    decode_mma_body<T, HEAD_DIM, STAGES, SMEM_BYTES, Mods<FLAGS>>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
+                                                                 num_splits, mp);
+}
+
+// Merge the num_splits partial results of each packed row (see the top); M:
+// the modifiers, of which only the sinks act here.
+template <typename T, class M>
+__device__ __forceinline__ void decode_combine_body(
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
+    const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits, const ModParams* mp)
 {
     using namespace decode_detail;
     const float NEG_INF = neg_inf<float>();
@@ -668,6 +774,13 @@ __global__ void __launch_bounds__(128) decode_combine(
             acc.z = fmaf(wt, ov.z, acc.z);
             acc.w = fmaf(wt, ov.w, acc.w);
         }
+        if constexpr (M::SINKS) {  // the sink joins the denominator once (softmax.cuh: fold_sink)
+            const float alpha = softmax::fold_sink(mm, ls, mods::sink2<M, float>(*mp, q_head));
+            acc.x *= alpha;
+            acc.y *= alpha;
+            acc.z *= alpha;
+            acc.w *= alpha;
+        }
         const bool bad = seqlen_k_of(seqlens_k, b, p.seqlen_k) < 0;
         const float inv = softmax::out_scale(ls, ls != 0.f, bad);  // NaN when bad
         T* o_row = out + b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2] + d;
@@ -679,4 +792,21 @@ __global__ void __launch_bounds__(128) decode_combine(
             lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] =
                 softmax::lse(mm, ls, ls != 0.f, bad);
     }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(128) decode_combine(
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits)
+{
+    decode_combine_body<T, NoMods>(out, lse, seqlens_k, p, part_o, part_lse, num_splits, nullptr);
+}
+
+// The same with the sinks (FLAGS: MOD_SINKS), whose values are in mp.
+template <typename T, int FLAGS>
+__global__ void __launch_bounds__(128) decode_combine_mods(
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits, const ModParams mp)
+{
+    decode_combine_body<T, Mods<FLAGS>>(out, lse, seqlens_k, p, part_o, part_lse, num_splits, &mp);
 }

@@ -109,12 +109,14 @@ struct RowwiseSmem {
     };
 };
 
-// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
-// rowwise_smem), checked against the layout at compile time.
-template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES>
-__global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
+// The kernel's body, for the kernel without modifiers (M = NoMods) and the one
+// with them (rowwise_attention_mods, common.cuh: modifiers); MP: ModParams, or
+// NoModParams for M = NoMods.
+template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES, class M, class MP>
+__device__ __forceinline__ void rowwise_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p)
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
+    const MP& mp)
 {
     typedef acc_t<T> acc;
     constexpr int W = 16 / (int)sizeof(T);     // elements per 16-byte vector
@@ -158,9 +160,27 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
         const int t = p.seqlen_q - 1 - (t_block * tb + r / hb);
         const bool active = r < tb * hb && g < group_size && t >= 0;
         const int q_head = q_head_of(kv_head, g, group_size);
-        const int n_keys = active ? visible_keys(t, p.seqlen_q, seqlen_k, p.causal != 0) : 0;
+        // Modifiers (common.cuh: mods): the row's key bounds, ALiBi slope, ...
+        const mods::Seq sq = mods::seq(b, p.seqlen_q, seqlen_k);
+        mods::Row mrow;
+        int n_keys;
+        if constexpr (M::ANY) {
+            mrow = {t, q_head, 0, -1, 0.f};
+            if (active) mrow = mods::row<M>(mp, sq, t, q_head, p.causal != 0);
+            n_keys = mrow.last + 1;
+        } else {
+            n_keys = active ? visible_keys(t, p.seqlen_q, seqlen_k, p.causal != 0) : 0;
+        }
         // Keys any row of the block sees: those of its latest position.
         const int n_block = visible_keys(p.seqlen_q - 1 - t_block * tb, p.seqlen_q, seqlen_k, p.causal != 0);
+        // ... and (window) from the first key of its earliest position: stages before it are skipped
+        int st_first = 0;
+        if constexpr (M::WINDOW) {
+            if (mp.window_left >= 0) {
+                const int t_min = max(0, p.seqlen_q - 1 - (t_block * tb + tb - 1));
+                st_first = (int)min((long long)seqlen_k, max(0LL, (long long)t_min + sq.diag - mp.window_left)) / KEYS;
+            }
+        }
 
         const T* k_row = k + b * p.k_stride[0] + kv_head * p.k_stride[2];
         const T* v_row = v + b * p.v_stride[0] + kv_head * p.v_stride[2];
@@ -192,9 +212,15 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
         acc m = NEG_INF, l = 0;
         const int n_stages = (n_block + KEYS - 1) / KEYS;
         __syncthreads();  // the previous block's last stage is no longer read
-        if (n_stages > 0) stage_kv<T, DPAD, VEC, KEYS>(sK, sV, k_row, v_row, 0, n_block, p);
+        if constexpr (M::WINDOW) {
+            if (n_stages > st_first)
+                stage_kv<T, DPAD, VEC, KEYS>(sK + (st_first & 1) * L::STAGE, sV + (st_first & 1) * L::STAGE, k_row,
+                                             v_row, st_first * KEYS, n_block, p);
+        } else {
+            if (n_stages > 0) stage_kv<T, DPAD, VEC, KEYS>(sK, sV, k_row, v_row, 0, n_block, p);
+        }
         if (VEC) cp_async_commit();
-        for (int st = 0; st < n_stages; ++st) {
+        for (int st = st_first; st < n_stages; ++st) {
             const int buf = st & 1;
             if (st + 1 < n_stages) {  // next stage in flight while this one is used
                 stage_kv<T, DPAD, VEC, KEYS>(sK + (buf ^ 1) * L::STAGE, sV + (buf ^ 1) * L::STAGE,
@@ -225,11 +251,18 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
                         for (int e = 0; e < W; ++e) s[u] += qv[c * W + e] * kx[e];
                     }
                 }
+                bool vis[KB];  // (modifiers) the row sees key j + u
 #pragma unroll
                 for (int u = 0; u < KB; ++u) {
 #pragma unroll
                     for (int off = TEAM / 2; off > 0; off /= 2) s[u] += __shfl_xor_sync(team_mask, s[u], off);
-                    if (j + u >= j_end) s[u] = NEG_INF;  // past this row's last key
+                    if constexpr (!M::ANY) {
+                        if (j + u >= j_end) s[u] = NEG_INF;  // past this row's last key
+                    } else {
+                        const int key = st * KEYS + j + u;
+                        vis[u] = j + u < j_end && mods::visible<M>(mp, sq, mrow, key);
+                        s[u] = vis[u] ? mods::score<M>(s[u], mp, sq, mrow, key) : NEG_INF;
+                    }
                 }
 
                 // online softmax over the batch: o = o * exp2(m - m') + sum_u exp2(s_u - m') v_u
@@ -247,7 +280,7 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
                 for (int i = 0; i < PER_LANE; ++i) o[i] *= alpha;
 #pragma unroll
                 for (int u = 0; u < KB; ++u) {
-                    if (j + u < j_end) {  // masked keys add nothing, not even 0 * Inf = NaN
+                    if (M::ANY ? vis[u] : j + u < j_end) {  // masked keys add nothing, not even 0 * Inf = NaN
 #pragma unroll
                         for (int c = 0; c < CHUNKS; ++c) {
                             acc vx[W];
@@ -262,8 +295,17 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
         }
 
         if (active) {
-            // A row with no visible key is all zeros with lse = -inf.
-            const acc inv_l = softmax::out_scale(l, n_keys != 0, len < 0);
+            // A row with no visible key is all zeros with lse = -inf (with a sink: lse = the sink).
+            acc inv_l;
+            bool seen;
+            if constexpr (!M::ANY) {
+                seen = n_keys != 0;
+                inv_l = softmax::out_scale(l, seen, len < 0);
+            } else {
+                const acc alpha = M::SINKS ? softmax::fold_sink(m, l, mods::sink2<M, acc>(mp, q_head)) : (acc)1;
+                seen = l > (acc)0;  // (the window and mask_mod may leave a row no key)
+                inv_l = softmax::out_scale(l, seen, len < 0) * alpha;
+            }
             T* o_row = out + b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2];
 #pragma unroll
             for (int c = 0; c < CHUNKS; ++c) {
@@ -282,7 +324,27 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
                 }
             }
             if (lse != nullptr && lane == 0)
-                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = softmax::lse(m, l, n_keys != 0, len < 0);
+                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = softmax::lse(m, l, seen, len < 0);
         }
     }
+}
+
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// rowwise_smem), checked against the layout at compile time.
+template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES>
+__global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p)
+{
+    rowwise_body<T, DPAD, TEAM, VEC, KEYS, SMEM_BYTES, NoMods>(q, k, v, out, lse, seqlens_k, p, NoModParams{});
+}
+
+// The same with the modifiers FLAGS (common.cuh: MOD_*), whose values are in mp.
+template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES, int FLAGS>
+__global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention_mods(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    const ModParams mp)
+{
+    rowwise_body<T, DPAD, TEAM, VEC, KEYS, SMEM_BYTES, Mods<FLAGS>>(q, k, v, out, lse, seqlens_k, p, mp);
 }

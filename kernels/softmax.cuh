@@ -83,6 +83,19 @@ template <typename A> __device__ __forceinline__ float lse(A m, A l, bool bad) {
     return bad ? quiet_nan() : l > (A)0 ? (float)((m + log2_acc(l)) * ln2<A>()) : neg_inf<float>();
 }
 
+// ---- sinks (common.cuh: modifiers) ----------------------------------------------
+// A row's state (m, l) at its end takes the sink s (log2 units) as one more
+// score that adds no value: m' = max(m, s), l' = l exp2(m - m') + exp2(s - m');
+// returns exp2(m - m'), the factor of o (0 for a row that saw no key, whose
+// out stays 0 while its lse becomes the sink's). Then every row has l > 0.
+template <typename A> __device__ __forceinline__ A fold_sink(A& m, A& l, A s) {
+    const A m_new = s > m ? s : m;  // a NaN sink keeps m, and NaN reaches l below
+    const A alpha = exp2_acc(m - m_new);
+    l = l * alpha + exp2_acc(s - m_new);
+    m = m_new;
+    return alpha;
+}
+
 // ---- tensor-core fragments ---------------------------------------------------------
 // An m16n8 accumulator fragment float[4] holds, in lane (g = lane / 4, c = lane % 4),
 // elements (row g, cols 2c, 2c+1) (e = 0, 1) and (row g + 8, same cols) (e = 2, 3):
@@ -99,6 +112,37 @@ __device__ __forceinline__ void frag_mask(float (&s)[NT][4], int key0, int lane,
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             if (key0 + nt * 8 + (lane & 3) * 2 + (e & 1) > last[e >> 1]) s[nt][e] = neg_inf<float>();
+}
+
+// The modifiers on a fragment of scores in log2 units (common.cuh: mods): the
+// score modifiers (on the keys the row sees: a user's score_mod never runs on
+// a masked key), and (when ``mask``) keys that row hf does not see become -inf; element (nt, e) is key key0 + 8 nt + 2 (lane % 4) + (e & 1) of row e / 2.
+template <class M, int NT>
+__device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane, const ModParams& mp,
+                                          const mods::Seq& sq, const mods::Row (&row)[2], bool mask) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int j = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+            const mods::Row& r = row[e >> 1];
+            s[nt][e] = (mask && !mods::visible<M>(mp, sq, r, j)) ? neg_inf<float>() : mods::score<M>(s[nt][e], mp, sq, r, j);
+        }
+}
+
+// The same for the tensor-core prefill kernels, with the rows held as mods::Diag.
+template <class M, bool CAUSAL, int NT>
+__device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane, const ModParams& mp,
+                                          const mods::Seq& sq, const mods::Diag (&row)[2], bool mask) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int j = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+            const mods::Diag& r = row[e >> 1];
+            s[nt][e] = (mask && !mods::visible<M, CAUSAL>(mp, sq, r, j)) ? neg_inf<float>()
+                                                                      : mods::score<M>(s[nt][e], mp, sq, r, j);
+        }
 }
 
 // Row hf's max of s over the quad.

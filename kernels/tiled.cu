@@ -92,16 +92,15 @@ struct Smem {
 
 }  // namespace tiled_detail
 
-// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
-// tiled_smem), checked against the layout at compile time.
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(NUM_WARPS * 32, ((NUM_WARPS >= 8 && BLOCK_M / NUM_WARPS == 16) ? tiled_detail::MIN_BLOCKS_8W : 1))
-tiled_attention(
+// The kernel's body, for the kernel without modifiers (M = NoMods) and the one
+// with them (tiled_attention_mods, common.cuh: modifiers).
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES, class M>
+__device__ __forceinline__ void tiled_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out,
     float* __restrict__ lse,
     const int* __restrict__ seqlens_k,
-    const AttnParams p)
+    const AttnParams& p, const ModParams& mp)
 {
     const int batch = p.batch, seqlen_q = p.seqlen_q;
     const int num_q_heads = p.num_q_heads, num_kv_heads = p.num_kv_heads;
@@ -136,11 +135,13 @@ tiled_attention(
     const int warp = tid >> 5;
 
     // ---- this CTA's (b, kv head, rows) and keys (common.cuh) ---------------
-    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, num_q_heads / num_kv_heads);
+    const PrefillTile<CAUSAL, M::WINDOW> tile = prefill_tile_mods<CAUSAL, BLOCK_M, M::WINDOW>(
+        p, seqlens_k, num_q_heads / num_kv_heads, mp.window_left, mp.window_right);
     const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
     const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
-    const KeyRange<CAUSAL>& keys = tile.keys;
+    const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;
     const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
+    const int j_first = M::WINDOW ? keys.start / BLOCK_N : 0;  // tiles before the window's band are skipped
 
     const T* kbase = k + (long long)b * k_stride_b + (long long)kvh * k_stride_h;
     const T* vbase = v + (long long)b * v_stride_b + (long long)kvh * v_stride_h;
@@ -201,8 +202,8 @@ tiled_attention(
         }
     };
 
-    if (num_n > 0) load_kv(0, 0);
-    cp_async_commit();                         // group 0: Q and K/V tile 0
+    if (num_n > j_first) load_kv(j_first, j_first & 1);
+    cp_async_commit();                         // group 0: Q and K/V tile 0 (j_first)
 
     // ---- per-thread row bookkeeping ------------------------------------------
     // Thread holds rows  lane/4 (+8) of each m16 block: hr = 2*mt + half.
@@ -227,7 +228,20 @@ tiled_attention(
     const int k_off = ((lane >> 4) * 8 + (lane & 7)) * ROW + ((lane >> 3) & 1) * 8;
     const unsigned sQ_warp = smem_addr(sQ + warp_row0 * ROW + a_off);
 
-    for (int j = 0; j < num_n; ++j) {
+    // the modifiers' view of the lane's rows (common.cuh: mods)
+    const mods::Seq sq = mods::seq(b, seqlen_q, seqlen_k);
+    mods::Diag mrow[MT][2];
+    if constexpr (M::ANY) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int pr = row0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8;
+                mrow[mt][hf] = mods::diag<M>(mp, sq, pr / group, q_head_of(kvh, pr % group, group));
+            }
+    }
+
+    for (int j = j_first; j < num_n; ++j) {
         const int stage = j & 1;
         cp_async_wait<0>();                    // tile j (and Q) landed for this thread
         __syncthreads();                       // ... for all threads; stage j+1's old data is consumed
@@ -264,18 +278,37 @@ tiled_attention(
 
         // ---- mask (only tiles crossing the diagonal or the end of the keys) ---
         const int n0 = j * BLOCK_N;
-        if (n0 + BLOCK_N > keys.free) {
-            int last[MT][2];                   // last visible key of each of the lane's rows
+        if constexpr (!M::ANY) {
+            if (n0 + BLOCK_N > keys.free) {
+                int last[MT][2];                   // last visible key of each of the lane's rows
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int hf = 0; hf < 2; ++hf) last[mt][hf] = keys.last_key(row0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8);
+                    for (int hf = 0; hf < 2; ++hf) last[mt][hf] = keys.last_key(row0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8);
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) softmax::frag_mask(s[mt], n0, lane, last[mt]);
+                for (int mt = 0; mt < MT; ++mt) softmax::frag_mask(s[mt], n0, lane, last[mt]);
+            }
+            // ---- online softmax (softmax.cuh), the scale inside the exp2, lazy rescale -----
+            softmax::frag_update<RESCALE_THRESHOLD, true>(s, o_acc, m_run, l_run, scale_log2, softmax::FastExp2());
+        } else {
+            // modifiers: scores to log2 units first when they change, then the mask
+            // (window, mask_mod: on every tile that some row may not fully see)
+            const bool mask = M::MASK || !keys.unmasked(n0, BLOCK_N);
+            if constexpr (M::SCORES) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
+            }
+            if (M::SCORES || mask) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) softmax::frag_mods<M, CAUSAL>(s[mt], n0, lane, mp, sq, mrow[mt], mask);
+            }
+            softmax::frag_update<RESCALE_THRESHOLD, !M::SCORES>(s, o_acc, m_run, l_run, M::SCORES ? 1.f : scale_log2,
+                                                                softmax::FastExp2());
         }
-
-        // ---- online softmax (softmax.cuh), the scale inside the exp2, lazy rescale -----
-        softmax::frag_update<RESCALE_THRESHOLD, true>(s, o_acc, m_run, l_run, scale_log2, softmax::FastExp2());
 
         // ---- O += P V  (C fragment of S pairs -> A fragment of P) ---------------
 #pragma unroll
@@ -309,9 +342,17 @@ tiled_attention(
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            const float l = softmax::frag_row_sum(l_run[mt][hf]);
-            const float inv = softmax::out_scale(l, len < 0);
+            float l = softmax::frag_row_sum(l_run[mt][hf]);
+            float inv;
             const int r = mt * 16 + (lane >> 2) + hf * 8;
+            if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
+                const int pr = row0 + warp_row0 + r;
+                const float alpha =
+                    softmax::fold_sink(m_run[mt][hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
+                inv = softmax::out_scale(l, len < 0) * alpha;
+            } else {
+                inv = softmax::out_scale(l, len < 0);
+            }
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
                 const unsigned pk = pack2<T>(o_acc[mt][dt][2 * hf] * inv, o_acc[mt][dt][2 * hf + 1] * inv);
@@ -342,4 +383,36 @@ tiled_attention(
             }
         }
     }
+}
+
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// tiled_smem), checked against the layout at compile time.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(NUM_WARPS * 32, ((NUM_WARPS >= 8 && BLOCK_M / NUM_WARPS == 16) ? tiled_detail::MIN_BLOCKS_8W : 1))
+tiled_attention(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out,
+    float* __restrict__ lse,
+    const int* __restrict__ seqlens_k,
+    const AttnParams p)
+{
+    tiled_body<T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, NoMods>(q, k, v, out, lse, seqlens_k, p,
+                                                                                     ModParams{});
+}
+
+// The same with the modifiers FLAGS (common.cuh: MOD_*), whose values are in mp.
+// The modifiers need registers of their own: one CTA per SM's register file
+// (all 255 registers a thread may take), and from head dim 96 on 16 rows per
+// warp (cupy_gqa/_specs.py: with_mods), so that nothing spills.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES, int FLAGS>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+tiled_attention_mods(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out,
+    float* __restrict__ lse,
+    const int* __restrict__ seqlens_k,
+    const AttnParams p, const ModParams mp)
+{
+    tiled_body<T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, Mods<FLAGS>>(q, k, v, out, lse, seqlens_k,
+                                                                                          p, mp);
 }

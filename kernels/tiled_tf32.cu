@@ -142,12 +142,13 @@ __device__ __forceinline__ void split_chunk_in_place(float* raw, float* small) {
     *reinterpret_cast<float4*>(small) = sm;
 }
 
-// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
-// tiled_f32_smem), checked against the layout at compile time.
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT, int SMEM_BYTES>
-__global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
+// The kernel's body, for the kernel without modifiers (M = NoMods) and the one
+// with them (tiled_tf32_attention_mods, common.cuh: modifiers).
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT, int SMEM_BYTES, class M>
+__device__ __forceinline__ void tiled_tf32_body(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p)
+    float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
+    const ModParams& mp)
 {
     using namespace tf32_detail;
     constexpr int D = HEAD_DIM;
@@ -179,11 +180,13 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     const int g_lane = lane >> 2, c_lane = lane & 3;
 
     // ---- which (b, kvh, m_tile) this CTA owns ----------------------------------
-    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, p.group_size);
+    const PrefillTile<CAUSAL, M::WINDOW> tile =
+        prefill_tile_mods<CAUSAL, BLOCK_M, M::WINDOW>(p, seqlens_k, p.group_size, mp.window_left, mp.window_right);
     const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
     const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
-    const KeyRange<CAUSAL>& keys = tile.keys;
+    const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;
     const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
+    const int j_first = M::WINDOW ? keys.start / BLOCK_N : 0;  // tiles before the window's band are skipped
     const float* kbase = k + b * p.k_stride[0] + kvh * p.k_stride[2];
     const float* vbase = v + b * p.v_stride[0] + kvh * p.v_stride[2];
 
@@ -212,8 +215,8 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
             }
         }
     };
-    if (num_n > 0) load_kv(0, 0);
-    cp_async_commit();  // group 0: Q and K/V tile 0
+    if (num_n > j_first) load_kv(j_first, j_first & 1);
+    cp_async_commit();  // group 0: Q and K/V tile 0 (j_first)
 
     // ---- per-thread state: rows g_lane and g_lane + 8 of the warp's 16 ----------
     float o_acc[DT][4];
@@ -228,7 +231,18 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     const unsigned sQ_lane = smem_addr(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ROW + (lane >> 4) * 4);
     const int k_off = ((lane & 7) + (lane >> 4) * 8) * ROW + ((lane >> 3) & 1) * 4;
 
-    for (int j = 0; j < num_n; ++j) {
+    // the modifiers' view of the lane's rows (common.cuh: mods)
+    const mods::Seq sq = mods::seq(b, p.seqlen_q, seqlen_k);
+    mods::Diag mrow[2];
+    if constexpr (M::ANY) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int pr = row0 + warp * 16 + g_lane + hf * 8;
+            mrow[hf] = mods::diag<M>(mp, sq, pr / group, q_head_of(kvh, pr % group, group));
+        }
+    }
+
+    for (int j = j_first; j < num_n; ++j) {
         const int stage = j & 1;
         cp_async_wait<0>();  // tile j (and Q) landed for this thread
         __syncthreads();     // ... for all threads; the other stage is free again
@@ -300,15 +314,27 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
 
         // ---- mask (only tiles crossing the diagonal or the end of the keys) -------
         const int n0 = j * BLOCK_N;
-        if (n0 + BLOCK_N > keys.free) {
-            int last[2];  // last visible key of each of the lane's rows
+        if constexpr (!M::ANY) {
+            if (n0 + BLOCK_N > keys.free) {
+                int last[2];  // last visible key of each of the lane's rows
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) last[hf] = keys.last_key(row0 + warp * 16 + g_lane + hf * 8);
-            softmax::frag_mask(s, n0, lane, last);
+                for (int hf = 0; hf < 2; ++hf) last[hf] = keys.last_key(row0 + warp * 16 + g_lane + hf * 8);
+                softmax::frag_mask(s, n0, lane, last);
+            }
+            // ---- online softmax (softmax.cuh), the scale inside the exp2, eager -------
+            softmax::frag_update<0, true>(s, o_acc, m_run, l_run, scale_log2, softmax::ExactExp2());
+        } else {
+            // modifiers: scores to log2 units first when they change, then the mask
+            const bool mask = M::MASK || !keys.unmasked(n0, BLOCK_N);
+            if constexpr (M::SCORES) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+            }
+            if (M::SCORES || mask) softmax::frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, mrow, mask);
+            softmax::frag_update<0, !M::SCORES>(s, o_acc, m_run, l_run, M::SCORES ? 1.f : scale_log2, softmax::ExactExp2());
         }
-
-        // ---- online softmax (softmax.cuh), the scale inside the exp2, eager -------
-        softmax::frag_update<0, true>(s, o_acc, m_run, l_run, scale_log2, softmax::ExactExp2());
 
         // ---- O += P V: key 2c is k = c, key 2c+1 is k = c+4 ----------------------
         // (each n8 tile of O gets this K/V tile's product in a fresh accumulator,
@@ -351,8 +377,16 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
     float* sO = sQ + warp * 16 * ROW;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-        const float l = softmax::frag_row_sum(l_run[hf]);
-        const float inv = softmax::out_scale(l, len < 0);
+        float l = softmax::frag_row_sum(l_run[hf]);
+        float inv;
+        if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
+            const int pr = row0 + warp * 16 + g_lane + hf * 8;
+            const float alpha =
+                softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
+            inv = softmax::out_scale(l, len < 0) * alpha;
+        } else {
+            inv = softmax::out_scale(l, len < 0);
+        }
         const int r = g_lane + hf * 8;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
@@ -376,4 +410,27 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
             *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(sO + r * ROW + ch * 4);
         }
     }
+}
+
+// SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
+// tiled_f32_smem), checked against the layout at compile time.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT, int SMEM_BYTES>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p)
+{
+    tiled_tf32_body<HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SPLIT, PRESPLIT, SMEM_BYTES, NoMods>(
+        q, k, v, out, lse, seqlens_k, p, ModParams{});
+}
+
+// The same with the modifiers FLAGS (common.cuh: MOD_*), whose values are in mp.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT, int SMEM_BYTES,
+          int FLAGS>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention_mods(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    const ModParams mp)
+{
+    tiled_tf32_body<HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SPLIT, PRESPLIT, SMEM_BYTES, Mods<FLAGS>>(
+        q, k, v, out, lse, seqlens_k, p, mp);
 }

@@ -7,11 +7,20 @@ code with cupy_gqa.
 import numpy as np
 
 
-def reference_attention(q, k, v, *, causal=True, softmax_scale=None, seqlens_k=None):
+def reference_attention(q, k, v, *, causal=True, softmax_scale=None, seqlens_k=None, window=None, softcap=None,
+                        sinks=None, alibi_slopes=None, score_mod=None, mask_mod=None):
     """(out, lse) in float64 for NumPy inputs q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D).
 
     seqlens_k (B,): sequence b has only the keys [0, seqlens_k[b]), so it is
-    attention over the cache cut to that length (causal mask aligned to it)."""
+    attention over the cache cut to that length (causal mask aligned to it).
+
+    Modifiers (any of them given: the literal loop of _reference_with_modifiers):
+    window (left, right), softcap, sinks (Hq,), alibi_slopes (Hq,) or (B, Hq),
+    and score_mod / mask_mod as cupy_gqa.ScoreMod / MaskMod, of which only the
+    NumPy twin and the buffers are used."""
+    if any(x is not None for x in (window, softcap, sinks, alibi_slopes, score_mod, mask_mod)):
+        return _reference_with_modifiers(q, k, v, causal, softmax_scale, seqlens_k, window, softcap, sinks,
+                                         alibi_slopes, score_mod, mask_mod)  # fmt: skip
     if seqlens_k is not None:
         parts = [
             reference_attention(q[b : b + 1], k[b : b + 1, :n], v[b : b + 1, :n], causal=causal, softmax_scale=softmax_scale)
@@ -38,6 +47,72 @@ def reference_attention(q, k, v, *, causal=True, softmax_scale=None, seqlens_k=N
         total = e.sum(axis=-1)
         out[:, t] = np.einsum("bhj,bjhd->bhd", e / total[..., None], v[:, :n])
         lse[:, :, t] = np.log(total) + mx[..., 0]
+    return out, lse
+
+
+def _buffers(mod):
+    out = {}
+    for name, a in mod.buffers.items():
+        a = a.get() if hasattr(a, "get") else (a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a))
+        out[name] = a
+    return out
+
+
+def _reference_with_modifiers(q, k, v, causal, softmax_scale, seqlens_k, window, softcap, sinks, alibi_slopes,
+                              score_mod, mask_mod):  # fmt: skip
+    """Row by row, from the definitions: x = scale * q . k; softcap: x = c tanh(x / c);
+    ALiBi: x -= slope[b, h] |t + d - j|; score_mod; then key j is seen when
+    j < len, (causal) j <= t + d, (window) t + d - left <= j <= t + d + right
+    (-1: unbounded; causal caps right at 0) and mask_mod; the sink adds
+    exp(sink[h]) to the denominator (d = len - seqlen_q)."""
+    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    group_size = num_q_heads // num_kv_heads
+    k = np.repeat(k, group_size, axis=2)
+    v = np.repeat(v, group_size, axis=2)
+    scale = 1.0 / np.sqrt(head_dim) if softmax_scale is None else softmax_scale
+    left, right = (-1, -1) if window is None else window
+    out = np.zeros((batch, seqlen_q, num_q_heads, head_dim))
+    lse = np.full((batch, num_q_heads, seqlen_q), -np.inf)
+    heads = np.arange(num_q_heads)[:, None]
+    for b in range(batch):
+        n = seqlen_k if seqlens_k is None else int(seqlens_k[b])
+        d = n - seqlen_q
+        j = np.arange(n)[None, :]
+        for t in range(seqlen_q):
+            x = np.einsum("hd,jhd->hj", q[b, t], k[b, :n]) * scale  # (Hq, n)
+            if softcap is not None:
+                x = softcap * np.tanh(x / softcap)
+            if alibi_slopes is not None:
+                slopes = np.asarray(alibi_slopes, dtype=np.float64)
+                slopes = slopes if slopes.ndim == 1 else slopes[b]
+                x = x - slopes[:, None] * np.abs(t + d - j)
+            if score_mod is not None:
+                x = np.broadcast_to(score_mod.numpy(score=x, b=b, h=heads, q_idx=t, kv_idx=j, seqlen_q=seqlen_q,
+                                                    seqlen_k=n, **_buffers(score_mod)), x.shape).astype(np.float64)  # fmt: skip
+            seen = np.ones((num_q_heads, n), dtype=bool)
+            if causal:
+                seen &= j <= t + d
+            if left >= 0:
+                seen &= j >= t + d - left
+            if right >= 0 and not causal:
+                seen &= j <= t + d + right
+            if mask_mod is not None:
+                seen &= np.broadcast_to(np.asarray(mask_mod.numpy(b=b, h=heads, q_idx=t, kv_idx=j, seqlen_q=seqlen_q,
+                                                                  seqlen_k=n, **_buffers(mask_mod)), dtype=bool), seen.shape)  # fmt: skip
+            x = np.where(seen, x, -np.inf)
+            sink = None if sinks is None else np.asarray(sinks, dtype=np.float64)
+            mx = x.max(axis=-1, initial=-np.inf)
+            if sink is not None:
+                mx = np.maximum(mx, sink)
+            mx_ref = np.where(np.isneginf(mx), 0, mx)
+            e = np.where(seen, np.exp(x - mx_ref[:, None]), 0)
+            total = e.sum(axis=-1) + (0 if sink is None else np.exp(sink - mx_ref))
+            ok = total > 0
+            pv = np.einsum("hj,jhd->hd", e, v[b, :n])
+            out[b, t] = np.where(ok[:, None], pv / np.where(ok, total, 1)[:, None], 0)
+            lse[b, :, t] = np.where(ok, np.log(np.where(ok, total, 1)) + mx_ref, -np.inf)
     return out, lse
 
 

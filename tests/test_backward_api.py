@@ -192,6 +192,27 @@ def test_bad_input_under_autograd_names_the_argument(torch):
         cupy_gqa.attention(q, k, v, seqlens_k=[1.0])
 
 
+@pytest.mark.parametrize(
+    "name, value",
+    [("window", (2, 0)), ("softcap", 5.0), ("sinks", "sinks"), ("alibi_slopes", "slopes"), ("score_mod", "score"), ("mask_mod", "mask")],
+)
+def test_modifiers_under_autograd_are_refused_by_name(torch, name, value):
+    """The backward pass takes no modifiers yet: a call that needs autograd refuses them, naming the
+    modifier; without autograd (no_grad, or inputs that don't require grad) they run."""
+    q, k, v = _torch_qkv(torch, (1, 5, 4, 8), (1, 5, 2, 8), torch.float32)
+    value = {
+        "sinks": torch.zeros(4), "slopes": torch.full((4,), 0.5),
+        "score": cupy_gqa.ScoreMod(cuda="return score;", numpy=lambda score, **_: score),
+        "mask": cupy_gqa.MaskMod(cuda="return true;", numpy=lambda kv_idx, **_: kv_idx >= 0),
+    }.get(value, value)  # fmt: skip
+    with pytest.raises(ValueError, match=rf"^{name}: expected None when q, k or v requires grad, and the backward pass"):
+        cupy_gqa.attention(q, k, v, **{name: value})
+    with torch.no_grad():
+        out = cupy_gqa.attention(q, k, v, **{name: value})
+    assert not out.requires_grad
+    assert torch.equal(cupy_gqa.attention(q.detach(), k.detach(), v.detach(), **{name: value}), out)
+
+
 def test_backward_of_a_torch_call(torch):
     """attention_backward on CPU torch tensors gives torch tensors."""
     q, k, v = (x.detach() for x in _torch_qkv(torch, (1, 6, 4, 8), (1, 6, 2, 8), torch.float32))

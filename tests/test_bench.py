@@ -437,6 +437,46 @@ def test_bench_model_smoke_run_on_the_cpu(tmp_path):
     assert "| prefill_ms |" in (tmp_path / "cpu_model.md").read_text()
 
 
+def test_modifier_cases_and_their_flop_basis():
+    """W1 (window 1024 on bf16 causal S8192) counts visible pairs; W2 is H1 with softcap 30."""
+    import numpy as np
+
+    cases = {mc.name: mc for mc in bench.MOD_CASES}
+    w1, w2 = cases["W1"], cases["W2"]
+    assert (w1.case.batch, w1.case.seqlen_q, w1.case.num_q_heads, w1.case.num_kv_heads, w1.case.head_dim, w1.case.dtype) == (
+        4, 8192, 32, 8, 128, "bf16")
+    assert dict(w1.mods) == {"window": (1024, 0)} and w1.baseline == "causal_scaled"
+    h1 = bench.CASE_BY_NAME["h1"]
+    assert (w2.case.batch, w2.case.seqlen_q, w2.case.head_dim, w2.case.causal) == (h1.batch, h1.seqlen_q, h1.head_dim, True)
+    assert dict(w2.mods) == {"softcap": 30.0} and w2.baseline == "plain"
+    # visible pairs of a causal window: query i sees min(i, 1024) + 1 keys
+    n = 8192
+    assert bench.window_visible_pairs(n, n, (1024, 0)) == sum(min(i, 1024) + 1 for i in range(n))
+    assert bench.modifier_flops(w1) == 4 * 128 * sum(min(i, 1024) + 1 for i in range(n)) * 4 * 32
+    assert bench.modifier_flops(w2) == bench.attention_flops(w2.case)
+    # brute force on small shapes, bottom-right, both sides and unbounded ones
+    for sq, sk, window, causal in [(5, 9, (2, 0), True), (7, 4, (1, 2), False), (6, 6, (-1, 1), False), (3, 8, (2, -1), False)]:
+        i = np.arange(sq)[:, None] + sk - sq
+        j = np.arange(sk)[None, :]
+        seen = np.ones((sq, sk), bool)
+        if window[0] >= 0:
+            seen &= j >= i - window[0]
+        if causal:
+            seen &= j <= i
+        elif window[1] >= 0:
+            seen &= j <= i + window[1]
+        assert bench.window_visible_pairs(sq, sk, window, causal) == int(seen.sum())
+    # the full causal pairs agree with the table's own count
+    assert bench.window_visible_pairs(100, 100, (-1, 0)) == bench.visible_pairs(100, 100, True)
+
+
+def test_list_shows_the_modifier_cases(capsys):
+    assert bench.main(["--list", "--modifiers"]) == 0
+    out = capsys.readouterr().out
+    assert "W1   B4 S8192 Hq32 Hkv8 D128 bf16 causal prefill {'window': (1024, 0)}" in out
+    assert "W2   B4 S4096 Hq32 Hkv8 D128 bf16 causal prefill {'softcap': 30.0}" in out
+
+
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(5, 9), (9, 5), (7, 7)])
 @pytest.mark.parametrize("causal", [True, False])
 def test_reference_backward_follows_definition(seqlen_q, seqlen_k, causal):

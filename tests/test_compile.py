@@ -116,6 +116,46 @@ def test_a_wrong_shared_memory_size_does_not_compile(spec):
     assert not report.ok and "SMEM_BYTES is not the size of the shared-memory layout" in report.log
 
 
+def _mods_specs():
+    from cupy_gqa import _specs
+
+    return _specs.mods_check_specs(ARCHS["sm_90"])
+
+
+# The float32 tile at head dim 256 (255 registers without modifiers, 16 rows per warp, the fewest
+# its m16 fragments allow) still spills with modifiers (4 to 36 bytes on sm_90): known, to be fixed.
+# The fp16 / bf16 tiles from head dim 96 on take 16 rows per warp with modifiers (_specs.with_mods).
+_MODS_SPILL_KNOWN = ("tiled_tf32_attention_mods<256,",)
+
+
+@pytest.mark.parametrize("spec", _mods_specs(), ids=lambda s: s.name)
+def test_modifier_kernels_compile_without_spills(spec):
+    """Every *_mods instantiation of sm_90's table with all built-in modifiers (window, softcap,
+    ALiBi, sinks: FLAGS 15) compiles; with no spills and no stack but for the known tiles above."""
+    report = compile_offline(spec, "sm_90")
+    assert report.ok, report.log
+    if spec.name.startswith(_MODS_SPILL_KNOWN):
+        pytest.xfail("known spills of this tile with modifiers")
+    assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+
+
+@pytest.mark.parametrize("family_source", ["rowwise.cu", "tiled.cu", "tiled_tf32.cu", "decode.cu"])
+def test_user_modifiers_compile_into_each_kernel_file(family_source):
+    """A ScoreMod and a MaskMod with buffers compile into the kernels (all six modifiers: FLAGS 63)."""
+    import numpy as np
+
+    import cupy_gqa
+    from cupy_gqa import _mods, _specs
+
+    score = cupy_gqa.ScoreMod(cuda="return score * scale[0] + (float)(h % 2);", buffers={"scale": np.float32([0.5])})
+    mask = cupy_gqa.MaskMod(cuda="return (kv_idx & 1) == 0 || q_idx > lim[0];", buffers={"lim": np.int32([3])})
+    code = _mods.Modifiers(score_mod=score, mask_mod=mask).user_code()
+    spec = next(s for s in specs_for(ARCHS["sm_90"]) if s.source == family_source and (s.block_m or s.family == "rowwise"))
+    report = compile_offline(_specs.with_mods(spec, 63, code), "sm_90")
+    assert report.ok, report.log
+    assert (report.spill_stores, report.spill_loads) == (0, 0), report.log
+
+
 def _nvrtc_major() -> int:
     from cupy.cuda import nvrtc
 

@@ -131,19 +131,104 @@ def test_gpu_logits_match_sdpa(dtype):
     assert err_ours <= 1.5 * err_theirs + 1e-6, (err_ours, err_theirs)
 
 
-def test_softcap_falls_back_to_eager_not_sdpa():
-    """Gemma 2 caps its logits: sdpa would drop the cap, so the fallback is the model's eager attention."""
-    config = transformers.Gemma2Config(
+def _small(cls_name, **extra):
+    return getattr(transformers, cls_name)(
         vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, attn_logit_softcapping=5.0,
-        sliding_window=4096,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, **extra,
     )
+
+
+def _logits_and_tokens(config, attn, ids):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+    with torch.no_grad():
+        return model(ids).logits, model.generate(ids, max_new_tokens=4, do_sample=False)
+
+
+MODIFIER_MODELS = {
+    # sliding window shorter than the prompt: the window is what makes these differ from plain causal
+    "mistral_sliding_window": ("MistralConfig", {"sliding_window": 6}),
+    "qwen2_sliding_window": ("Qwen2Config", {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 0}),
+    # softcap, and alternating sliding (layer 0) and global (layer 1) attention
+    "gemma2_softcap_alternating": ("Gemma2Config", {"attn_logit_softcapping": 5.0, "sliding_window": 7}),
+    # attention sinks, sliding and full layers
+    "gpt_oss_sinks": ("GptOssConfig", {"sliding_window": 6, "num_local_experts": 4, "num_experts_per_tok": 2}),
+}
+
+
+@pytest.mark.parametrize("name", list(MODIFIER_MODELS))
+def test_modifier_models_run_cupy_gqa_and_match_eager(name, calls):
+    """Sliding windows (Mistral, Qwen2, Gemma 2's alternating layers), softcap (Gemma 2) and sinks
+    (gpt-oss) run cupy_gqa's built-in modifiers, with no fallback, and match the model's eager attention."""
+    cls_name, extra = MODIFIER_MODELS[name]
+    config = _small(cls_name, **extra)
+    if name == "gpt_oss_sinks":
+        torch.manual_seed(1)
     ids = torch.randint(0, 101, (2, 19), generator=torch.Generator().manual_seed(6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback
+        ours, gen_ours = _logits_and_tokens(config, "cupy_gqa", ids)
+    theirs, gen_theirs = _logits_and_tokens(config, "eager", ids)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=2e-5)
+    assert torch.equal(gen_ours, gen_theirs)
+    assert calls and {shape[2] for shape in calls} == {19, 1}  # prefill and decode steps ran cupy_gqa
+
+
+@pytest.mark.parametrize("name", ["mistral_sliding_window", "gemma2_softcap_alternating"])
+def test_training_with_modifiers_falls_back_and_matches_eager_gradients(name, calls):
+    """cupy_gqa's backward takes no modifiers yet: with inputs that require grad, calls with a sliding
+    window or softcap fall back (sdpa with the window's mask, or eager for softcap) with a warning,
+    and the gradients are the model's eager ones (Gemma 2 caps every layer: none runs cupy_gqa)."""
+    cls_name, extra = MODIFIER_MODELS[name]
+    ids = torch.randint(0, 101, (2, 13), generator=torch.Generator().manual_seed(8))
+    models = {}
+    for attn in ("cupy_gqa", "eager"):
+        torch.manual_seed(0)  # a config each: from_config records the implementation in it
+        models[attn] = transformers.AutoModelForCausalLM.from_config(_small(cls_name, **extra), attn_implementation=attn).train()
+    with pytest.warns(UserWarning, match="backward pass takes no modifiers yet"):
+        loss_a = models["cupy_gqa"](ids, labels=ids).loss
+    loss_b = models["eager"](ids, labels=ids).loss
+    assert calls == []
+    loss_a.backward()
+    loss_b.backward()
+    np.testing.assert_allclose(loss_a.item(), loss_b.item(), rtol=1e-5)
+    for (pname, pa), pb in zip(models["cupy_gqa"].named_parameters(), models["eager"].parameters()):
+        if pb.grad is None:
+            assert pa.grad is None, pname
+            continue
+        np.testing.assert_allclose(pa.grad.numpy(), pb.grad.numpy(), rtol=1e-3, atol=1e-5, err_msg=pname)
+    hf.register(strict=True)
+    with pytest.raises(ValueError, match="cupy_gqa does not run calls with a sliding window, softcap or attention sinks"):
+        models["cupy_gqa"](ids, labels=ids)
+
+
+def test_sliding_window_with_padding_falls_back_to_sdpa_with_the_window():
+    config = _small("MistralConfig", sliding_window=4)
+    ids = torch.randint(1, 101, (2, 12), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
     logits = {}
     for attn in ("cupy_gqa", "eager"):
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            logits[attn] = model(ids).logits
+            logits[attn] = model(ids, attention_mask=mask).logits
+    real = mask.bool().numpy()  # padded positions' rows are arbitrary
+    np.testing.assert_allclose(logits["cupy_gqa"].numpy()[real], logits["eager"].numpy()[real], rtol=0, atol=2e-5)
+
+
+def test_softcap_with_padding_falls_back_to_eager_not_sdpa():
+    """Gemma 2 caps its logits: with a padding mask the fallback is the model's eager attention (sdpa would drop the cap)."""
+    config = _small("Gemma2Config", attn_logit_softcapping=5.0, sliding_window=4096)
+    ids = torch.randint(1, 101, (2, 19), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    logits = {}
+    for attn in ("cupy_gqa", "eager"):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logits[attn] = model(ids, attention_mask=mask).logits
     np.testing.assert_allclose(logits["cupy_gqa"].numpy(), logits["eager"].numpy(), rtol=0, atol=1e-6)

@@ -1,0 +1,150 @@
+"""Score and mask modifiers on every kernel family that takes them (rowwise,
+tiled, decode), against the float64 reference; user-written twins of the
+built-ins bit-for-bit equal to them; the hopper kernel refuses modifiers.
+
+Outputs are poisoned with NaN before each call, so an unwritten element fails.
+"""
+import numpy as np
+import pytest
+
+import cupy_gqa
+from conftest import TOLERANCE, assert_close, assert_lse_close, gpu_available, random_qkv
+from reference import reference_attention
+from test_modifiers import even_heads_odd_keys_mod, head_bias_mod, softcap_mod, window_mod
+
+pytestmark = pytest.mark.gpu
+if gpu_available():
+    import cupy
+
+
+def _mods(name, batch, hq, seed=7):
+    rng = np.random.default_rng(seed)
+    sinks = rng.standard_normal(hq).astype(np.float32)
+    slopes = (2.0 ** -np.arange(1, hq + 1)).astype(np.float32)
+    return {
+        "window": {"window": (37, 0)},
+        "window_noncausal": {"window": (21, 13), "causal": False},
+        "softcap": {"softcap": 2.5},
+        "sinks": {"sinks": sinks},
+        "alibi": {"alibi_slopes": slopes},
+        "alibi_batch": {"alibi_slopes": np.stack([slopes * (b + 1) for b in range(batch)])},
+        "score_mod": {"score_mod": head_bias_mod()},
+        "mask_mod": {"mask_mod": even_heads_odd_keys_mod()},
+        "all": {"window": (45, 0), "softcap": 3.0, "sinks": sinks, "alibi_slopes": slopes,
+                "score_mod": head_bias_mod(), "mask_mod": even_heads_odd_keys_mod()},
+        "all_noncausal": {"window": (40, 17), "softcap": 3.0, "sinks": sinks, "alibi_slopes": slopes,
+                          "score_mod": head_bias_mod(), "mask_mod": even_heads_odd_keys_mod(), "causal": False},
+    }[name]
+
+
+MOD_NAMES = ["window", "window_noncausal", "softcap", "sinks", "alibi", "alibi_batch", "score_mod", "mask_mod", "all",
+             "all_noncausal"]
+# (batch, seqlen_q, seqlen_k, Hq, Hkv, D)
+PREFILL = {"prefill_gqa": (2, 150, 211, 8, 2, 64), "prefill_mha_d128": (1, 129, 129, 4, 4, 128)}
+DECODE = {"decode": (3, 2, 1000, 8, 2, 128), "decode_long_split": (1, 1, 6000, 8, 1, 64)}
+
+
+def _kernels(shape):
+    """The kernels that take a call of this shape (head_dim 64 / 128: all three where seqlen_q allows)."""
+    return ["rowwise", "tiled"] + (["decode"] if shape[1] <= 16 else [])
+
+
+def _run(kernel, shape, dtype, kw, seqlens_k=None, return_arrays=False):
+    q, k, v = random_qkv(*shape, dtype, seed=11)
+    kw = dict(kw)
+    causal = kw.pop("causal", True)
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    dev_kw = {n: (cupy.asarray(x) if isinstance(x, np.ndarray) and n in ("sinks", "alibi_slopes") else x) for n, x in kw.items()}
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    lens = None if seqlens_k is None else cupy.asarray(np.asarray(seqlens_k, np.int32))
+    res, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, out=out, return_lse=True, kernel=kernel, seqlens_k=lens, **dev_kw)
+    assert res is out
+    if return_arrays:
+        return out, lse
+    ref, ref_lse = reference_attention(q, k, v, causal=causal, seqlens_k=seqlens_k, **kw)
+    assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"{kernel} {dtype} out")
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5, f"{kernel} {dtype} lse")
+    for x, xd in zip((q, k, v), (qd, kd, vd)):
+        assert np.array_equal(cupy.asnumpy(xd), x, equal_nan=True), "an input was modified"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("shape", list(PREFILL) + list(DECODE))
+@pytest.mark.parametrize("name", MOD_NAMES)
+def test_gpu_modifier_matches_reference(name, shape, dtype):
+    dims = {**PREFILL, **DECODE}[shape]
+    for kernel in _kernels(dims) + ["auto"]:
+        _run(kernel, dims, dtype, _mods(name, dims[0], dims[3]))
+
+
+@pytest.mark.parametrize("name", ["window", "window_noncausal", "sinks", "alibi_batch", "all", "all_noncausal"])
+@pytest.mark.parametrize("shape", ["prefill_gqa", "decode"])
+def test_gpu_modifier_with_seqlens_k(name, shape):
+    dims = {**PREFILL, **DECODE}[shape]
+    lens = [0, dims[2] - 77, dims[2]][: dims[0]]
+    for kernel in _kernels(dims):
+        _run(kernel, dims, "bfloat16", _mods(name, dims[0], dims[3]), seqlens_k=lens)
+
+
+def test_gpu_modifiers_float64_rowwise():
+    """float64 runs rowwise only, in double: the modifiers too."""
+    dims = PREFILL["prefill_gqa"]
+    _run("rowwise", dims, "float64", _mods("all", dims[0], dims[3]))
+
+
+@pytest.mark.parametrize("shape", ["prefill_gqa", "prefill_mha_d128", "decode", "decode_long_split"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_gpu_user_twins_are_bit_for_bit_the_builtins(shape, dtype):
+    """A ScoreMod written as softcap and a MaskMod written as the causal window give the very
+    bits of the built-ins, in every kernel family."""
+    dims = {**PREFILL, **DECODE}[shape]
+    for kernel in _kernels(dims):
+        a, la = _run(kernel, dims, dtype, {"softcap": 30.0}, return_arrays=True)
+        b, lb = _run(kernel, dims, dtype, {"score_mod": softcap_mod(30.0)}, return_arrays=True)
+        assert cupy.array_equal(a, b) and cupy.array_equal(la, lb), f"{kernel}: softcap"
+        a, la = _run(kernel, dims, dtype, {"window": (50, 0)}, return_arrays=True)
+        b, lb = _run(kernel, dims, dtype, {"mask_mod": window_mod(50)}, return_arrays=True)
+        assert cupy.array_equal(a, b) and cupy.array_equal(la, lb), f"{kernel}: window"
+
+
+def test_gpu_hopper_refuses_modifiers_and_auto_avoids_it():
+    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 256, 256, 4, 4, 128, "bfloat16"))
+    if cupy.cuda.Device().compute_capability == "90":
+        with pytest.raises(ValueError, match=r"kernel: 'hopper' does not support this call: modifiers"):
+            cupy_gqa.attention(q, k, v, kernel="hopper", softcap=30.0)
+    from cupy_gqa import _mods, _plan
+
+    problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=0.1, mods=_mods.Modifiers(softcap=30.0))
+    assert _plan.choose_kernel(problem, q, k, v, cupy.empty_like(q)) in ("tiled", "rowwise")
+
+
+def test_gpu_repeat_calls_and_torch():
+    """softcap and window calls take the repeat path the second time; sinks calls the full path each time;
+    torch tensors (sinks a torch CUDA tensor) give the same results."""
+    torch = pytest.importorskip("torch")
+    q, k, v = random_qkv(2, 64, 300, 8, 2, 64, "float16", seed=2)
+    sinks = np.linspace(-1, 1, 8).astype(np.float32)
+    ref, _ = reference_attention(q, k, v, softcap=5.0, window=(30, 0), sinks=sinks)
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    for _ in range(3):
+        out = cupy_gqa.attention(qd, kd, vd, softcap=5.0, window=(30, 0), sinks=cupy.asarray(sinks))
+        assert_close(cupy.asnumpy(out), ref, TOLERANCE["float16"], "cupy")
+    ref2, _ = reference_attention(q, k, v, softcap=5.0, window=(30, 0))
+    for _ in range(3):
+        out = cupy_gqa.attention(qd, kd, vd, softcap=5.0, window=(30, 0))
+        assert_close(cupy.asnumpy(out), ref2, TOLERANCE["float16"], "cupy, repeat path")
+    tq, tk, tv = (torch.from_dlpack(x) for x in (qd, kd, vd))
+    ts = torch.from_numpy(sinks).cuda()
+    for _ in range(2):
+        out = cupy_gqa.attention(tq, tk, tv, softcap=5.0, window=(30, 0), sinks=ts)
+        assert_close(out.float().cpu().numpy(), ref, TOLERANCE["float16"], "torch")
+
+
+def test_gpu_bad_modifier_arrays():
+    q, k, v = (cupy.asarray(x) for x in random_qkv(2, 8, 8, 4, 2, 64, "float16"))
+    with pytest.raises(TypeError, match="sinks: expected dtype float32, got float16"):
+        cupy_gqa.attention(q, k, v, sinks=cupy.zeros(4, cupy.float16))
+    with pytest.raises(ValueError, match=r"alibi_slopes: expected shape \(4,\) or \(2, 4\)"):
+        cupy_gqa.attention(q, k, v, alibi_slopes=cupy.zeros(5, cupy.float32))
+    with pytest.raises(ValueError, match="sinks: expected a contiguous CUDA array"):
+        cupy_gqa.attention(q, k, v, sinks=cupy.zeros(8, cupy.float32)[::2])
