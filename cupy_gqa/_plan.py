@@ -299,8 +299,6 @@ def _scale_issue(problem: Problem) -> str | None:
 
 def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
     """Why kernels/hopper.cu cannot run this call, or None if it can."""
-    if problem.mods is not None:
-        return "modifiers (window, softcap, sinks, alibi_slopes, score_mod, mask_mod), which it does not take yet"
     if problem.dtype not in _specs.HOPPER_DTYPES:
         return f"dtype {problem.dtype} (it takes {', '.join(_specs.HOPPER_DTYPES)})"
     if problem.head_dim % 8:
@@ -345,8 +343,8 @@ class HopperLaunch(Launch):
 @functools.lru_cache(maxsize=4096)
 def plan_hopper(problem: Problem, layout: tuple) -> HopperLaunch:
     spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
-    launch = _prefill_launch(problem, layout, spec)
-    return HopperLaunch(launch.spec, launch.grid, launch.params, kv_layouts=layout[1:3])
+    launch = _prefill_launch(problem, layout, problem.spec(spec))
+    return HopperLaunch(launch.spec, launch.grid, launch.params, launch.problem, kv_layouts=layout[1:3])
 
 
 def hopper_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:

@@ -85,7 +85,7 @@ class Spec:
     user_code: str = ""  # the CUDA code of user modifiers (ScoreMod, MaskMod), put into common.cuh
 
 
-MODS_FAMILIES = ("rowwise", "tiled", "decode")  # the kernel families that take modifiers (hopper: not yet)
+MODS_FAMILIES = ("rowwise", "tiled", "hopper", "decode")  # the kernel families that take modifiers
 
 
 def with_mods(spec: Spec, flags: int, user_code: str = "") -> Spec:

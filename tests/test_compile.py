@@ -139,7 +139,7 @@ def test_modifier_kernels_compile_without_spills(spec):
     assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
 
 
-@pytest.mark.parametrize("family_source", ["rowwise.cu", "tiled.cu", "tiled_tf32.cu", "decode.cu"])
+@pytest.mark.parametrize("family_source", ["rowwise.cu", "tiled.cu", "tiled_tf32.cu", "hopper.cu", "decode.cu"])
 def test_user_modifiers_compile_into_each_kernel_file(family_source):
     """A ScoreMod and a MaskMod with buffers compile into the kernels (all six modifiers: FLAGS 63)."""
     import numpy as np
