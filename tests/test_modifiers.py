@@ -36,7 +36,7 @@ def window_mod(left):
 def head_bias_mod():
     """A score_mod that reads a per-head buffer and the positions: score + bias[h] - 0.01 * |q - kv|."""
     return cupy_gqa.ScoreMod(
-        cuda="return score + bias[h] - 0.01f * (float)abs(q_idx - kv_idx);",
+        cuda="return score + bias[h] - 0.01 * (double)abs(q_idx - kv_idx);",  # in double: the float64 kernels match numpy
         numpy=lambda score, h, q_idx, kv_idx, bias, **_: score + bias[h] - 0.01 * np.abs(q_idx - kv_idx),
         buffers={"bias": np.linspace(-1, 1, 8).astype(np.float32)},
     )
