@@ -160,3 +160,21 @@ def _nvrtc_major() -> int:
     from cupy.cuda import nvrtc
 
     return nvrtc.getVersion()[0]
+
+
+def _decode_specs():
+    return [(arch, s) for arch in ("sm_80", "sm_90") for s in specs_for(ARCHS[arch]) if s.family == "decode" and s.block_m]
+
+
+@pytest.mark.parametrize("arch,spec", _decode_specs(), ids=lambda x: x if isinstance(x, str) else x.name)
+def test_decode_kernels_fit_the_cost_models_registers(arch, spec):
+    """Every decode kernel (each rows-per-CTA layout) compiles without spills, in
+    at most the registers that _specs.decode_ctas_per_sm assumes, so that the
+    cost model's occupancy (_plan.decode_dispatch) is never too high."""
+    from cupy_gqa import _specs
+
+    report = compile_offline(spec, arch)
+    assert report.ok, report.log
+    assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+    if report.registers is not None:  # None: no ptxas report (NVRTC 13 for some)
+        assert report.registers <= _specs.decode_regs(spec), report.log
