@@ -715,8 +715,8 @@ def choose_kernel(problem: Problem, q, k, v, out) -> str:
     it runs the call and decode_dispatch's cost model finds it faster than
     the prefill kernel (a few query tokens against a cache, for any number of
     query heads per KV head), else the Hopper kernel on sm_90 where it is
-    the faster tensor-core kernel (_specs.HOPPER_AUTO_OVER_TILED, for
-    HOPPER_AUTO_MIN_KEYS keys or more) or the only
+    the faster tensor-core kernel (_specs.HOPPER_AUTO_MIN_KEYS keys or
+    more) or the only
     one, else the mma.sync tensor-core kernel, each when it supports the
     call, else the rowwise kernel, which runs anything."""
     if decode_unsupported(problem, q, k, v, out) is None:
@@ -725,9 +725,7 @@ def choose_kernel(problem: Problem, q, k, v, out) -> str:
             return "decode"
     tiled = tiled_unsupported(problem, q, k, v, out) is None
     if hopper_unsupported(problem, q, k, v, out) is None and (
-        not tiled
-        or _specs.HOPPER_AUTO_OVER_TILED[_specs.hopper_head_dim_pad(problem.head_dim)]
-        and problem.seqlen_k >= _specs.HOPPER_AUTO_MIN_KEYS
+        not tiled or problem.seqlen_k >= _specs.HOPPER_AUTO_MIN_KEYS
     ):
         return "hopper"
     return "tiled" if tiled else "rowwise"

@@ -301,13 +301,12 @@ HOPPER_TILES = {
 }
 HOPPER_DTYPES = ("float16", "bfloat16")
 HOPPER_ARCH = "sm_90a"
-# Padded head dims at which kernel="auto" prefers hopper to tiled when both
-# apply and the keys number at least HOPPER_AUTO_MIN_KEYS, as measured on the
-# H200 (benchmarks/NOTES_hopper.md: hopper 1.07 ms against tiled 1.58 at H1,
-# 4096 keys; tiled ahead at H3, 512 keys, where hopper's per-CTA cost weighs
-# most, and at D64). Where tiled does not apply (head_dim 80, 160, 192, ...),
-# auto takes hopper anyway.
-HOPPER_AUTO_OVER_TILED = {64: False, 128: True, 192: True, 256: True}
+# kernel="auto" prefers hopper to tiled, where both apply, from this many keys
+# on, as measured on the H200 (benchmarks/results/h200.json, 2026-12-03:
+# hopper 1.00 ms against tiled 1.59 at H1, 4096 keys; 0.245 against 0.281 at
+# H4, head dim 64 and 2048 keys; tiled ahead at H3, 512 keys, 0.171 against
+# 0.187, where hopper's per-CTA cost weighs most). Where tiled does not apply
+# (head_dim 80, 160, 192, ...), auto takes hopper at any length.
 HOPPER_AUTO_MIN_KEYS = 1024
 
 

@@ -162,7 +162,7 @@ def test_auto_prefill_choice(monkeypatch, cc, head_dim, dtype):
     arrays = (_FakeDeviceArray((shape, strides, itemsize)),) * 4
     tiled = head_dim in _specs.tiled_head_dims(dtype) and cc >= (8, 0)
     tiled = tiled and not (dtype == "float32" and head_dim == 256 and cc == (8, 9))
-    preferred = _specs.HOPPER_AUTO_OVER_TILED[_specs.hopper_head_dim_pad(head_dim)] and 500 >= _specs.HOPPER_AUTO_MIN_KEYS
+    preferred = 500 >= _specs.HOPPER_AUTO_MIN_KEYS
     if cc == (9, 0) and dtype == "bfloat16" and (not tiled or preferred):
         expected = "hopper"
     else:
@@ -171,16 +171,16 @@ def test_auto_prefill_choice(monkeypatch, cc, head_dim, dtype):
 
 
 def test_auto_takes_hopper_over_tiled_for_long_keys(monkeypatch):
-    """On 9.0, at a head dim where both apply and the table prefers hopper,
-    auto takes hopper from HOPPER_AUTO_MIN_KEYS keys on and tiled below."""
+    """On 9.0, at head dims where both apply (64 and 128), auto takes hopper
+    from HOPPER_AUTO_MIN_KEYS keys on and tiled below."""
     monkeypatch.setattr(_plan, "compute_capability", lambda device: (9, 0))
     monkeypatch.setattr(_tma, "available", lambda: True)
-    assert _specs.HOPPER_AUTO_OVER_TILED[128]
-    for seqlen, expected in ((_specs.HOPPER_AUTO_MIN_KEYS, "hopper"), (_specs.HOPPER_AUTO_MIN_KEYS - 1, "tiled")):
-        problem = _plan.Problem(2, seqlen, seqlen, 32, 8, 128, "bfloat16", True, 128**-0.5)
-        shape = (2, seqlen, 32, 128)
-        strides = tuple(int(np.prod(shape[i + 1 :])) * 2 for i in range(4))
-        assert _plan.choose_kernel(problem, *(_FakeDeviceArray((shape, strides, 2)),) * 4) == expected
+    for d in (64, 128):
+        for seqlen, expected in ((_specs.HOPPER_AUTO_MIN_KEYS, "hopper"), (_specs.HOPPER_AUTO_MIN_KEYS - 1, "tiled")):
+            problem = _plan.Problem(2, seqlen, seqlen, 32, 8, d, "bfloat16", True, d**-0.5)
+            shape = (2, seqlen, 32, d)
+            strides = tuple(int(np.prod(shape[i + 1 :])) * 2 for i in range(4))
+            assert _plan.choose_kernel(problem, *(_FakeDeviceArray((shape, strides, 2)),) * 4) == expected, (d, seqlen)
 
 
 def test_hopper_refuses_other_architectures(monkeypatch):
