@@ -264,3 +264,12 @@ def test_merge_handles_rows_without_keys():
     assert lse[0, 0, 1] == -np.inf and lse[0, 0, 0] == 0.5
     np.testing.assert_allclose(out[0, 2, 0].numpy(), [5.0, 3.0], rtol=1e-15)  # equal weights
     np.testing.assert_allclose(lse[0, 0, 2].item(), 2.0 + np.log(2.0), rtol=1e-15)
+
+
+def test_readme_shows_the_real_signature():
+    import inspect
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    shown = re.search(r"`cupy_gqa\.distributed\.ring_attention\((q, k, v, \*, .*?)\)`", readme).group(1)
+    assert shown == str(inspect.signature(cd.ring_attention))[1:-1].replace("'", '"')
