@@ -281,11 +281,15 @@ def _torch_op_modifiers(q, k, v, **modifiers) -> None:
 
 
 def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, seqlens_k, layout, workspace, flags,
-               window=None, softcap=None, sinks=None, alibi_slopes=None, score_mod=None, mask_mod=None, plan_only=False):  # fmt: skip
+               window=None, softcap=None, sinks=None, alibi_slopes=None, score_mod=None, mask_mod=None, plan_only=False,
+               lse64=False):  # fmt: skip
     """The full path: every check, the plan, the launch; then the signature's
     entry for later calls (none when ``flags`` is None: the torch custom op's
     calls). ``plan_only``: return the plan (or None where no kernel runs)
-    without allocating or launching anything but a new out."""
+    without allocating or launching anything but a new out. ``lse64``: a
+    float64 lse for float64 inputs on the CPU (the NumPy backend computes it in
+    float64; the CUDA kernels write float32), for callers that merge partial
+    results by their lse (cupy_gqa.distributed)."""
     if kernel not in _KERNEL_CHOICES:
         raise ValueError(f"kernel: expected one of {_KERNEL_CHOICES}, got {kernel!r}")
     if precision not in PRECISIONS:
@@ -360,7 +364,9 @@ def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, preci
             return _plan.PLAN_FOR[family](problem, qb, kb, vb, outb, checked=kernel == "auto")
         lse, lseb = (None, None)
         if return_lse:
-            lse, lseb = _interop.empty((batch, num_q_heads, seqlen_q), q, frame, float32=True)
+            lse, lseb = _interop.empty(
+                (batch, num_q_heads, seqlen_q), q, frame, float32=not (lse64 and dtype == "float64" and not frame.on_gpu)
+            )
 
         lensb = _seqlens_k_backend(lens, frame)  # the last check, then the host array's copy
         if outb.size == 0:
