@@ -33,6 +33,7 @@ class Problem:
     softmax_scale: float
     precision: str = "highest"  # float32 only ("highest" or "tf32"); "highest" for other dtypes
     mods: object = None  # _mods.Modifiers of a call with modifiers, else None
+    seq: object = None  # _seq.SeqLayout of a varlen, paged or left-padded call, else None
 
     @property
     def group_size(self) -> int:
