@@ -108,6 +108,43 @@ def with_mods(spec: Spec, flags: int, user_code: str = "") -> Spec:
     return replace(spec, name=f"{kernel}_mods<{args[:-1]}, {flags}>", mods=flags, user_code=user_code)
 
 
+SEQ_FAMILIES = ("rowwise", "tiled", "decode")  # the kernel families with per-sequence addressing (hopper: not yet)
+SEQ_ADDRS = (1, 2, 4, 6)  # the SEQ_* sums the API makes (_seq.py): varlen; paged; left padding; paged and left padding
+
+
+def with_seq(spec: Spec, addr: int) -> Spec:
+    """The instantiation of ``spec``'s kernel with the per-sequence addressing
+    ``addr`` (kernels/common.cuh: SEQ_*; kernels/*.cu: ``<name>_seq<..., ADDR>``),
+    or ``spec`` itself for 0. The decode combine kernel only needs the varlen
+    rows (it reads no key)."""
+    if spec.family == "decode" and not spec.block_m:
+        addr &= 1  # SEQ_VARLEN
+    if not addr:
+        return spec
+    assert spec.family in SEQ_FAMILIES and not spec.mods, (spec.family, spec.mods)
+    kernel, args = spec.name.split("<", 1)
+    if spec.source == "tiled.cu" and spec.head_dim >= 96 and spec.block_m // (spec.threads // 32) > 16:
+        # the addressing's registers don't fit beside 32 rows per warp: 16 (twice the warps, same tile), as with_mods
+        warps = spec.block_m // 16
+        parts = args[:-1].split(", ")
+        parts[4] = str(warps)  # T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES
+        args, spec = ", ".join(parts) + ">", replace(spec, threads=warps * 32)
+    return replace(spec, name=f"{kernel}_seq<{args[:-1]}, {addr}>")
+
+
+def seq_check_specs(arch: "Arch") -> tuple:
+    """Every per-sequence instantiation of ``arch``'s table, for the compile
+    checks (registers, spills; tests/test_compile.py, ``python -m cupy_gqa compile --seq``)."""
+    picked: dict[str, Spec] = {}
+    for spec in specs_for(arch):
+        if spec.family in SEQ_FAMILIES:
+            for addr in SEQ_ADDRS:
+                s = with_seq(spec, addr)
+                if s is not spec:
+                    picked.setdefault(s.name, s)
+    return tuple(picked.values())
+
+
 # Instantiations with every built-in modifier (FLAGS 15), one per kernel file, for
 # the compile checks (registers, spills; tests/test_compile.py).
 def mods_check_specs(arch: "Arch") -> tuple:
