@@ -115,10 +115,7 @@ SEQ_ADDRS = (1, 2, 4, 6)  # the SEQ_* sums the API makes (_seq.py): varlen; page
 def with_seq(spec: Spec, addr: int) -> Spec:
     """The instantiation of ``spec``'s kernel with the per-sequence addressing
     ``addr`` (kernels/common.cuh: SEQ_*; kernels/*.cu: ``<name>_seq<..., ADDR>``),
-    or ``spec`` itself for 0. The decode combine kernel only needs the varlen
-    rows (it reads no key)."""
-    if spec.family == "decode" and not spec.block_m:
-        addr &= 1  # SEQ_VARLEN
+    or ``spec`` itself for 0."""
     if not addr:
         return spec
     assert spec.family in SEQ_FAMILIES and not spec.mods, (spec.family, spec.mods)
