@@ -265,18 +265,17 @@ __device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_seq(const At
     if constexpr (ADDR == 0) {
         const PrefillTile<CAUSAL, WINDOW> tile = prefill_tile_mods<CAUSAL, BLOCK_M, WINDOW>(p, seqlens_k, group, left, right);
         sqn.b = tile.b;
-        sqn.seqlen_q = p.seqlen_q;
         sqn.len = tile.len;
         return tile;
     } else {
         static_assert(!WINDOW, "per-sequence addressing takes no modifiers");
         const TileOfBlock t = tile_of_block<CAUSAL>((p.seqlen_q * group + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads);
         sqn = sequence_of<ADDR>(p, seqlens_k, sp, t.b);
-        const int packed_rows = sqn.seqlen_q * group;
+        const int packed_rows = sqn.seqlen_q(p) * group;
         const int row0 = t.m_tile * BLOCK_M;
         const int seqlen_k = max(sqn.len, 0);
         return {t.b, t.kv_head, row0, group, packed_rows, sqn.len, seqlen_k,
-                KeyRange<CAUSAL>(row0, max(row0, min(row0 + BLOCK_M, packed_rows) - 1), sqn.seqlen_q, seqlen_k, group)};
+                KeyRange<CAUSAL>(row0, max(row0, min(row0 + BLOCK_M, packed_rows) - 1), sqn.seqlen_q(p), seqlen_k, group)};
     }
 }
 
@@ -339,22 +338,25 @@ struct Sequence {
         PAGED = (ADDR & SEQ_PAGED) != 0,
         LEFTPAD = (ADDR & SEQ_LEFTPAD) != 0,
     };
-    int b, seqlen_q, len;  // len: the valid keys, -1 for a bad length (NaN rows)
+    int b, len;            // len: the valid keys, -1 for a bad length (NaN rows)
+    int seqlen_q_;         // VARLEN: the sequence's queries
     int q0_, k0_;          // first query row (VARLEN); first key (VARLEN row, LEFTPAD key)
     int page_size;
     const int* pages;      // PAGED: the sequence's row of block_table
     index_t lse_rows;      // VARLEN: total_q, lse's head stride
 
-    // The row (on axis 1 of q and out) of query t.
+    // The sequence's queries (others: p.seqlen_q, read where it is used).
+    __device__ __forceinline__ int seqlen_q(const AttnParams& p) const { return VARLEN ? seqlen_q_ : p.seqlen_q; }
+    // The row (on axis 1 of q and out) of query 0.
     __device__ __forceinline__ int q0() const { return VARLEN ? q0_ : 0; }
     // The batch index that multiplies axis 0's stride of k and v (pages: none).
     __device__ __forceinline__ int k_batch() const { return PAGED ? 0 : b; }
     // The row (on axis 1 of k and v) of key 0, on top of k_batch (pages: in kv_row).
     __device__ __forceinline__ int k0() const { return (!PAGED && (VARLEN || LEFTPAD)) ? k0_ : 0; }
     // Element offset of key j's row from k + k_batch() * s0 + k0() * s1 + head * s2.
-    __device__ __forceinline__ index_t kv_row(int j, index_t s0, index_t s1) const {
-        if (!PAGED) return (index_t)j * s1;
-        const int jj = (LEFTPAD ? k0_ : 0) + j;
+    __device__ __forceinline__ index_t kv_row(index_t j, index_t s0, index_t s1) const {
+        if (!PAGED) return j * s1;
+        const int jj = (LEFTPAD ? k0_ : 0) + (int)j;
         const int slot = jj / page_size;
         return (index_t)pages[slot] * s0 + (index_t)(jj - slot * page_size) * s1;
     }
@@ -372,7 +374,7 @@ template <int ADDR, class SP>
 __device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const int* seqlens_k, const SP& sp, int b) {
     Sequence<ADDR> s;
     s.b = b;
-    s.seqlen_q = p.seqlen_q;
+    s.seqlen_q_ = 0;
     s.q0_ = s.k0_ = 0;
     s.page_size = 0;
     s.pages = nullptr;
@@ -380,11 +382,12 @@ __device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const
     if constexpr (ADDR == 0) {
         s.len = seqlen_k_of(seqlens_k, b, p.seqlen_k);
     } else {
+        s.seqlen_q_ = p.seqlen_q;
         if constexpr ((ADDR & SEQ_VARLEN) != 0) {
             const int q0 = sp.cu_seqlens_q[b], q1 = sp.cu_seqlens_q[b + 1];
             const int k0 = sp.cu_seqlens_k[b], k1 = sp.cu_seqlens_k[b + 1];
             const bool q_ok = q0 >= 0 && q1 >= q0 && q1 <= sp.total_q && q1 - q0 <= p.seqlen_q;
-            s.seqlen_q = q_ok ? q1 - q0 : 0;  // queries out of range: nothing to write
+            s.seqlen_q_ = q_ok ? q1 - q0 : 0;  // queries out of range: nothing to write
             s.q0_ = q_ok ? q0 : 0;
             const bool k_ok = k0 >= 0 && k1 >= k0 && k1 <= sp.total_k && k1 - k0 <= p.seqlen_k;
             s.len = k_ok ? k1 - k0 : -1;

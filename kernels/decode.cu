@@ -102,7 +102,6 @@ __device__ __forceinline__ DecodeWork decode_work_seq(const AttnParams& p, const
     DecodeWork w = decode_work<ROWS>(p, ADDR == 0 ? seqlens_k : nullptr, num_splits);
     if constexpr (ADDR == 0) {
         sqn.b = w.b;
-        sqn.seqlen_q = p.seqlen_q;
         sqn.len = w.len;
     } else {
         sqn = sequence_of<ADDR>(p, seqlens_k, sp, w.b);
@@ -263,7 +262,7 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
         const float lse2 = softmax::lse2(mm, ls, ls != 0.f);
         if (num_splits == 1) {
             const int t = r / group_size, g = r % group_size;
-            if (ADDR != 0 && t >= sqn.seqlen_q) break;  // past the sequence's queries
+            if (ADDR != 0 && t >= sqn.seqlen_q(p)) break;  // past the sequence's queries
             const int q_head = q_head_of(kv_head, g, group_size);
             const bool bad = len < 0;
             out[b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2] + d] = from_acc<T>(bad ? quiet_nan() : res);
@@ -308,7 +307,7 @@ __device__ __forceinline__ void decode_body(
     Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
     const DecodeWork work = decode_work_seq<ROWS, ADDR>(p, seqlens_k, sp, num_splits, sqn);
     const int split = work.split, rb = work.rb, kv_head = work.kv_head, b = work.b, len = work.len;  // len -1: bad
-    const int rows_total = sqn.seqlen_q * group_size;  // the sequence's packed rows
+    const int rows_total = sqn.seqlen_q(p) * group_size;  // the sequence's packed rows
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp * GROUPS_PER_WARP + lane / LANES;
@@ -318,7 +317,7 @@ __device__ __forceinline__ void decode_body(
     float qv[ROWS][DL];
     int n_vis[ROWS];  // keys [0, n_vis) visible to the row (0 for idle rows)
     int n_max = 0, n_min = 1 << 30;  // over the live rows
-    const mods::Seq sq = mods::seq(b, sqn.seqlen_q, max(len, 0));
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p), max(len, 0));
     mods::Row mrow[M::ANY ? ROWS : 1];  // the rows' view of the modifiers (common.cuh: mods)
     int first_min = 1 << 30;            // (window) the first key any live row sees
 #pragma unroll
@@ -332,7 +331,7 @@ __device__ __forceinline__ void decode_body(
             n_vis[i] = mrow[i].last + 1;
             if (live) first_min = min(first_min, mrow[i].first);
         } else {
-            n_vis[i] = live ? visible_keys(t, sqn.seqlen_q, len, p.causal != 0) : 0;
+            n_vis[i] = live ? visible_keys(t, sqn.seqlen_q(p), len, p.causal != 0) : 0;
         }
         n_max = max(n_max, n_vis[i]);
         if (live) n_min = min(n_min, n_vis[i]);
@@ -556,7 +555,7 @@ __device__ __forceinline__ void decode_mma_body(
     Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
     const DecodeWork work = decode_work_seq<ROWS, ADDR>(p, seqlens_k, sp, num_splits, sqn);
     const int split = work.split, rb = work.rb, kv_head = work.kv_head, b = work.b, len = work.len;  // len -1: bad
-    const int rows_total = sqn.seqlen_q * group_size;  // the sequence's packed rows
+    const int rows_total = sqn.seqlen_q(p) * group_size;  // the sequence's packed rows
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     // --- Q tile (zero past the last row) and the rows' visible keys -----------
@@ -570,7 +569,7 @@ __device__ __forceinline__ void decode_mma_body(
     cp_async_commit();
     int n_max = 0, n_min = 1 << 30;  // over the CTA's live rows
     int n_vis[2];                    // of this lane's rows lane / 4 and lane / 4 + 8
-    const mods::Seq sq = mods::seq(b, sqn.seqlen_q, max(len, 0));
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p), max(len, 0));
     mods::Row mrow[2];               // (modifiers) the lane's rows' view of them (common.cuh: mods)
     int first_min = 1 << 30;         // (window) the first key any live row sees
 #pragma unroll
@@ -586,7 +585,7 @@ __device__ __forceinline__ void decode_mma_body(
             if (i == lane / 4) mrow[0] = mr;
             if (i == lane / 4 + 8) mrow[1] = mr;
         } else {
-            n = live ? visible_keys(r / group_size, sqn.seqlen_q, len, p.causal != 0) : 0;
+            n = live ? visible_keys(r / group_size, sqn.seqlen_q(p), len, p.causal != 0) : 0;
         }
         if (live) { n_max = max(n_max, n); n_min = min(n_min, n); }
         if (i == lane / 4) n_vis[0] = n;
@@ -804,7 +803,7 @@ __device__ __forceinline__ void decode_combine_body(
             sqn.b = b;
         } else {
             sqn = sequence_of<ADDR>(p, seqlens_k, sp, b);
-            if (t >= sqn.seqlen_q) continue;  // past the sequence's queries
+            if (t >= sqn.seqlen_q(p)) continue;  // past the sequence's queries
         }
 
         const float* lse_s = part_lse + prow * num_splits;

@@ -72,7 +72,7 @@ __device__ __forceinline__ void stage_kv(T* sK, T* sV, const T* k_row, const T* 
             if (UNITS % ROWWISE_THREADS != 0 && u >= UNITS) break;
             const int j = u / (DPAD / W), d = u % (DPAD / W) * W;
             const bool ok = j0 + j < n_keys && d < p.head_dim;
-            const int jj = ok ? j0 + j : 0;
+            const index_t jj = ok ? j0 + j : 0;
             cp_async_16(smem_addr(sK + j * DPAD + d),
                         ok ? (const void*)(k_row + sqn.kv_row(jj, p.k_stride[0], p.k_stride[1]) + d) : k_row, ok);
             cp_async_16(smem_addr(sV + j * DPAD + d),
@@ -159,15 +159,14 @@ __device__ __forceinline__ void rowwise_body(
         const Sequence<ADDR> sqn = sequence_of<ADDR>(p, seqlens_k, sp, b);  // its queries and keys (common.cuh)
         const int len = sqn.len;  // -1: bad seqlens_k[b], NaN rows
         const int seqlen_k = max(len, 0);
-        const int seqlen_q = sqn.seqlen_q;
 
         // This thread's row, and whether it exists.
         const int g = g_block * hb + r % hb;
-        const int t = seqlen_q - 1 - (t_block * tb + r / hb);
+        const int t = sqn.seqlen_q(p) - 1 - (t_block * tb + r / hb);
         const bool active = r < tb * hb && g < group_size && t >= 0;
         const int q_head = q_head_of(kv_head, g, group_size);
         // Modifiers (common.cuh: mods): the row's key bounds, ALiBi slope, ...
-        const mods::Seq sq = mods::seq(b, seqlen_q, seqlen_k);
+        const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p), seqlen_k);
         mods::Row mrow;
         int n_keys;
         if constexpr (M::ANY) {
@@ -175,16 +174,16 @@ __device__ __forceinline__ void rowwise_body(
             if (active) mrow = mods::row<M>(mp, sq, t, q_head, p.causal != 0);
             n_keys = mrow.last + 1;
         } else {
-            n_keys = active ? visible_keys(t, seqlen_q, seqlen_k, p.causal != 0) : 0;
+            n_keys = active ? visible_keys(t, sqn.seqlen_q(p), seqlen_k, p.causal != 0) : 0;
         }
         // Keys any row of the block sees: those of its latest position.
-        int n_block = visible_keys(seqlen_q - 1 - t_block * tb, seqlen_q, seqlen_k, p.causal != 0);
-        if (Sequence<ADDR>::VARLEN && seqlen_q - 1 - t_block * tb < 0) n_block = 0;  // past a short sequence
+        int n_block = visible_keys(sqn.seqlen_q(p) - 1 - t_block * tb, sqn.seqlen_q(p), seqlen_k, p.causal != 0);
+        if (Sequence<ADDR>::VARLEN && sqn.seqlen_q(p) - 1 - t_block * tb < 0) n_block = 0;  // past a short sequence
         // ... and (window) from the first key of its earliest position: stages before it are skipped
         int st_first = 0;
         if constexpr (M::WINDOW) {
             if (mp.window_left >= 0) {
-                const int t_min = max(0, seqlen_q - 1 - (t_block * tb + tb - 1));
+                const int t_min = max(0, sqn.seqlen_q(p) - 1 - (t_block * tb + tb - 1));
                 st_first = (int)min((long long)seqlen_k, max(0LL, (long long)t_min + sq.diag - mp.window_left)) / KEYS;
             }
         }

@@ -248,7 +248,7 @@ __device__ __forceinline__ void tiled_body(
     const unsigned sQ_warp = smem_addr(sQ + warp_row0 * ROW + a_off);
 
     // the modifiers' view of the lane's rows (common.cuh: mods)
-    const mods::Seq sq = mods::seq(b, sqn.seqlen_q, seqlen_k);
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p), seqlen_k);
     mods::Diag mrow[MT][2];
     if constexpr (M::ANY) {
 #pragma unroll

@@ -238,7 +238,7 @@ __device__ __forceinline__ void tiled_tf32_body(
     const int k_off = ((lane & 7) + (lane >> 4) * 8) * ROW + ((lane >> 3) & 1) * 4;
 
     // the modifiers' view of the lane's rows (common.cuh: mods)
-    const mods::Seq sq = mods::seq(b, sqn.seqlen_q, seqlen_k);
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p), seqlen_k);
     mods::Diag mrow[2];
     if constexpr (M::ANY) {
 #pragma unroll
