@@ -160,3 +160,41 @@ def _nvrtc_major() -> int:
     from cupy.cuda import nvrtc
 
     return nvrtc.getVersion()[0]
+
+
+def _seq_specs():
+    """One per-sequence instantiation per kernel and addressing (kernels/common.cuh:
+    SEQ_*): each file's largest tile, where registers are shortest."""
+    from cupy_gqa import _specs
+
+    picked = {}
+    for spec in _specs.seq_check_specs(ARCHS["sm_90"]):
+        kernel = spec.name.split("<", 1)[0]
+        addr = spec.name.rsplit(", ", 1)[1]
+        if spec.dtype not in ("bfloat16", "float32"):
+            continue
+        if (kernel, addr) not in picked or spec.head_dim > picked[kernel, addr].head_dim:
+            picked[kernel, addr] = spec
+    return tuple(picked.values())
+
+
+@pytest.mark.parametrize("spec", _seq_specs(), ids=lambda s: s.name)
+def test_seq_kernels_compile_without_spills(spec):
+    """The *_seq instantiations (varlen, paged, left padding) compile with no spills and no stack."""
+    report = compile_offline(spec, "sm_90")
+    assert report.ok, report.log
+    assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+
+
+def test_seq_instantiation_names():
+    """with_seq names the *_seq kernel with ADDR last, leaves contiguous calls alone, and takes
+    16 rows per warp in the fp16 / bf16 tiles from head dim 96 on."""
+    from cupy_gqa import _specs
+
+    arch = ARCHS["sm_90"]
+    spec = _specs.tiled_spec("bfloat16", 128, True, arch)
+    assert _specs.with_seq(spec, 0) is spec
+    seq = _specs.with_seq(spec, 2)
+    assert seq.name == "tiled_attention_seq<__nv_bfloat16, 128, 128, 64, 8, true, 104448, 2>" and seq.threads == 256
+    combine = _specs.with_seq(_specs.DECODE_COMBINE["float16"], 1)
+    assert combine.name == "decode_combine_seq<__half, 1>"
