@@ -256,11 +256,12 @@ __device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_mods(const A
 // sequence (the grid is sized by max_seqlen_q: a CTA past its sequence's rows
 // has row0 >= packed_rows and nothing to do).
 template <int ADDR> struct Sequence;
-template <int ADDR, class SP>
-__device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const int* seqlens_k, const SP& sp, int b);
-template <bool CAUSAL, int BLOCK_M, bool WINDOW, int ADDR, class SP>
+struct SeqParams;
+template <int ADDR>
+__device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const int* seqlens_k, const SeqParams* sp, int b);
+template <bool CAUSAL, int BLOCK_M, bool WINDOW, int ADDR>
 __device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_seq(const AttnParams& p, const int* seqlens_k,
-                                                                       const SP& sp, int group, int left, int right,
+                                                                       const SeqParams* sp, int group, int left, int right,
                                                                        Sequence<ADDR>& sqn) {
     if constexpr (ADDR == 0) {
         const PrefillTile<CAUSAL, WINDOW> tile = prefill_tile_mods<CAUSAL, BLOCK_M, WINDOW>(p, seqlens_k, group, left, right);
@@ -271,11 +272,11 @@ __device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_seq(const At
         static_assert(!WINDOW, "per-sequence addressing takes no modifiers");
         const TileOfBlock t = tile_of_block<CAUSAL>((p.seqlen_q * group + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads);
         sqn = sequence_of<ADDR>(p, seqlens_k, sp, t.b);
-        const int packed_rows = sqn.seqlen_q(p) * group;
+        const int packed_rows = sqn.seqlen_q(p.seqlen_q) * group;
         const int row0 = t.m_tile * BLOCK_M;
         const int seqlen_k = max(sqn.len, 0);
         return {t.b, t.kv_head, row0, group, packed_rows, sqn.len, seqlen_k,
-                KeyRange<CAUSAL>(row0, max(row0, min(row0 + BLOCK_M, packed_rows) - 1), sqn.seqlen_q(p), seqlen_k, group)};
+                KeyRange<CAUSAL>(row0, max(row0, min(row0 + BLOCK_M, packed_rows) - 1), sqn.seqlen_q(p.seqlen_q), seqlen_k, group)};
     }
 }
 
@@ -326,11 +327,14 @@ struct SeqParams {
     int pad;
 };
 static_assert(sizeof(SeqParams) == 56, "SeqParams must match _seq.SEQ_PARAMS_DTYPE");
-// What a kernel without per-sequence addressing passes in place of a SeqParams.
-struct NoSeqParams {};
 
 // Sequence b as the kernels see it (ADDR: the SEQ_* flags). For ADDR 0 every
-// accessor is the contiguous expression itself (q0() and k0() are the constant 0).
+// accessor is the contiguous expression itself, in the order the contiguous
+// kernels evaluate it (q0() and k0() are the constant 0; the call's values come
+// in by reference, read where the expression reads them): the contiguous
+// instantiations compile to the code they had without per-sequence addressing.
+// The bodies take the SeqParams by pointer, nullptr for ADDR 0, for the same
+// reason (a SeqParams object, even an empty one, changes the contiguous code).
 template <int ADDR>
 struct Sequence {
     enum : int {
@@ -345,8 +349,10 @@ struct Sequence {
     const int* pages;      // PAGED: the sequence's row of block_table
     index_t lse_rows;      // VARLEN: total_q, lse's head stride
 
-    // The sequence's queries (others: p.seqlen_q, read where it is used).
-    __device__ __forceinline__ int seqlen_q(const AttnParams& p) const { return VARLEN ? seqlen_q_ : p.seqlen_q; }
+    // The sequence's queries (others: the call's, seqlen_q as the kernel has it).
+    __device__ __forceinline__ int seqlen_q(const int& seqlen_q) const { return VARLEN ? seqlen_q_ : seqlen_q; }
+    // The sequence's packed rows (queries times group; others: rows, the call's).
+    __device__ __forceinline__ int packed_rows(int rows, int group) const { return VARLEN ? seqlen_q_ * group : rows; }
     // The row (on axis 1 of q and out) of query 0.
     __device__ __forceinline__ int q0() const { return VARLEN ? q0_ : 0; }
     // The batch index that multiplies axis 0's stride of k and v (pages: none).
@@ -360,18 +366,26 @@ struct Sequence {
         const int slot = jj / page_size;
         return (index_t)pages[slot] * s0 + (index_t)(jj - slot * page_size) * s1;
     }
-    // The index of lse's (query head h, query t).
-    __device__ __forceinline__ index_t lse_at(int h, int t, const AttnParams& p) const {
+    // The index of lse's (query head h, query t); num_q_heads, seqlen_q: the call's
+    // (references, read where the contiguous expression reads them).
+    __device__ __forceinline__ index_t lse_at(int h, int t, const int& num_q_heads, const int& seqlen_q) const {
         if (VARLEN) return (index_t)h * lse_rows + q0_ + t;
-        return ((index_t)b * p.num_q_heads + h) * p.seqlen_q + t;
+        return ((index_t)b * num_q_heads + h) * seqlen_q + t;
+    }
+    // The same for query head q_head_of(kv_head, g, group), computed in that order.
+    __device__ __forceinline__ index_t lse_at(int kv_head, int g, int group, int t, const int& num_q_heads,
+                                             const int& seqlen_q) const {
+        if (VARLEN) return (index_t)q_head_of(kv_head, g, group) * lse_rows + q0_ + t;
+        return ((index_t)b * num_q_heads + q_head_of(kv_head, g, group)) * seqlen_q + t;
     }
 };
 
 __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k);
 
-// Sequence b of the call: its lengths and where its rows are (see above).
-template <int ADDR, class SP>
-__device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const int* seqlens_k, const SP& sp, int b) {
+// Sequence b of the call: its lengths and where its rows are (see above); sp
+// is read only for ADDR != 0.
+template <int ADDR>
+__device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const int* seqlens_k, const SeqParams* sp, int b) {
     Sequence<ADDR> s;
     s.b = b;
     s.seqlen_q_ = 0;
@@ -384,24 +398,24 @@ __device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const
     } else {
         s.seqlen_q_ = p.seqlen_q;
         if constexpr ((ADDR & SEQ_VARLEN) != 0) {
-            const int q0 = sp.cu_seqlens_q[b], q1 = sp.cu_seqlens_q[b + 1];
-            const int k0 = sp.cu_seqlens_k[b], k1 = sp.cu_seqlens_k[b + 1];
-            const bool q_ok = q0 >= 0 && q1 >= q0 && q1 <= sp.total_q && q1 - q0 <= p.seqlen_q;
+            const int q0 = sp->cu_seqlens_q[b], q1 = sp->cu_seqlens_q[b + 1];
+            const int k0 = sp->cu_seqlens_k[b], k1 = sp->cu_seqlens_k[b + 1];
+            const bool q_ok = q0 >= 0 && q1 >= q0 && q1 <= sp->total_q && q1 - q0 <= p.seqlen_q;
             s.seqlen_q_ = q_ok ? q1 - q0 : 0;  // queries out of range: nothing to write
             s.q0_ = q_ok ? q0 : 0;
-            const bool k_ok = k0 >= 0 && k1 >= k0 && k1 <= sp.total_k && k1 - k0 <= p.seqlen_k;
+            const bool k_ok = k0 >= 0 && k1 >= k0 && k1 <= sp->total_k && k1 - k0 <= p.seqlen_k;
             s.len = k_ok ? k1 - k0 : -1;
             s.k0_ = k_ok ? k0 : 0;
-            s.lse_rows = sp.total_q;
+            s.lse_rows = sp->total_q;
         } else {
             s.len = seqlen_k_of(seqlens_k, b, p.seqlen_k);
         }
         if constexpr ((ADDR & SEQ_PAGED) != 0) {
-            s.page_size = sp.page_size;
-            s.pages = sp.block_table + b * sp.block_table_stride;
+            s.page_size = sp->page_size;
+            s.pages = sp->block_table + b * sp->block_table_stride;
         }
         if constexpr ((ADDR & SEQ_LEFTPAD) != 0) {
-            const int first = sp.leftpad[b];
+            const int first = sp->leftpad[b];
             if (s.len >= 0) {
                 const bool ok = first >= 0 && first <= s.len;
                 s.k0_ += ok ? first : 0;

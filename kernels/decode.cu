@@ -96,8 +96,8 @@ __device__ __forceinline__ DecodeWork decode_work(const AttnParams& p, const int
 
 // The same with the CTA's sequence (common.cuh: Sequence; ADDR 0: contiguous,
 // len from decode_work), whose lengths and rows the kernel then reads.
-template <int ROWS, int ADDR, class SP>
-__device__ __forceinline__ DecodeWork decode_work_seq(const AttnParams& p, const int* seqlens_k, const SP& sp,
+template <int ROWS, int ADDR>
+__device__ __forceinline__ DecodeWork decode_work_seq(const AttnParams& p, const int* seqlens_k, const SeqParams* sp,
                                                       int num_splits, Sequence<ADDR>& sqn) {
     DecodeWork w = decode_work<ROWS>(p, ADDR == 0 ? seqlens_k : nullptr, num_splits);
     if constexpr (ADDR == 0) {
@@ -262,12 +262,12 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
         const float lse2 = softmax::lse2(mm, ls, ls != 0.f);
         if (num_splits == 1) {
             const int t = r / group_size, g = r % group_size;
-            if (ADDR != 0 && t >= sqn.seqlen_q(p)) break;  // past the sequence's queries
+            if (ADDR != 0 && t >= sqn.seqlen_q(p.seqlen_q)) break;  // past the sequence's queries
             const int q_head = q_head_of(kv_head, g, group_size);
             const bool bad = len < 0;
             out[b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2] + d] = from_acc<T>(bad ? quiet_nan() : res);
             if (lse != nullptr && d == 0)
-                lse[sqn.lse_at(q_head, t, p)] = softmax::lse(mm, ls, ls != 0.f, bad);
+                lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, ls != 0.f, bad);
         } else {
             const index_t prow = ((index_t)b * p.num_kv_heads + kv_head) * rows_total + r;
             part_o[(prow * num_splits + split) * HEAD_DIM + d] = res;
@@ -281,12 +281,12 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
 // with them (decode_attention_mods, common.cuh: modifiers).
 // ADDR: the per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
-template <typename T, int HEAD_DIM, int ROWS, class M, int ADDR = 0, class SP = NoSeqParams>
+template <typename T, int HEAD_DIM, int ROWS, class M, int ADDR = 0>
 __device__ __forceinline__ void decode_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
     float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams& mp,
-    const SP& sp = SP{})
+    const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
     constexpr int W = 16 / (int)sizeof(T);        // elements per 16-byte chunk
@@ -303,11 +303,11 @@ __device__ __forceinline__ void decode_body(
     const float NEG_INF = neg_inf<float>();
 
     // --- which work: (b, kv_head, row block, split) -------------------------
-    const int group_size = p.group_size;
+    const int group_size = p.group_size, call_rows = p.seqlen_q * group_size;
     Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
     const DecodeWork work = decode_work_seq<ROWS, ADDR>(p, seqlens_k, sp, num_splits, sqn);
     const int split = work.split, rb = work.rb, kv_head = work.kv_head, b = work.b, len = work.len;  // len -1: bad
-    const int rows_total = sqn.seqlen_q(p) * group_size;  // the sequence's packed rows
+    const int rows_total = sqn.packed_rows(call_rows, group_size);  // the sequence's packed rows
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp * GROUPS_PER_WARP + lane / LANES;
@@ -317,7 +317,7 @@ __device__ __forceinline__ void decode_body(
     float qv[ROWS][DL];
     int n_vis[ROWS];  // keys [0, n_vis) visible to the row (0 for idle rows)
     int n_max = 0, n_min = 1 << 30;  // over the live rows
-    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p), max(len, 0));
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p.seqlen_q), max(len, 0));
     mods::Row mrow[M::ANY ? ROWS : 1];  // the rows' view of the modifiers (common.cuh: mods)
     int first_min = 1 << 30;            // (window) the first key any live row sees
 #pragma unroll
@@ -331,7 +331,7 @@ __device__ __forceinline__ void decode_body(
             n_vis[i] = mrow[i].last + 1;
             if (live) first_min = min(first_min, mrow[i].first);
         } else {
-            n_vis[i] = live ? visible_keys(t, sqn.seqlen_q(p), len, p.causal != 0) : 0;
+            n_vis[i] = live ? visible_keys(t, sqn.seqlen_q(p.seqlen_q), len, p.causal != 0) : 0;
         }
         n_max = max(n_max, n_vis[i]);
         if (live) n_min = min(n_min, n_vis[i]);
@@ -522,12 +522,12 @@ struct MmaSmem {
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
 // with them (decode_mma_attention_mods, common.cuh: modifiers).
 // ADDR: the per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
-template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES, class M, int ADDR = 0, class SP = NoSeqParams>
+template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES, class M, int ADDR = 0>
 __device__ __forceinline__ void decode_mma_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
     float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams& mp,
-    const SP& sp = SP{})
+    const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
     constexpr int NW = DECODE_MMA_WARPS, THREADS = NW * 32;
@@ -551,11 +551,11 @@ __device__ __forceinline__ void decode_mma_body(
     T* sQ = reinterpret_cast<T*>(smem_raw + L::Q);
 
     // --- which work: (b, kv_head, row block, split) -------------------------
-    const int group_size = p.group_size;
+    const int group_size = p.group_size, call_rows = p.seqlen_q * group_size;
     Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
     const DecodeWork work = decode_work_seq<ROWS, ADDR>(p, seqlens_k, sp, num_splits, sqn);
     const int split = work.split, rb = work.rb, kv_head = work.kv_head, b = work.b, len = work.len;  // len -1: bad
-    const int rows_total = sqn.seqlen_q(p) * group_size;  // the sequence's packed rows
+    const int rows_total = sqn.packed_rows(call_rows, group_size);  // the sequence's packed rows
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     // --- Q tile (zero past the last row) and the rows' visible keys -----------
@@ -569,7 +569,7 @@ __device__ __forceinline__ void decode_mma_body(
     cp_async_commit();
     int n_max = 0, n_min = 1 << 30;  // over the CTA's live rows
     int n_vis[2];                    // of this lane's rows lane / 4 and lane / 4 + 8
-    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p), max(len, 0));
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p.seqlen_q), max(len, 0));
     mods::Row mrow[2];               // (modifiers) the lane's rows' view of them (common.cuh: mods)
     int first_min = 1 << 30;         // (window) the first key any live row sees
 #pragma unroll
@@ -585,7 +585,7 @@ __device__ __forceinline__ void decode_mma_body(
             if (i == lane / 4) mrow[0] = mr;
             if (i == lane / 4 + 8) mrow[1] = mr;
         } else {
-            n = live ? visible_keys(r / group_size, sqn.seqlen_q(p), len, p.causal != 0) : 0;
+            n = live ? visible_keys(r / group_size, sqn.seqlen_q(p.seqlen_q), len, p.causal != 0) : 0;
         }
         if (live) { n_max = max(n_max, n); n_min = min(n_min, n); }
         if (i == lane / 4) n_vis[0] = n;
@@ -780,11 +780,11 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
 // Merge the num_splits partial results of each packed row (see the top); M:
 // the modifiers, of which only the sinks act here.
 // ADDR: the per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
-template <typename T, class M, int ADDR = 0, class SP = NoSeqParams>
+template <typename T, class M, int ADDR = 0>
 __device__ __forceinline__ void decode_combine_body(
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
     const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits, const ModParams* mp,
-    const SP& sp = SP{})
+    const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
     const float NEG_INF = neg_inf<float>();
@@ -803,7 +803,7 @@ __device__ __forceinline__ void decode_combine_body(
             sqn.b = b;
         } else {
             sqn = sequence_of<ADDR>(p, seqlens_k, sp, b);
-            if (t >= sqn.seqlen_q(p)) continue;  // past the sequence's queries
+            if (t >= sqn.seqlen_q(p.seqlen_q)) continue;  // past the sequence's queries
         }
 
         const float* lse_s = part_lse + prow * num_splits;
@@ -835,7 +835,7 @@ __device__ __forceinline__ void decode_combine_body(
         o_row[2] = from_acc<T>(acc.z * inv);
         o_row[3] = from_acc<T>(acc.w * inv);
         if (lse != nullptr && d == 0)
-            lse[sqn.lse_at(q_head, t, p)] = softmax::lse(mm, ls, ls != 0.f, bad);
+            lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, ls != 0.f, bad);
     }
 }
 
@@ -864,8 +864,8 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const SeqParams sp)
 {
-    decode_body<T, HEAD_DIM, ROWS, NoMods, ADDR, SeqParams>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits,
-                                                           ModParams{}, sp);
+    decode_body<T, HEAD_DIM, ROWS, NoMods, ADDR>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits,
+                                                 ModParams{}, &sp);
 }
 
 template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES, int ADDR>
@@ -874,8 +874,8 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const SeqParams sp)
 {
-    decode_mma_body<T, HEAD_DIM, STAGES, SMEM_BYTES, NoMods, ADDR, SeqParams>(q, k, v, out, lse, seqlens_k, p, part_o,
-                                                                             part_lse, num_splits, ModParams{}, sp);
+    decode_mma_body<T, HEAD_DIM, STAGES, SMEM_BYTES, NoMods, ADDR>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
+                                                                   num_splits, ModParams{}, &sp);
 }
 
 template <typename T, int ADDR>
@@ -883,5 +883,5 @@ __global__ void __launch_bounds__(128) decode_combine_seq(
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits, const SeqParams sp)
 {
-    decode_combine_body<T, NoMods, ADDR, SeqParams>(out, lse, seqlens_k, p, part_o, part_lse, num_splits, nullptr, sp);
+    decode_combine_body<T, NoMods, ADDR>(out, lse, seqlens_k, p, part_o, part_lse, num_splits, nullptr, &sp);
 }

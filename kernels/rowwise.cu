@@ -114,13 +114,12 @@ struct RowwiseSmem {
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
 // with them (rowwise_attention_mods, common.cuh: modifiers); MP: ModParams, or
 // NoModParams for M = NoMods. ADDR: the per-sequence addressing (common.cuh:
-// Sequence; 0: contiguous), whose SeqParams (or NoSeqParams) is sp.
-template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES, class M, class MP, int ADDR = 0,
-          class SP = NoSeqParams>
+// Sequence; 0: contiguous), described by sp (nullptr for 0).
+template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES, class M, class MP, int ADDR = 0>
 __device__ __forceinline__ void rowwise_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
-    const MP& mp, const SP& sp = SP{})
+    const MP& mp, const SeqParams* sp = nullptr)
 {
     typedef acc_t<T> acc;
     constexpr int W = 16 / (int)sizeof(T);     // elements per 16-byte vector
@@ -162,11 +161,11 @@ __device__ __forceinline__ void rowwise_body(
 
         // This thread's row, and whether it exists.
         const int g = g_block * hb + r % hb;
-        const int t = sqn.seqlen_q(p) - 1 - (t_block * tb + r / hb);
+        const int t = sqn.seqlen_q(p.seqlen_q) - 1 - (t_block * tb + r / hb);
         const bool active = r < tb * hb && g < group_size && t >= 0;
         const int q_head = q_head_of(kv_head, g, group_size);
         // Modifiers (common.cuh: mods): the row's key bounds, ALiBi slope, ...
-        const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p), seqlen_k);
+        const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p.seqlen_q), seqlen_k);
         mods::Row mrow;
         int n_keys;
         if constexpr (M::ANY) {
@@ -174,16 +173,17 @@ __device__ __forceinline__ void rowwise_body(
             if (active) mrow = mods::row<M>(mp, sq, t, q_head, p.causal != 0);
             n_keys = mrow.last + 1;
         } else {
-            n_keys = active ? visible_keys(t, sqn.seqlen_q(p), seqlen_k, p.causal != 0) : 0;
+            n_keys = active ? visible_keys(t, sqn.seqlen_q(p.seqlen_q), seqlen_k, p.causal != 0) : 0;
         }
         // Keys any row of the block sees: those of its latest position.
-        int n_block = visible_keys(sqn.seqlen_q(p) - 1 - t_block * tb, sqn.seqlen_q(p), seqlen_k, p.causal != 0);
-        if (Sequence<ADDR>::VARLEN && sqn.seqlen_q(p) - 1 - t_block * tb < 0) n_block = 0;  // past a short sequence
+        int n_block = visible_keys(sqn.seqlen_q(p.seqlen_q) - 1 - t_block * tb, sqn.seqlen_q(p.seqlen_q), seqlen_k,
+                                   p.causal != 0);
+        if (Sequence<ADDR>::VARLEN && sqn.seqlen_q(p.seqlen_q) - 1 - t_block * tb < 0) n_block = 0;  // past a short sequence
         // ... and (window) from the first key of its earliest position: stages before it are skipped
         int st_first = 0;
         if constexpr (M::WINDOW) {
             if (mp.window_left >= 0) {
-                const int t_min = max(0, sqn.seqlen_q(p) - 1 - (t_block * tb + tb - 1));
+                const int t_min = max(0, sqn.seqlen_q(p.seqlen_q) - 1 - (t_block * tb + tb - 1));
                 st_first = (int)min((long long)seqlen_k, max(0LL, (long long)t_min + sq.diag - mp.window_left)) / KEYS;
             }
         }
@@ -330,7 +330,7 @@ __device__ __forceinline__ void rowwise_body(
                 }
             }
             if (lse != nullptr && lane == 0)
-                lse[sqn.lse_at(q_head, t, p)] = softmax::lse(m, l, seen, len < 0);
+                lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(m, l, seen, len < 0);
         }
     }
 }
@@ -363,6 +363,6 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention_seq(
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     const SeqParams sp)
 {
-    rowwise_body<T, DPAD, TEAM, VEC, KEYS, SMEM_BYTES, NoMods, NoModParams, ADDR, SeqParams>(q, k, v, out, lse, seqlens_k,
-                                                                                          p, NoModParams{}, sp);
+    rowwise_body<T, DPAD, TEAM, VEC, KEYS, SMEM_BYTES, NoMods, NoModParams, ADDR>(q, k, v, out, lse, seqlens_k, p,
+                                                                                NoModParams{}, &sp);
 }

@@ -96,14 +96,15 @@ struct Smem {
 // with them (tiled_attention_mods, common.cuh: modifiers). ADDR: the
 // per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES, class M,
-          int ADDR = 0, class SP = NoSeqParams>
+          int ADDR = 0>
 __device__ __forceinline__ void tiled_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out,
     float* __restrict__ lse,
     const int* __restrict__ seqlens_k,
-    const AttnParams& p, const ModParams& mp, const SP& sp = SP{})
+    const AttnParams& p, const ModParams& mp, const SeqParams* sp = nullptr)
 {
+    const int batch = p.batch, seqlen_q = p.seqlen_q;
     const int num_q_heads = p.num_q_heads, num_kv_heads = p.num_kv_heads;
     const long long q_stride_b = p.q_stride[0], q_stride_s = p.q_stride[1], q_stride_h = p.q_stride[2];
     const long long k_stride_b = p.k_stride[0], k_stride_s = p.k_stride[1], k_stride_h = p.k_stride[2];
@@ -248,7 +249,7 @@ __device__ __forceinline__ void tiled_body(
     const unsigned sQ_warp = smem_addr(sQ + warp_row0 * ROW + a_off);
 
     // the modifiers' view of the lane's rows (common.cuh: mods)
-    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p), seqlen_k);
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(seqlen_q), seqlen_k);
     mods::Diag mrow[MT][2];
     if constexpr (M::ANY) {
 #pragma unroll
@@ -381,7 +382,8 @@ __device__ __forceinline__ void tiled_body(
                 const int pr = row0 + warp_row0 + r;
                 if (pr < packed_rows) {
                     const int t = pr / group, g = pr - (pr / group) * group;
-                    lse[sqn.lse_at(q_head_of(kvh, g, group), t, p)] = softmax::lse(m_run[mt][hf], l, len < 0);
+                    const long long idx = sqn.lse_at(kvh, g, group, t, num_q_heads, seqlen_q);
+                    lse[idx] = softmax::lse(m_run[mt][hf], l, len < 0);
                 }
             }
         }
@@ -447,6 +449,6 @@ tiled_attention_seq(
     const int* __restrict__ seqlens_k,
     const AttnParams p, const SeqParams sp)
 {
-    tiled_body<T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, NoMods, ADDR, SeqParams>(
-        q, k, v, out, lse, seqlens_k, p, ModParams{}, sp);
+    tiled_body<T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, NoMods, ADDR>(
+        q, k, v, out, lse, seqlens_k, p, ModParams{}, &sp);
 }

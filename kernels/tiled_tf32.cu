@@ -146,11 +146,11 @@ __device__ __forceinline__ void split_chunk_in_place(float* raw, float* small) {
 // with them (tiled_tf32_attention_mods, common.cuh: modifiers). ADDR: the
 // per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT, int SMEM_BYTES, class M,
-          int ADDR = 0, class SP = NoSeqParams>
+          int ADDR = 0>
 __device__ __forceinline__ void tiled_tf32_body(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
-    const ModParams& mp, const SP& sp = SP{})
+    const ModParams& mp, const SeqParams* sp = nullptr)
 {
     using namespace tf32_detail;
     constexpr int D = HEAD_DIM;
@@ -238,7 +238,7 @@ __device__ __forceinline__ void tiled_tf32_body(
     const int k_off = ((lane & 7) + (lane >> 4) * 8) * ROW + ((lane >> 3) & 1) * 4;
 
     // the modifiers' view of the lane's rows (common.cuh: mods)
-    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p), seqlen_k);
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p.seqlen_q), seqlen_k);
     mods::Diag mrow[2];
     if constexpr (M::ANY) {
 #pragma unroll
@@ -402,7 +402,7 @@ __device__ __forceinline__ void tiled_tf32_body(
         const int pr = row0 + warp * 16 + r;
         if (lse != nullptr && c_lane == 0 && pr < packed_rows) {
             const int t = pr / group, g = pr % group;
-            lse[sqn.lse_at(q_head_of(kvh, g, group), t, p)] = softmax::lse(m_run[hf], l, len < 0);
+            lse[sqn.lse_at(kvh, g, group, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(m_run[hf], l, len < 0);
         }
     }
     __syncwarp();
@@ -450,6 +450,6 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention_seq(
     float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     const SeqParams sp)
 {
-    tiled_tf32_body<HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SPLIT, PRESPLIT, SMEM_BYTES, NoMods, ADDR, SeqParams>(
-        q, k, v, out, lse, seqlens_k, p, ModParams{}, sp);
+    tiled_tf32_body<HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SPLIT, PRESPLIT, SMEM_BYTES, NoMods, ADDR>(
+        q, k, v, out, lse, seqlens_k, p, ModParams{}, &sp);
 }
