@@ -70,7 +70,9 @@ def _mask(*args, local_size=None, **kwargs):
 
     The plain causal mask of a batch with a 2D padding mask becomes a
     :class:`PaddedBatch` where cupy_gqa can run it (see there), or None where
-    nothing is padded."""
+    nothing is padded; not where the caller asks for the mask itself
+    (``allow_is_causal_skip=False``: models that combine it with other masks,
+    and a static cache's decode steps, whose mask transformers builds whole)."""
     from transformers.masking_utils import causal_mask_function, is_tracing, prepare_padding_mask, sdpa_mask
 
     padding, q_offset = kwargs.get("attention_mask"), kwargs.get("q_offset", 0)
@@ -79,6 +81,8 @@ def _mask(*args, local_size=None, **kwargs):
     if (
         args
         or kwargs.get("mask_function") is not causal_mask_function  # a window, chunks, packed sequences, ...
+        # the mask itself asked for: models that combine it with others, a static cache's decode steps
+        or not kwargs.get("allow_is_causal_skip", True)
         or kwargs.get("kv_offset", 0) != 0
         or is_tracing(padding)
         or (isinstance(q_offset, _torch().Tensor) and is_tracing(q_offset))
@@ -88,7 +92,8 @@ def _mask(*args, local_size=None, **kwargs):
         # no padding: the keys up to the last query (a static cache's q_offset is a tensor, read here)
         padded = PaddedBatch(None, int(q_offset) + kwargs["q_length"], kwargs)
     else:
-        padded = PaddedBatch.of(prepare_padding_mask(padding, kwargs["kv_length"], 0), kwargs["q_length"], q_offset, kwargs)
+        padding = prepare_padding_mask(padding, kwargs["kv_length"], 0)  # (batch, kv_length)
+        padded = PaddedBatch.of(padding, kwargs["q_length"], q_offset, kwargs)
         if padded is None:  # padding inside a sequence, seen by its tokens: the full mask
             return sdpa_mask(*args, **kwargs)
     if padded.cache_leftpad is None and padded.num_keys == kwargs["kv_length"]:
@@ -117,7 +122,8 @@ class PaddedBatch:
     batched generation), right padding of a prompt (its padding follows every
     real token), a static cache. A padded row with padding inside (a
     right-padded prompt that then generates) makes :func:`_mask` build the full
-    mask, and the calls fall back to sdpa.
+    mask, and the calls fall back to sdpa; so do a static cache's decode steps
+    (transformers asks for their whole mask).
 
     The rows of padding tokens are not transformers': each sees the keys from
     its row's first unpadded one to itself (none for left padding: zeros),
@@ -155,7 +161,7 @@ class PaddedBatch:
         from transformers.masking_utils import sdpa_mask
 
         if kwargs:
-            return sdpa_mask(**{**kwargs, "attention_mask": self._mask_kwargs["attention_mask"]})
+            return sdpa_mask(**{**kwargs, "attention_mask": self._mask_kwargs.get("attention_mask")})
         if self._full is None:
             self._full = sdpa_mask(**{**self._mask_kwargs, "allow_is_causal_skip": False})
         return self._full
@@ -191,13 +197,16 @@ def _unsupported(module, query, key, value, attention_mask, dropout, kwargs) -> 
     if isinstance(attention_mask, PaddedBatch):
         if attention_mask.cache_leftpad is not None:
             if modifiers:
-                return "left padding and a sliding window, softcap or attention sinks (cache_leftpad takes no modifiers)"
+                return "left padding and a sliding window, softcap or sinks (cache_leftpad takes no modifiers)"
             if api._torch_op_call(query, key, value):
                 return "left padding and inputs that require grad (or torch.compile): cache_leftpad has no backward"
         if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
             return "an attention mask (padding) on a non-causal call"
     elif attention_mask is not None:
-        return "an attention mask (padding inside a sequence, sliding window or a custom pattern)"
+        return (
+            "an attention mask (padding inside a sequence, a static cache's decode step, sliding window or a custom "
+            "pattern)"
+        )
     if dropout and module.training:
         return "attention dropout"
     if kwargs.get("position_bias") is not None:
