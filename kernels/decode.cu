@@ -303,6 +303,7 @@ __device__ __forceinline__ void decode_body(
     const float NEG_INF = neg_inf<float>();
 
     // --- which work: (b, kv_head, row block, split) -------------------------
+    // (call_rows: the call's packed rows, computed here as the contiguous kernel always has)
     const int group_size = p.group_size, call_rows = p.seqlen_q * group_size;
     Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
     const DecodeWork work = decode_work_seq<ROWS, ADDR>(p, seqlens_k, sp, num_splits, sqn);
@@ -551,6 +552,7 @@ __device__ __forceinline__ void decode_mma_body(
     T* sQ = reinterpret_cast<T*>(smem_raw + L::Q);
 
     // --- which work: (b, kv_head, row block, split) -------------------------
+    // (call_rows: the call's packed rows, computed here as the contiguous kernel always has)
     const int group_size = p.group_size, call_rows = p.seqlen_q * group_size;
     Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
     const DecodeWork work = decode_work_seq<ROWS, ADDR>(p, seqlens_k, sp, num_splits, sqn);
