@@ -1582,13 +1582,16 @@ def _bench(args, cases: list[Case], cache_dir: str) -> int:
         return 0
 
     rows, skipped, failed = [], [], False
+    tag = gpu_tag(env["gpu"])
+    partial = []  # <tag>_partial.*: the rows so far, rewritten after each case (a run cut short keeps them)
     for case in cases:
         log(f"{case.name}: {case.describe()}")
         case_rows, case_skipped, case_failed = run_case(torch, cupy_gqa, timer, case, log)
         rows += case_rows
         skipped += case_skipped
         failed |= case_failed
-    add_ratios(rows)
+        add_ratios(rows)
+        partial = write_results(args.out, f"{tag}_partial", env, rows, skipped, [], plot=False)
 
     if not args.no_compile_probe:
         log("compile probe: a second process on the warm CUPY_CACHE_DIR")
@@ -1613,8 +1616,9 @@ def _bench(args, cases: list[Case], cache_dir: str) -> int:
     if mem[1]:
         print()
         print(format_text(*mem))
-    tag = gpu_tag(env["gpu"])
     written = write_results(args.out, tag, env, rows, skipped, sweep, plot=not args.no_plot)
+    for path in partial:
+        path.unlink(missing_ok=True)
     log("wrote " + ", ".join(str(p) for p in written))
     if failed:
         print("bench_attention: some cupy_gqa calls failed unexpectedly (see 'FAILED' above)", file=sys.stderr)

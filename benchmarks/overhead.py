@@ -56,7 +56,7 @@ def main():
     layout = _plan._layout(q, k, v, out)
     vec = head_dim % _plan._specs.vec_width(args.dtype) == 0
     if family == "decode":  # two kernels and a workspace: time its launch function
-        name = _plan._specs.decode_spec(args.dtype, head_dim, seqlen_q * num_q_heads // num_kv_heads, _plan.device_arch(q.device.id)).name
+        name = _plan.decode_plan_for(problem, q, k, v, out).spec.name
         launch = None
         run_plan = lambda: _plan.launch_decode(problem, q, k, v, out, None, None)  # noqa: E731
     else:

@@ -312,8 +312,6 @@ def _scale_issue(problem: Problem) -> str | None:
 
 def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
     """Why kernels/hopper.cu cannot run this call, or None if it can."""
-    if problem.mods is not None:
-        return "modifiers (window, softcap, sinks, alibi_slopes, score_mod, mask_mod), which it does not take yet"
     if problem.seq is not None:
         return f"{problem.seq.describe()} (per-sequence addressing), which it does not take yet"
     if problem.dtype not in _specs.HOPPER_DTYPES:
@@ -360,8 +358,8 @@ class HopperLaunch(Launch):
 @functools.lru_cache(maxsize=4096)
 def plan_hopper(problem: Problem, layout: tuple) -> HopperLaunch:
     spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
-    launch = _prefill_launch(problem, layout, spec)
-    return HopperLaunch(launch.spec, launch.grid, launch.params, kv_layouts=layout[1:3])
+    launch = _prefill_launch(problem, layout, problem.spec(spec))
+    return HopperLaunch(launch.spec, launch.grid, launch.params, launch.problem, kv_layouts=layout[1:3])
 
 
 def hopper_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:
@@ -387,29 +385,172 @@ def decode_unsupported(problem: Problem, q, k, v, out) -> str | None:
     if problem.seqlen_q > _specs.DECODE_MAX_SEQLEN_Q:
         return f"seqlen_q {problem.seqlen_q} (it takes 1 to {_specs.DECODE_MAX_SEQLEN_Q} query tokens)"
     arch = device_arch(q.device.id)
-    if _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size, arch) is None:
+    if not _specs.decode_specs(problem.dtype, problem.head_dim, arch):
         return _arch_issue(q.device.id, arch)
     return _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
-DECODE_MAX_SPLITS = 64  # key ranges per (batch, KV head, row block)
+DECODE_MAX_SPLITS = 128  # key ranges per (batch, KV head, row block)
 DECODE_MIN_SPLIT_KEYS = 256  # no key range shorter than this
 
+# --- decode_dispatch: the decode cost model -----------------------------------
+# Rates of an H200 (132 SMs; the SM count comes from the device), each either
+# measured in benchmarks/NOTES_decode.md or derived there from a measurement.
+# On other GPUs the absolute times are off, but the choices rest on ratios
+# (bytes against compute, CTAs against SMs), which hold on every recent part.
+DECODE_HBM_BYTES_PER_S = 4.24e12  # device copy rate: the floor of a K/V pass
+DECODE_L2_BYTES_PER_S = 10e12  # L2 to SMs: row blocks after the first read K/V from L2
+# A CTA with B bytes of loads in flight streams B / latency: D1 (v3b), one CTA
+# of 64 KB in flight per SM, reached 3940 GB/s, 31 GB/s per CTA, so the loaded
+# latency is at most 2 us; 1.5 us leaves the HBM the limit there, as measured.
+DECODE_LATENCY_S = 1.5e-6
+# What a CTA costs besides streaming: its Q load and pipeline fill (a latency
+# each, unhidden), its merge and the write of its rows.
+DECODE_CTA_FIXED_S = 2e-6
+# The combine kernel: a dependent launch and its tail (ncu: 4.5 us for D1 at
+# 2 splits), then 2 L2 round trips (lse, partials) per 4 splits of its loop.
+DECODE_COMBINE_FIXED_S = 3e-6
+DECODE_COMBINE_ROUND_S = 0.3e-6
+# Tensor-core (mma.sync m16n8k16) FLOP rate of one SM in the decode kernel,
+# padded rows counted: 1024 dense FMA per clock at 1.8 GHz, the softmax and
+# ldmatrix between the products. CUDA-core kernel (float32): issue-bound, the
+# bf16 CUDA-core kernel at 4 rows ran at ~3500 GB/s, 14 TFLOP/s over 132 SMs.
+DECODE_MMA_FLOPS_PER_SM = 3.7e12
+DECODE_FFMA_FLOPS_PER_SM = 1.0e11
+# The prefill kernels (tiled, hopper, tiled_tf32) as decode's alternative: one
+# CTA per 128 (64) packed rows of a (batch, KV head), every key, no split;
+# about 500 TFLOP/s for fp16 / bf16 on the H200 (hopper), 80 for float32 at
+# precision "highest" (three TF32 products), three times that at "tf32"; a
+# CTA keeps about 64 KB of K/V in flight.
+PREFILL_MMA_FLOPS_PER_SM = 3.8e12
+PREFILL_TF32X3_FLOPS_PER_SM = 0.6e12
+PREFILL_BYTES_IN_FLIGHT = 65536
+# Choices the model times within this fraction of the best are ties, which
+# the fewest CTAs win (decode_dispatch).
+DECODE_TIE = 0.02
 
-def decode_num_splits(problem: Problem, row_blocks: int, slots: int) -> int:
-    """Key ranges per (batch, KV head, row block): enough CTAs to fill the
-    ``slots`` (SMs x resident CTAs each) in whole waves, and no more.
 
-    Among 1 .. max splits, the fewest whose wave efficiency
-    n / (slots * ceil(n / slots)), n = CTAs, is within 10% of the best. The
-    CTAs of a call all take about as long, so a partial last wave costs a
-    whole one (H200, benchmarks/NOTES_decode.md: D1 with 396 slots runs 0.18 ms
-    at 3 splits, 384 CTAs, and 0.23 ms at 4, 512 CTAs)."""
-    base = problem.batch * problem.num_kv_heads * row_blocks
+def decode_bytes_in_flight(spec: _specs.Spec) -> int:
+    """K/V bytes one CTA of decode kernel ``spec`` keeps in flight: the
+    tensor-core kernel's key streams, stages - 1 tiles each; the CUDA-core
+    kernel's next step, DECODE_LOADS (2 at 8 rows) 16-byte K and V loads per lane."""
+    itemsize = _specs.ITEMSIZE[spec.dtype]
+    if spec.sm80:
+        row_warps = spec.block_m // 16
+        stages = int(spec.name.split(", ")[3])  # decode_mma_attention<T, D, ROW_WARPS, STAGES, SMEM>
+        streams = _specs.DECODE_MMA_WARPS // row_warps
+        return streams * (stages - 1) * _specs.DECODE_MMA_BN * 2 * spec.head_dim * itemsize
+    return spec.threads * (2 if spec.block_m >= 8 else 4) * 16 * 2
+
+
+def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: int, arch: _specs.Arch) -> float:
+    """The cost model's time of decode kernel ``spec`` with ``num_splits`` key
+    ranges (and the combine), on ``sms`` SMs of ``arch``.
+
+    n CTAs = batch * num_kv_heads * row_blocks * num_splits; the busiest SM
+    runs c = ceil(n / sms) of them, decode_ctas_per_sm at a time; each streams
+    its key range (seqlen_k: the model never reads device lengths) at
+    bytes in flight / DECODE_LATENCY_S and computes its padded rows:
+        t_sm     = waves * DECODE_CTA_FIXED_S + max(c * bytes / (resident * rate), c * flops / FLOPS_PER_SM)
+        t_kernel = max(t_sm, K/V bytes / HBM, row_blocks * K/V bytes / L2)
+    plus, split, the combine: DECODE_COMBINE_FIXED_S, its round trips, and the
+    partials' bytes (written and read) at the HBM rate."""
+    rows = problem.seqlen_q * problem.group_size
+    row_blocks = math.ceil(rows / spec.block_m)
+    key_bytes = 2 * problem.head_dim * _specs.ITEMSIZE[problem.dtype]  # K and V of one key
+    n = problem.batch * problem.num_kv_heads * row_blocks * num_splits
+    c = math.ceil(n / sms)
+    resident = min(c, _specs.decode_ctas_per_sm(spec, arch))
+    waves = math.ceil(c / resident)
+    tile = _specs.DECODE_MMA_BN
+    keys = min(problem.seqlen_k, math.ceil(math.ceil(problem.seqlen_k / num_splits) / tile) * tile)
+    rate = decode_bytes_in_flight(spec) / DECODE_LATENCY_S
+    flops = 4 * spec.block_m * problem.head_dim * keys
+    per_sm = DECODE_MMA_FLOPS_PER_SM if spec.sm80 else DECODE_FFMA_FLOPS_PER_SM
+    t_sm = waves * DECODE_CTA_FIXED_S + max(c * keys * key_bytes / (resident * rate), c * flops / per_sm)
+    kv_bytes = problem.batch * problem.num_kv_heads * problem.seqlen_k * key_bytes
+    t = max(t_sm, kv_bytes / DECODE_HBM_BYTES_PER_S, row_blocks * kv_bytes / DECODE_L2_BYTES_PER_S)
+    if num_splits > 1:
+        partials = problem.batch * problem.num_q_heads * problem.seqlen_q * num_splits * (problem.head_dim + 1) * 4
+        t += DECODE_COMBINE_FIXED_S + 2 * math.ceil(num_splits / 4) * DECODE_COMBINE_ROUND_S
+        t += 2 * partials / DECODE_HBM_BYTES_PER_S
+    return t
+
+
+def prefill_seconds(problem: Problem, sms: int) -> float:
+    """The cost model's time of the prefill kernel for a decode-shaped call: one
+    CTA per block_m packed rows (the tiled table's) of each (batch, KV head),
+    each streaming every key at PREFILL_BYTES_IN_FLIGHT / DECODE_LATENCY_S and
+    computing block_m rows against them (no key split, so few (batch, KV head)
+    pairs leave SMs idle), at least one K/V pass at the HBM rate."""
+    if problem.dtype == "float32":
+        block_m = _specs.TILED_F32_TILES.get(problem.head_dim, (64,))[0]
+        per_sm = PREFILL_TF32X3_FLOPS_PER_SM * (3 if problem.precision == "tf32" else 1)
+    else:
+        block_m = _specs.TILED_TILES.get(problem.head_dim, (128,))[0]
+        per_sm = PREFILL_MMA_FLOPS_PER_SM
+    rows = problem.seqlen_q * problem.group_size
+    key_bytes = 2 * problem.head_dim * _specs.ITEMSIZE[problem.dtype]
+    n = problem.batch * problem.num_kv_heads * math.ceil(rows / block_m)
+    c = math.ceil(n / sms)
+    stream = problem.seqlen_k * key_bytes / (PREFILL_BYTES_IN_FLIGHT / DECODE_LATENCY_S)
+    compute = 4 * block_m * problem.head_dim * problem.seqlen_k / per_sm
+    kv_bytes = problem.batch * problem.num_kv_heads * problem.seqlen_k * key_bytes
+    return max(c * (DECODE_CTA_FIXED_S + max(stream, compute)), kv_bytes / DECODE_HBM_BYTES_PER_S)
+
+
+@dataclass(frozen=True)
+class DecodeChoice:
+    """decode_dispatch's answer: the kernel for a call, and decode's launch."""
+
+    kernel: str  # "decode" or "prefill"
+    block_m: int  # decode: packed rows per CTA (a _specs.decode_block_ms value; 0 when decode can't run)
+    num_splits: int  # decode: key ranges per (batch, KV head, row block)
+    decode_s: float  # the model's time of that decode launch (inf when decode can't run)
+    prefill_s: float  # the model's time of the prefill kernel
+
+
+@functools.lru_cache(maxsize=4096)
+def decode_dispatch(problem: Problem, sms: int, arch: _specs.Arch) -> DecodeChoice:
+    """The one decision for a decode-shaped call (seqlen_q <= DECODE_MAX_SEQLEN_Q):
+    decode or the prefill kernel, and decode's rows per CTA and key ranges.
+
+    Every decode kernel of the dtype and head dim (_specs.decode_specs: 16, 32
+    or 64 rows per CTA on tensor cores, 1 to 8 on CUDA cores) at every split
+    count from 1 to min(DECODE_MAX_SPLITS, seqlen_k / DECODE_MIN_SPLIT_KEYS)
+    is timed by decode_seconds; of those within DECODE_TIE of the fastest, the
+    one of fewest CTAs (then the smaller block) is decode's launch: the fewest
+    passes over K/V from L2 and the least combine work. auto takes it
+    unless prefill_seconds is smaller. Depends on the shape alone (never on
+    device lengths): the same plan for every call of a shape, as a CUDA graph
+    needs."""
+    inf = float("inf")
+    specs = _specs.decode_specs(problem.dtype, problem.head_dim, arch)
+    prefill = prefill_seconds(problem, sms)
+    if not specs:
+        return DecodeChoice("prefill", 0, 1, inf, prefill)
+    rows = problem.seqlen_q * problem.group_size
     most = max(1, min(DECODE_MAX_SPLITS, problem.seqlen_k // DECODE_MIN_SPLIT_KEYS))
-    eff = [n / (slots * math.ceil(n / slots)) for n in (base * s for s in range(1, most + 1))]
-    best = max(eff)
-    return next(s for s, e in enumerate(eff, 1) if e >= 0.9 * best)
+    timed = []
+    for spec in specs:
+        base = problem.batch * problem.num_kv_heads * math.ceil(rows / spec.block_m)
+        for splits in range(1, most + 1):
+            if base * splits > MAX_GRID_X:
+                break
+            timed.append((base * splits, spec.block_m, splits, decode_seconds(problem, spec, splits, sms, arch)))
+    if not timed:  # too many rows for one grid: the launch raises
+        return DecodeChoice("prefill", specs[0].block_m, 1, inf, prefill)
+    best = min(x[3] for x in timed)
+    _, block_m, splits, t = min(x for x in timed if x[3] <= best * (1 + DECODE_TIE))
+    return DecodeChoice("decode" if t <= prefill else "prefill", block_m, splits, t, prefill)
+
+
+@functools.lru_cache(maxsize=64)
+def sm_count(device: int) -> int:
+    """Streaming multiprocessors of CUDA device ``device``."""
+    import cupy
+
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -532,24 +673,11 @@ def _decode_plan(problem: Problem, layout: tuple, spec: _specs.Spec, num_splits:
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_decode(problem: Problem, layout: tuple, slots: int, arch: _specs.Arch) -> DecodeLaunch:
-    """``slots``: SMs x resident CTAs of the decode kernel per SM."""
-    rows = problem.seqlen_q * problem.group_size
-    spec = _specs.decode_spec(problem.dtype, problem.head_dim, rows, arch)
-    num_splits = decode_num_splits(problem, math.ceil(rows / spec.block_m), slots)
-    return _decode_plan(problem, layout, spec, num_splits)
-
-
-@functools.lru_cache(maxsize=64)
-def _resident_slots(spec: _specs.Spec, device: int) -> int:
-    """SMs x CTAs of the decode kernel ``spec`` per SM that the split rule fills on
-    ``device``: those that fit at a time, at most _specs.DECODE_WAVE_CTAS."""
-    import cupy
-    from cupy.cuda import driver
-
-    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(get_kernel(spec).kernel.ptr, spec.threads, spec.smem)
-    wave = _specs.DECODE_WAVE_CTAS[spec.dtype]
-    return max(1, min(per_sm, wave or per_sm)) * cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+def plan_decode(problem: Problem, layout: tuple, sms: int, arch: _specs.Arch) -> DecodeLaunch:
+    """Decode's launch as decode_dispatch chooses it, on ``sms`` SMs of ``arch``."""
+    choice = decode_dispatch(problem, sms, arch)
+    spec = _specs.decode_spec(problem.dtype, problem.head_dim, choice.block_m, arch)
+    return _decode_plan(problem, layout, spec, choice.num_splits)
 
 
 def _check_decode(problem: Problem, q, k, v, out) -> None:
@@ -562,10 +690,8 @@ def decode_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) ->
     """``checked``: choose_kernel has already found that decode_unsupported is None."""
     if not checked:
         _check_decode(problem, q, k, v, out)
-    arch = device_arch(q.device.id)
-    spec = _specs.decode_spec(problem.dtype, problem.head_dim, problem.seqlen_q * problem.group_size, arch)
-    slots = _resident_slots(problem.spec(spec), q.device.id)
-    return plan_decode(problem, _layout(q, k, v, out), slots, arch)
+    device = q.device.id
+    return plan_decode(problem, _layout(q, k, v, out), sm_count(device), device_arch(device))
 
 
 def launch_decode(problem: Problem, q, k, v, out, lse, seqlens_k, *, checked: bool = False, workspace=None) -> DecodeLaunch:
@@ -576,12 +702,19 @@ def launch_decode(problem: Problem, q, k, v, out, lse, seqlens_k, *, checked: bo
     return plan
 
 
-def _launch_decode_forced_splits(problem: Problem, q, k, v, out, lse, seqlens_k, num_splits: int, workspace=None) -> DecodeLaunch:
-    """launch_decode with ``num_splits`` key ranges in place of the split rule's
-    choice: for the tests of the split path and benchmarks/dev, not the API."""
+def _launch_decode_forced_splits(problem: Problem, q, k, v, out, lse, seqlens_k, num_splits: int, workspace=None,
+                                 block_m: int | None = None) -> DecodeLaunch:
+    """launch_decode with ``num_splits`` key ranges (and ``block_m`` rows per
+    CTA, when given) in place of decode_dispatch's choice: for the tests of
+    the split path and the row layouts, and benchmarks/dev, not the API."""
     _check_decode(problem, q, k, v, out)
-    rows = problem.seqlen_q * problem.group_size
-    spec = _specs.decode_spec(problem.dtype, problem.head_dim, rows, device_arch(q.device.id))
+    device = q.device.id
+    arch = device_arch(device)
+    if block_m is None:
+        block_m = decode_dispatch(problem, sm_count(device), arch).block_m
+    spec = _specs.decode_spec(problem.dtype, problem.head_dim, block_m, arch)
+    if spec is None:
+        raise ValueError(f"block_m: expected one of {_specs.decode_block_ms(problem.dtype)} that fits {arch.name}, got {block_m}")
     plan = _decode_plan(problem, _layout(q, k, v, out), spec, num_splits)
     plan(q, k, v, out, lse, seqlens_k, workspace)
     return plan
@@ -593,26 +726,22 @@ LAUNCH = {"rowwise": launch_rowwise, "tiled": launch_tiled, "hopper": launch_hop
 # ... or only makes the plan (checked as the launch would).
 PLAN_FOR = {"rowwise": rowwise_plan_for, "tiled": tiled_plan_for, "hopper": hopper_plan_for, "decode": decode_plan_for}
 
-# "auto" takes the decode kernel up to this many packed rows (seqlen_q * group_size)
-# per (batch, KV head), by dtype; beyond, the tiled kernel is faster (H200,
-# benchmarks/NOTES_decode.md). float32's CUDA-core dot products lose from 8 rows.
-DECODE_AUTO_MAX_ROWS = {"float32": 4, "float16": 32, "bfloat16": 32}
-
-
 def choose_kernel(problem: Problem, q, k, v, out) -> str:
-    """The kernel ``kernel="auto"`` runs for this call: the decode kernel for a
-    few query rows per KV head, else the Hopper kernel on sm_90 where it is
-    the faster tensor-core kernel (_specs.HOPPER_AUTO_OVER_TILED, for
-    HOPPER_AUTO_MIN_KEYS keys or more) or the only
+    """The kernel ``kernel="auto"`` runs for this call: the decode kernel where
+    it runs the call and decode_dispatch's cost model finds it faster than
+    the prefill kernel (a few query tokens against a cache, for any number of
+    query heads per KV head), else the Hopper kernel on sm_90 where it is
+    the faster tensor-core kernel (_specs.HOPPER_AUTO_MIN_KEYS keys or
+    more) or the only
     one, else the mma.sync tensor-core kernel, each when it supports the
     call, else the rowwise kernel, which runs anything."""
-    if problem.seqlen_q * problem.group_size <= DECODE_AUTO_MAX_ROWS.get(problem.dtype, 0) and decode_unsupported(problem, q, k, v, out) is None:
-        return "decode"
+    if decode_unsupported(problem, q, k, v, out) is None:
+        device = q.device.id
+        if decode_dispatch(problem, sm_count(device), device_arch(device)).kernel == "decode":
+            return "decode"
     tiled = tiled_unsupported(problem, q, k, v, out) is None
     if hopper_unsupported(problem, q, k, v, out) is None and (
-        not tiled
-        or _specs.HOPPER_AUTO_OVER_TILED[_specs.hopper_head_dim_pad(problem.head_dim)]
-        and problem.seqlen_k >= _specs.HOPPER_AUTO_MIN_KEYS
+        not tiled or problem.seqlen_k >= _specs.HOPPER_AUTO_MIN_KEYS
     ):
         return "hopper"
     return "tiled" if tiled else "rowwise"

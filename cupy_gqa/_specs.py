@@ -85,7 +85,7 @@ class Spec:
     user_code: str = ""  # the CUDA code of user modifiers (ScoreMod, MaskMod), put into common.cuh
 
 
-MODS_FAMILIES = ("rowwise", "tiled", "decode")  # the kernel families that take modifiers (hopper: not yet)
+MODS_FAMILIES = ("rowwise", "tiled", "hopper", "decode")  # the kernel families that take modifiers
 
 
 def with_mods(spec: Spec, flags: int, user_code: str = "") -> Spec:
@@ -340,13 +340,12 @@ HOPPER_TILES = {
 }
 HOPPER_DTYPES = ("float16", "bfloat16")
 HOPPER_ARCH = "sm_90a"
-# Padded head dims at which kernel="auto" prefers hopper to tiled when both
-# apply and the keys number at least HOPPER_AUTO_MIN_KEYS, as measured on the
-# H200 (benchmarks/NOTES_hopper.md: hopper 1.07 ms against tiled 1.58 at H1,
-# 4096 keys; tiled ahead at H3, 512 keys, where hopper's per-CTA cost weighs
-# most, and at D64). Where tiled does not apply (head_dim 80, 160, 192, ...),
-# auto takes hopper anyway.
-HOPPER_AUTO_OVER_TILED = {64: False, 128: True, 192: True, 256: True}
+# kernel="auto" prefers hopper to tiled, where both apply, from this many keys
+# on, as measured on the H200 (benchmarks/results/h200.json, 2026-12-03:
+# hopper 1.00 ms against tiled 1.59 at H1, 4096 keys; 0.245 against 0.281 at
+# H4, head dim 64 and 2048 keys; tiled ahead at H3, 512 keys, 0.171 against
+# 0.187, where hopper's per-CTA cost weighs most). Where tiled does not apply
+# (head_dim 80, 160, 192, ...), auto takes hopper at any length.
 HOPPER_AUTO_MIN_KEYS = 1024
 
 
@@ -395,10 +394,14 @@ def hopper_spec(dtype: str, head_dim: int, causal: bool, arch: Arch) -> Spec | N
 # --- decode: split-KV, a few query tokens against a long KV cache --------------
 # One CTA takes block_m packed rows (seqlen_q * group_size of them, in row
 # blocks beyond that) of one (batch, KV head) and one key range
-# (kernels/decode.cu); a second kernel merges the key ranges.
-#   fp16 / bf16: tensor cores (decode_mma_attention), 16 rows per CTA, each of
-#     DECODE_MMA_WARPS warps streaming its own key tiles of DECODE_MMA_BN keys
-#     through a cp.async pipeline of DECODE_MMA_STAGES[head_dim] stages.
+# (kernels/decode.cu); a second kernel merges the key ranges. Which block_m,
+# how many key ranges, and decode or the prefill kernel at all, is
+# _plan.decode_dispatch's cost model.
+#   fp16 / bf16: tensor cores (decode_mma_attention), 16 * ROW_WARPS rows per
+#     CTA (DECODE_MMA_ROW_WARPS): the DECODE_MMA_WARPS warps form
+#     DECODE_MMA_WARPS / ROW_WARPS key streams, each streaming its key tiles of
+#     DECODE_MMA_BN keys through its own cp.async pipeline, one 16-row tile per
+#     warp of a stream, so that 16, 32 or 64 rows read each K/V byte once.
 #   float32: CUDA cores (decode_attention), DECODE_ROWS rows per CTA; 8 dims of
 #     each row per lane keep q and the accumulator in registers (no spills).
 DECODE_DTYPES = ("float16", "bfloat16", "float32")
@@ -407,41 +410,47 @@ DECODE_MAX_SEQLEN_Q = 16
 DECODE_ROWS = (1, 2, 4, 8)
 DECODE_THREADS = 128  # kernels/decode.cu: DECODE_THREADS
 DECODE_MMA_DTYPES = ("float16", "bfloat16")
-DECODE_MMA_ROWS = 16
+DECODE_MMA_ROW_WARPS = (1, 2, 4)  # 16, 32, 64 rows per CTA
 DECODE_MMA_WARPS = 4  # kernels/decode.cu: DECODE_MMA_WARPS
 DECODE_MMA_BN = 16  # kernels/decode.cu: DECODE_MMA_BN
-DECODE_MMA_STAGES = {64: 3, 128: 3, 256: 2}  # per warp; 2 CTAs per SM at D128, 1 at D256
-# CTAs per SM that the split rule (_plan.decode_num_splits) fills: one CTA of
-# the tensor-core kernel keeps ~64 KB in flight, enough for the SM's share of
-# HBM, and every extra split costs the combine (H200, benchmarks/NOTES_decode.md);
-# the CUDA-core kernel needs all its resident CTAs (None) to hide its issue time.
-DECODE_WAVE_CTAS = {"float16": 1, "bfloat16": 1, "float32": None}
+# Stages of the 4-stream layout (ROW_WARPS 1): 2 CTAs per SM at D128, 1 at D256.
+# The layouts with fewer streams take more stages, so that every layout keeps
+# as many key tiles in flight per CTA (DECODE_MMA_WARPS * (stages - 1)):
+# at D128 8 tiles of 8 KB (K and V), 64 KB, what one CTA per SM needs to
+# reach the HBM rate (benchmarks/NOTES_decode.md, v3).
+DECODE_MMA_STAGES = {64: 3, 128: 3, 256: 2}
 
 
-def decode_mma_smem(head_dim: int, stages: int) -> int:
-    """Dynamic shared memory of decode_mma_attention: the Q tile (rows padded by
-    8 elements), then each warp's stages of a K and a V tile (swizzled rows of
-    head_dim elements), or, when larger, the fp32 (m, l, o) of every warp's rows
-    that replace them (decode_detail::MmaSmem; the kernel refuses to compile
-    with another SMEM_BYTES)."""
-    stages_bytes = DECODE_MMA_WARPS * stages * 2 * DECODE_MMA_BN * head_dim * 2
-    merge_bytes = DECODE_MMA_WARPS * DECODE_MMA_ROWS * (head_dim + 2) * 4
-    return DECODE_MMA_ROWS * (head_dim + 8) * 2 + max(stages_bytes, merge_bytes)
+def decode_mma_stages(head_dim: int, row_warps: int) -> int:
+    """The table's stages of the layout with ``row_warps`` warps per key stream."""
+    return 1 + (DECODE_MMA_STAGES[head_dim] - 1) * row_warps
 
 
-def decode_mma_spec(dtype: str, head_dim: int, stages: int | None = None) -> Spec:
-    """The tensor-core decode kernel for one (dtype, head_dim), with the table's
-    stages unless ``stages`` is given."""
-    stages = DECODE_MMA_STAGES[head_dim] if stages is None else stages
-    smem = decode_mma_smem(head_dim, stages)
+def decode_mma_smem(head_dim: int, stages: int, row_warps: int = 1) -> int:
+    """Dynamic shared memory of decode_mma_attention: the Q tile (16 * row_warps
+    rows padded by 8 elements), then each key stream's stages of a K and a V
+    tile (swizzled rows of head_dim elements), or, when larger, the fp32
+    (m, l, o) of every stream's rows that replace them (decode_detail::MmaSmem;
+    the kernel refuses to compile with another SMEM_BYTES)."""
+    rows, streams = 16 * row_warps, DECODE_MMA_WARPS // row_warps
+    stages_bytes = streams * stages * 2 * DECODE_MMA_BN * head_dim * 2
+    merge_bytes = streams * rows * (head_dim + 2) * 4
+    return rows * (head_dim + 8) * 2 + max(stages_bytes, merge_bytes)
+
+
+def decode_mma_spec(dtype: str, head_dim: int, stages: int | None = None, row_warps: int = 1) -> Spec:
+    """The tensor-core decode kernel for one (dtype, head_dim) and 16 * row_warps
+    rows per CTA, with the table's stages unless ``stages`` is given."""
+    stages = decode_mma_stages(head_dim, row_warps) if stages is None else stages
+    smem = decode_mma_smem(head_dim, stages, row_warps)
     return Spec(
         family="decode",
         source="decode.cu",
-        name=f"decode_mma_attention<{CTYPES[dtype]}, {head_dim}, {stages}, {smem}>",
+        name=f"decode_mma_attention<{CTYPES[dtype]}, {head_dim}, {row_warps}, {stages}, {smem}>",
         dtype=dtype,
         head_dim=head_dim,
         threads=DECODE_MMA_WARPS * 32,
-        block_m=DECODE_MMA_ROWS,
+        block_m=16 * row_warps,
         smem=smem,
     )
 
@@ -462,9 +471,10 @@ def decode_cuda_core_spec(dtype: str, head_dim: int, rows: int) -> Spec:
 
 DECODE = {
     **{
-        (dtype, head_dim, DECODE_MMA_ROWS): decode_mma_spec(dtype, head_dim)
+        (dtype, head_dim, 16 * row_warps): decode_mma_spec(dtype, head_dim, row_warps=row_warps)
         for dtype in DECODE_MMA_DTYPES
         for head_dim in DECODE_HEAD_DIMS
+        for row_warps in DECODE_MMA_ROW_WARPS
     },
     **{("float32", head_dim, rows): decode_cuda_core_spec("float32", head_dim, rows)
        for head_dim in DECODE_HEAD_DIMS for rows in DECODE_ROWS},
@@ -483,24 +493,67 @@ DECODE_COMBINE = {
 }
 
 
+# Registers per thread that decode_ctas_per_sm assumes: at least what ptxas
+# gives (NVRTC 12, sm_80 to sm_90; tests/test_compile.py checks it), the
+# tensor-core kernel by head_dim; the CUDA-core kernel takes its
+# __launch_bounds__' cap (168 up to 4 rows, for 3 CTAs per SM; 255 at 8).
+DECODE_MMA_REGS = {64: 128, 128: 200, 256: 255}
+REGISTERS_PER_SM = 65536  # every architecture of ARCHS
+
+
+def decode_regs(spec: Spec) -> int:
+    """The registers per thread decode_ctas_per_sm assumes for decode kernel ``spec``."""
+    if spec.sm80:
+        return DECODE_MMA_REGS[spec.head_dim]
+    return 168 if spec.block_m <= 4 else 255
+
+
+def decode_ctas_per_sm(spec: Spec, arch: Arch) -> int:
+    """CTAs of decode kernel ``spec`` that one SM of ``arch`` holds at a time, from
+    its registers (decode_regs, allocated in units of 8 per thread) and shared
+    memory (an SM has the block limit + 1 KB, each CTA reserves 1 KB; the
+    CUDA-core kernel's merge arrays are static: [4 warps][rows][head_dim + 2]
+    floats). Static, so that a plan is the same on every device of an
+    architecture and needs no kernel to be loaded."""
+    regs = -(-decode_regs(spec) // 8) * 8
+    by_regs = REGISTERS_PER_SM // (spec.threads * regs)
+    static = 0 if spec.sm80 else DECODE_THREADS // 32 * spec.block_m * (spec.head_dim + 2) * 4
+    by_smem = (arch.smem + 1024) // (spec.smem + static + 1024)
+    return max(1, min(by_regs, by_smem))
+
+
+def decode_block_ms(dtype: str) -> tuple:
+    """The packed rows per CTA (block_m) that the decode kernels of ``dtype`` take."""
+    if dtype in DECODE_MMA_DTYPES:
+        return tuple(16 * rw for rw in DECODE_MMA_ROW_WARPS)
+    return DECODE_ROWS if dtype in DECODE_DTYPES else ()
+
+
 @functools.lru_cache(maxsize=None)
-def decode_spec(dtype: str, head_dim: int, rows: int, arch: Arch) -> Spec | None:
-    """The decode kernel for ``rows`` = seqlen_q * group_size packed rows on
+def decode_spec(dtype: str, head_dim: int, block_m: int, arch: Arch) -> Spec | None:
+    """The decode kernel of ``block_m`` packed rows per CTA (decode_block_ms) on
     ``arch``: in fp16 / bf16 the tensor-core kernel (sm_80 and newer), its
-    pipeline shortened to 2 stages where the table's does not fit the shared
-    memory; in float32 the CUDA-core kernel (every architecture). None where
-    neither runs."""
-    if dtype not in DECODE_DTYPES or head_dim not in DECODE_HEAD_DIMS:
+    pipeline shortened (down to 2 stages) where the table's does not fit the
+    shared memory; in float32 the CUDA-core kernel (every architecture). None
+    where it doesn't run."""
+    if dtype not in DECODE_DTYPES or head_dim not in DECODE_HEAD_DIMS or block_m not in decode_block_ms(dtype):
         return None
+    spec = DECODE[dtype, head_dim, block_m]
     if dtype in DECODE_MMA_DTYPES:
         if not arch.sm80:
             return None
-        spec = DECODE[dtype, head_dim, DECODE_MMA_ROWS]
-        if spec.smem > arch.smem:
-            spec = decode_mma_spec(dtype, head_dim, stages=2)
+        row_warps, stages = block_m // 16, decode_mma_stages(head_dim, block_m // 16)
+        while spec.smem > arch.smem and stages > 2:
+            stages -= 1
+            spec = decode_mma_spec(dtype, head_dim, stages, row_warps)
         return spec if spec.smem <= arch.smem else None
-    fit = next((r for r in DECODE_ROWS if r >= rows), DECODE_ROWS[-1])
-    return DECODE[dtype, head_dim, fit]
+    return spec
+
+
+def decode_specs(dtype: str, head_dim: int, arch: Arch) -> tuple[Spec, ...]:
+    """The decode kernels that can run a call of (dtype, head_dim) on ``arch``,
+    by block_m: the candidates of _plan.decode_dispatch."""
+    return tuple(s for s in (decode_spec(dtype, head_dim, m, arch) for m in decode_block_ms(dtype)) if s is not None)
 
 
 # --- backward: kernels/backward.cu (cupy_gqa.attention_backward) ---------------
@@ -704,8 +757,8 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
                 add(hopper_spec(dtype, dpad, causal, arch))
     for dtype in DECODE_DTYPES:
         for head_dim in DECODE_HEAD_DIMS:
-            for rows in (DECODE_ROWS if dtype == "float32" else (DECODE_MMA_ROWS,)):
-                add(decode_spec(dtype, head_dim, rows, arch))
+            for spec in decode_specs(dtype, head_dim, arch):
+                add(spec)
         add(DECODE_COMBINE[dtype])
     for dtype in DTYPES:  # the backward pass
         add(BWD_PREPROCESS[dtype])

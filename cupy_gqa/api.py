@@ -97,9 +97,11 @@ def attention(
         into several ranges it takes a float32 workspace (see ``workspace``).
         "tiled", "hopper"
         and "decode" raise ValueError for a call they don't support. "auto"
-        picks "decode" when it applies and seqlen_q * group_size is at most 32
-        for float16 and bfloat16 or 4 for float32
-        (``_plan.DECODE_AUTO_MAX_ROWS``), else "hopper" when it applies, else
+        picks "decode" when it applies and its cost model
+        (``_plan.decode_dispatch``: bytes of K and V, CTAs against SMs,
+        occupancy, tensor-core time, the combine) times it faster than the
+        prefill kernel, which for decode shapes it nearly always is, whatever
+        the number of query heads per KV head; else "hopper" when it applies, else
         "tiled" when it applies, else "rowwise". NumPy and CPU torch
         inputs run the NumPy backend and take "auto" only.
     precision : {"highest", "tf32"}, default "highest"
@@ -590,11 +592,15 @@ def _len_of(a) -> int:
 
 
 def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, seqlens_k, layout, workspace, flags,
-               window=None, softcap=None, sinks=None, alibi_slopes=None, score_mod=None, mask_mod=None, plan_only=False):  # fmt: skip
+               window=None, softcap=None, sinks=None, alibi_slopes=None, score_mod=None, mask_mod=None, plan_only=False,
+               lse64=False):  # fmt: skip
     """The full path: every check, the plan, the launch; then the signature's
     entry for later calls (none when ``flags`` is None: the torch custom op's
     calls). ``plan_only``: return the plan (or None where no kernel runs)
-    without allocating or launching anything but a new out."""
+    without allocating or launching anything but a new out. ``lse64``: a
+    float64 lse for float64 inputs on the CPU (the NumPy backend computes it in
+    float64; the CUDA kernels write float32), for callers that merge partial
+    results by their lse (cupy_gqa.distributed)."""
     if kernel not in _KERNEL_CHOICES:
         raise ValueError(f"kernel: expected one of {_KERNEL_CHOICES}, got {kernel!r}")
     if precision not in PRECISIONS:
@@ -669,7 +675,9 @@ def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, preci
             return _plan.PLAN_FOR[family](problem, qb, kb, vb, outb, checked=kernel == "auto")
         lse, lseb = (None, None)
         if return_lse:
-            lse, lseb = _interop.empty((batch, num_q_heads, seqlen_q), q, frame, float32=True)
+            lse, lseb = _interop.empty(
+                (batch, num_q_heads, seqlen_q), q, frame, float32=not (lse64 and dtype == "float64" and not frame.on_gpu)
+            )
 
         lensb = _seqlens_k_backend(lens, frame)  # the last check, then the host array's copy
         if outb.size == 0:
@@ -1103,10 +1111,10 @@ def decode_workspace_size(q, k, v, **kwargs) -> int:
     """Bytes of the float32 workspace that ``attention(q, k, v, **kwargs)`` uses
     (the same arrays and keywords): ``4 * batch * num_q_heads * seqlen_q *
     num_splits * (head_dim + 1)`` when the decode kernel splits the keys into
-    num_splits > 1 ranges, else 0. num_splits depends on the device (its SMs
-    and the kernel's occupancy, queried here: the decode kernel is compiled or
-    loaded if it was not yet) and is at most ``_plan.DECODE_MAX_SPLITS`` (64),
-    so ``4 * batch * num_q_heads * seqlen_q * 64 * (head_dim + 1)`` bytes
+    num_splits > 1 ranges, else 0. num_splits depends on the shape and the
+    device (its architecture and SM count; ``_plan.decode_dispatch``) and is
+    at most ``_plan.DECODE_MAX_SPLITS`` (128),
+    so ``4 * batch * num_q_heads * seqlen_q * 128 * (head_dim + 1)`` bytes
     serve every such call on any device. The call is checked as attention
     checks it; nothing is launched (a new out is allocated to plan with).
 
@@ -1177,8 +1185,7 @@ def warmup(*, dtypes=None, head_dims=None, device=None) -> int:
 
     Each specialization of the device's kernel table that serves one of these
     (dtype, head_dim) pairs is compiled by NVRTC, or loaded from CuPy's disk
-    cache when an earlier process compiled it, and loaded on the device; the
-    decode kernels' occupancy, which their launch plans read, is queried too.
+    cache when an earlier process compiled it, and loaded on the device.
     Returns the number of specializations made ready. The first warm-up of a
     full table compiles about a hundred kernels: a minute or two, once per
     machine.
@@ -1201,7 +1208,5 @@ def warmup(*, dtypes=None, head_dims=None, device=None) -> int:
             if spec.dtype not in dtype_set or (dims is not None and not any(_specs.serves(spec, d) for d in dims)):
                 continue
             _compile.get_kernel(spec)
-            if spec.family == "decode" and spec.block_m:  # the split kernels, not the combine
-                _plan._resident_slots(spec, device)
             ready += 1
     return ready

@@ -8,7 +8,9 @@
 //   q_head = kv_head * group_size + g) of one (batch b, kv_head), so every
 //   K/V byte it reads serves all group_size heads and all seqlen_q tokens.
 //   When seqlen_q * group_size > ROWS the rows come in row blocks, one CTA
-//   each; the row blocks of one key range run side by side and share K/V in L2.
+//   each; the row blocks of one key range are neighbours in the grid, run side
+//   by side and share K/V in L2 (decode_mma_attention takes up to 64 rows in
+//   one CTA, so that most shapes need one row block).
 //   Split-KV: the keys [0, len) of sequence b (len = seqlens_k[b], or seqlen_k)
 //   are cut into num_splits equal ranges (whole steps), one CTA each, so that
 //   batch * num_kv_heads CTAs that would not fill the GPU become enough.
@@ -42,10 +44,12 @@
 //   range-checked on the host) makes every row of batch b NaN, out and lse.
 //
 // Grid mapping (decode_attention)
-//   1-D grid of batch * num_kv_heads * row_blocks * num_splits CTAs of
-//   DECODE_THREADS threads, split fastest:
-//       blockIdx.x = ((b * num_kv_heads + kv_head) * row_blocks + rb) * num_splits + split
-//   row_blocks = ceil(seqlen_q * group_size / ROWS). Warp w, lane = 32 * w + x:
+//   1-D grid of batch * num_kv_heads * num_splits * row_blocks CTAs of
+//   DECODE_THREADS threads, row block fastest:
+//       blockIdx.x = ((b * num_kv_heads + kv_head) * num_splits + split) * row_blocks + rb
+//   row_blocks = ceil(seqlen_q * group_size / ROWS): the row blocks that read
+//   the same keys are neighbours in the grid, so they run at the same time and
+//   all but one take the keys from L2. Warp w, lane = 32 * w + x:
 //   key group w * (32 / LANES) + x / LANES, lane x % LANES within it.
 //   At step j0 group i reads keys j0 + u * NUM_GROUPS + i, u < U.
 //
@@ -87,8 +91,8 @@ template <int ROWS>
 __device__ __forceinline__ DecodeWork decode_work(const AttnParams& p, const int* seqlens_k, int num_splits) {
     const int row_blocks = (p.seqlen_q * p.group_size + ROWS - 1) / ROWS;
     index_t idx = blockIdx.x;
-    const int split = (int)(idx % num_splits);    idx /= num_splits;
     const int rb = (int)(idx % row_blocks);       idx /= row_blocks;
+    const int split = (int)(idx % num_splits);    idx /= num_splits;
     const int kv_head = (int)(idx % p.num_kv_heads);
     const int b = (int)(idx / p.num_kv_heads);
     return {b, kv_head, rb, split, seqlen_k_of(seqlens_k, b, p.seqlen_k)};
@@ -458,23 +462,32 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
 
 // ---- decode_mma_attention: fp16 / bf16 on tensor cores -----------------------
 // The same work split as decode_attention (CTA = (b, kv_head, row block of
-// ROWS = 16 packed rows, split)), but the products run on mma.sync m16n8k16
-// as in tiled.cu: the 16 packed rows are the M dimension, so one tensor-core
-// tile serves every row of a GQA group and every query token at once, and an
-// instruction stream of ~8 mma per 8 keys replaces ~600 CUDA-core
-// instructions. The warps of a CTA stream disjoint key tiles of DECODE_MMA_BN
-// keys: tile u = 0, 1, .. of the CTA's range goes to warp u % NW, and each warp
-// runs its own STAGES-deep cp.async pipeline in its own shared memory (no CTA
-// barrier in the loop). Per tile a warp computes S = Q K^T (16 x 16, fp32),
-// masks it when the tile crosses a row's causal end or the range end, updates
-// its online softmax (lazy rescale, as in tiled.cu) and adds P V. At the end
-// the warps' (m, l, o) go through shared memory to write_cta_result.
+// ROWS = 16 * ROW_WARPS packed rows, split)), but the products run on
+// mma.sync m16n8k16 as in tiled.cu: 16 packed rows are the M dimension of a
+// warp's tile, so one tensor-core tile serves every row of a GQA group and
+// every query token at once, and an instruction stream of ~8 mma per 8 keys
+// replaces ~600 CUDA-core instructions.
+// The NW warps form NW / ROW_WARPS key streams of ROW_WARPS warps: warp
+// w = s * ROW_WARPS + rt takes rows rt * 16 .. + 16 of the CTA's block and
+// the key tiles of stream s: tile u = 0, 1, .. of the CTA's range (DECODE_MMA_BN
+// keys each) goes to stream u % STREAMS. A stream runs its own STAGES-deep
+// cp.async pipeline in its own shared memory, each of its warps copying
+// 1 / ROW_WARPS of a tile; its warps meet at a named barrier per tile
+// (ROW_WARPS 1: __syncwarp, no CTA barrier in the loop). So every K/V byte of
+// the range is read once from memory for all ROWS rows (ROW_WARPS 4: 64 rows,
+// multi-query attention with many heads), and the rows of a tile cost tensor
+// time, not bytes. Per tile a warp computes S = Q K^T (16 x 16, fp32) for its
+// 16 rows, masks it when the tile crosses a row's causal end or the range
+// end, updates its online softmax (lazy rescale, as in tiled.cu) and adds
+// P V. At the end the streams' (m, l, o) go through shared memory to
+// write_cta_result.
 //
 // Shared memory (dynamic; decode_detail::MmaSmem is the one definition, and
 // the SMEM_BYTES template argument, the size the launch passes, must equal its
 // BYTES; Q rows padded by 8 elements as in tiled.cu, K/V rows swizzled, see kv_at):
-//   [ Q: ROWS x (HEAD_DIM + 8) | warp 0: stage 0 K, V | stage 1 K, V | ... | warp 1 ... ]
-//   then, reusing the stages once every warp is done: m, l [NW][ROWS], o [NW][ROWS][HEAD_DIM] fp32.
+//   [ Q: ROWS x (HEAD_DIM + 8) | stream 0: stage 0 K, V | stage 1 K, V | ... | stream 1 ... ]
+//   then, reusing the stages once every warp is done: m, l [STREAMS][ROWS],
+//   o [STREAMS][ROWS][HEAD_DIM] fp32.
 enum : int {
     DECODE_MMA_WARPS = 4,  // warps per CTA (cupy_gqa/_specs.py: DECODE_MMA_WARPS)
     DECODE_MMA_BN = 16,    // keys per K/V tile (cupy_gqa/_specs.py: DECODE_MMA_BN)
@@ -499,23 +512,39 @@ __device__ __forceinline__ int kv_at(int r, int c, int swz) {
 }
 
 // The shared-memory layout of decode_mma_attention (see above): offsets in bytes.
-template <typename T, int HEAD_DIM, int STAGES>
+template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES>
 struct MmaSmem {
     enum : int {
-        ROWS = 16,
+        ROWS = 16 * ROW_WARPS,                   // packed rows of the CTA
+        STREAMS = DECODE_MMA_WARPS / ROW_WARPS,  // key streams
         Q_ROW = HEAD_DIM + 8,                    // padded Q row, elements
         TILE = DECODE_MMA_BN * HEAD_DIM,         // one K (or V) tile, elements (kv_at)
-        WARP = STAGES * 2 * TILE,                // one warp's stages [STAGES][K, V], elements
+        STREAM = STAGES * 2 * TILE,              // one stream's stages [STAGES][K, V], elements
         Q = 0,                                   // [ROWS][Q_ROW] of T
-        KV = Q + ROWS * Q_ROW * (int)sizeof(T),  // [DECODE_MMA_WARPS][WARP] of T
-        KV_END = KV + DECODE_MMA_WARPS * WARP * (int)sizeof(T),
-        M_W = KV,                                // the merge, over the stages: m [NW][ROWS] fp32,
-        L_W = M_W + DECODE_MMA_WARPS * ROWS * (int)sizeof(float),  // l [NW][ROWS],
-        O_W = L_W + DECODE_MMA_WARPS * ROWS * (int)sizeof(float),  // o [NW][ROWS][HEAD_DIM]
-        MERGE_END = O_W + DECODE_MMA_WARPS * ROWS * HEAD_DIM * (int)sizeof(float),
+        KV = Q + ROWS * Q_ROW * (int)sizeof(T),  // [STREAMS][STREAM] of T
+        KV_END = KV + STREAMS * STREAM * (int)sizeof(T),
+        M_W = KV,                                // the merge, over the stages: m [STREAMS][ROWS] fp32,
+        L_W = M_W + STREAMS * ROWS * (int)sizeof(float),  // l [STREAMS][ROWS],
+        O_W = L_W + STREAMS * ROWS * (int)sizeof(float),  // o [STREAMS][ROWS][HEAD_DIM]
+        MERGE_END = O_W + STREAMS * ROWS * HEAD_DIM * (int)sizeof(float),
         BYTES = KV_END > MERGE_END ? KV_END : MERGE_END,
     };
 };
+
+// The ROW_WARPS warps of key stream s meet here once per tile: their copies of
+// the tile (cp_async_wait before) are then visible to all of them, and the
+// stage they last read is free. One warp: __syncwarp; more (two streams at
+// most): named barrier 1 + s, as an immediate so that ptxas reserves only those.
+template <int ROW_WARPS>
+__device__ __forceinline__ void stream_sync(int s) {
+    static_assert(ROW_WARPS == 1 || DECODE_MMA_WARPS / ROW_WARPS <= 2, "named barriers 1 and 2");
+    if constexpr (ROW_WARPS == 1)
+        __syncwarp();
+    else if (s == 0)
+        asm volatile("bar.sync 1, %0;\n" ::"n"(ROW_WARPS * 32) : "memory");
+    else
+        asm volatile("bar.sync 2, %0;\n" ::"n"(ROW_WARPS * 32) : "memory");
+}
 }  // namespace decode_detail
 
 // SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
@@ -523,7 +552,7 @@ struct MmaSmem {
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
 // with them (decode_mma_attention_mods, common.cuh: modifiers).
 // ADDR: the per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
-template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES, class M, int ADDR = 0>
+template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, class M, int ADDR = 0>
 __device__ __forceinline__ void decode_mma_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
@@ -532,8 +561,8 @@ __device__ __forceinline__ void decode_mma_body(
 {
     using namespace decode_detail;
     constexpr int NW = DECODE_MMA_WARPS, THREADS = NW * 32;
-    using L = MmaSmem<T, HEAD_DIM, STAGES>;
-    constexpr int ROWS = L::ROWS, BN = DECODE_MMA_BN;
+    using L = MmaSmem<T, HEAD_DIM, ROW_WARPS, STAGES>;
+    constexpr int ROWS = L::ROWS, NS = L::STREAMS, BN = DECODE_MMA_BN;
     constexpr int D = HEAD_DIM, ROW = L::Q_ROW;     // padded smem row, elements
     constexpr int CH = D / 8;                       // 16-byte chunks per row
     constexpr int KD = D / 16;                      // k16 steps of Q K^T
@@ -541,10 +570,12 @@ __device__ __forceinline__ void decode_mma_body(
     constexpr int DT = D / 8;                       // n8 tiles of O
     constexpr int TILE = L::TILE;                   // elements of one K (or V) tile (rows of D, kv_at)
     constexpr int RPP = 32 / CH;                    // key rows a warp copies per pass
+    constexpr int PASSES = BN / RPP / ROW_WARPS;    // copy passes of each warp of a stream per tile
     constexpr bool Q_REGS = D <= 128;               // Q fragments in registers (D 256: from smem)
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
     static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
     static_assert(D % 16 == 0 && CH >= 8 && CH <= 32 && 32 % CH == 0 && BN % 16 == 0 && BN % RPP == 0, "tile shapes");
+    static_assert(NW % ROW_WARPS == 0 && PASSES >= 1 && PASSES * RPP * ROW_WARPS == BN, "ROW_WARPS: 1, 2 or 4");
     const float NEG_INF = neg_inf<float>();
     const float scale_log2 = (float)p.scale_log2;
 
@@ -559,6 +590,7 @@ __device__ __forceinline__ void decode_mma_body(
     const int split = work.split, rb = work.rb, kv_head = work.kv_head, b = work.b, len = work.len;  // len -1: bad
     const int rows_total = sqn.packed_rows(call_rows, group_size);  // the sequence's packed rows
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int stream = warp / ROW_WARPS, rt = warp % ROW_WARPS;  // key stream, row tile (rows rt * 16 ..)
 
     // --- Q tile (zero past the last row) and the rows' visible keys -----------
     for (int c = threadIdx.x; c < ROWS * CH; c += THREADS) {
@@ -569,12 +601,14 @@ __device__ __forceinline__ void decode_mma_body(
         cp_async_16(smem_addr(sQ + i * ROW + ch * 8), src, live);
     }
     cp_async_commit();
-    int n_max = 0, n_min = 1 << 30;  // over the CTA's live rows
-    int n_vis[2];                    // of this lane's rows lane / 4 and lane / 4 + 8
+    // n_max, first_min over the CTA's live rows (the stream's loads), n_min over the warp's (its masks)
+    int n_max = 0, n_min = 1 << 30;
+    int n_vis[2];                    // of this lane's rows rt * 16 + lane / 4 and + 8
     const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p.seqlen_q), max(len, 0));
     mods::Row mrow[2];               // (modifiers) the lane's rows' view of them (common.cuh: mods)
     int first_min = 1 << 30;         // (window) the first key any live row sees
-#pragma unroll
+    const int my_row = rt * 16 + lane / 4;
+#pragma unroll(ROWS <= 16 ? ROWS : 1)
     for (int i = 0; i < ROWS; ++i) {
         const int r = rb * ROWS + i;
         const bool live = r < rows_total && len >= 0;
@@ -584,30 +618,30 @@ __device__ __forceinline__ void decode_mma_body(
             if (live) mr = mods::row<M>(mp, sq, r / group_size, q_head_of(kv_head, r % group_size, group_size), p.causal != 0);
             n = mr.last + 1;
             if (live) first_min = min(first_min, mr.first);
-            if (i == lane / 4) mrow[0] = mr;
-            if (i == lane / 4 + 8) mrow[1] = mr;
+            if (i == my_row) mrow[0] = mr;
+            if (i == my_row + 8) mrow[1] = mr;
         } else {
             n = live ? visible_keys(r / group_size, sqn.seqlen_q(p.seqlen_q), len, p.causal != 0) : 0;
         }
-        if (live) { n_max = max(n_max, n); n_min = min(n_min, n); }
-        if (i == lane / 4) n_vis[0] = n;
-        if (i == lane / 4 + 8) n_vis[1] = n;
+        if (live) { n_max = max(n_max, n); if (i / 16 == rt) n_min = min(n_min, n); }
+        if (i == my_row) n_vis[0] = n;
+        if (i == my_row + 8) n_vis[1] = n;
     }
 
     // --- this split's keys [k_begin, k_end), in tiles of BN -----------------
     const int chunk = ((max(len, 0) + num_splits - 1) / num_splits + BN - 1) / BN * BN;
     const int k_begin = split * chunk;
     const int k_end = min(min(k_begin + chunk, max(len, 0)), n_max);
-    const int k_free = min(k_end, n_min);  // keys below it are seen by every live row: no mask
+    const int k_free = min(k_end, n_min);  // keys below it are seen by every live row of the warp: no mask
     const int num_tiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
-    const int my_tiles = num_tiles > warp ? (num_tiles - warp + NW - 1) / NW : 0;  // tiles warp, warp + NW, ..
+    const int my_tiles = num_tiles > stream ? (num_tiles - stream + NS - 1) / NS : 0;  // tiles stream, stream + NS, ..
     const int last[2] = {min(k_end, n_vis[0]) - 1, min(k_end, n_vis[1]) - 1};  // last key rows lane / 4 (+ 8) see
-    // (window) the warp's tiles before the first key any row sees are skipped;
-    // every tile keeps its warp, so each key meets the same lane as without
+    // (window) the stream's tiles before the first key any row sees are skipped;
+    // every tile keeps its stream, so each key meets the same lane as without
     int i_first = 0;
     if constexpr (M::WINDOW) {
         const int u_first = max(0, first_min - k_begin) / BN;
-        i_first = u_first > warp ? (u_first - warp + NW - 1) / NW : 0;
+        i_first = u_first > stream ? (u_first - stream + NS - 1) / NS : 0;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) mrow[hf].last = min(mrow[hf].last, k_end - 1);
     } else if constexpr (M::ANY) {
@@ -615,17 +649,18 @@ __device__ __forceinline__ void decode_mma_body(
         for (int hf = 0; hf < 2; ++hf) mrow[hf].last = min(mrow[hf].last, k_end - 1);
     }
 
-    // lane copies 16-byte chunk lane % CH of key rows lane / CH + RPP * i of a tile
-    const int ld_r = lane / CH, ld_ch = lane % CH;
+    // lane copies 16-byte chunk lane % CH of key rows ld_r + RPP * i of a tile (the warp's
+    // band of PASSES * RPP rows in its stream's tile)
+    const int ld_r = rt * PASSES * RPP + lane / CH, ld_ch = lane % CH;
     const index_t ks = p.k_stride[1], vs = p.v_stride[1];
     const T* k_lane = k + sqn.k_batch() * p.k_stride[0] + sqn.k0() * ks + kv_head * p.k_stride[2] + ld_r * ks + ld_ch * 8;
     const T* v_lane = v + sqn.k_batch() * p.v_stride[0] + sqn.k0() * vs + kv_head * p.v_stride[2] + ld_r * vs + ld_ch * 8;
-    T* sW = reinterpret_cast<T*>(smem_raw + L::KV) + warp * L::WARP;  // this warp's stages: [STAGES][K, V][BN][D]
+    T* sW = reinterpret_cast<T*>(smem_raw + L::KV) + stream * L::STREAM;  // this stream's stages: [STAGES][K, V][BN][D]
     const unsigned sW_addr = smem_addr(sW);
     auto load_tile = [&](int u, int stage) {  // keys k_begin + u * BN .. + BN (zero past k_end)
         const int key0 = k_begin + u * BN;
 #pragma unroll
-        for (int i = 0; i < BN / RPP; ++i) {
+        for (int i = 0; i < PASSES; ++i) {
             const int key = key0 + ld_r + i * RPP;
             const bool ok = key < k_end;
             const index_t row = key0 + i * RPP;
@@ -643,7 +678,7 @@ __device__ __forceinline__ void decode_mma_body(
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (i_first + s < my_tiles) load_tile(warp + (i_first + s) * NW, (i_first + s) % STAGES);
+        if (i_first + s < my_tiles) load_tile(stream + (i_first + s) * NS, (i_first + s) % STAGES);
         cp_async_commit();
     }
 
@@ -652,7 +687,7 @@ __device__ __forceinline__ void decode_mma_body(
     //  B (K):                 matrices {keys 0-7,d 0-7},{keys 0-7,d 8-15},{keys 8-15,d 0-7},{keys 8-15,d 8-15}
     //  (in the K/V tiles, the row of every address is lane & 7 modulo 8: its swizzle)
     const int a_off = (((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + (lane >> 4) * 8;
-    const unsigned sQ_lane = smem_addr(sQ + a_off);
+    const unsigned sQ_lane = smem_addr(sQ + rt * 16 * ROW + a_off);
     const int k_row = (lane >> 4) * 8 + (lane & 7), k_ch = (lane >> 3) & 1;  // + 16 np, + 2 kd
     const int v_row = ((lane >> 3) & 1) * 8 + (lane & 7), v_ch = lane >> 4;  // + 16 kk, + 2 dp
     const int swz = lane & 7;
@@ -673,12 +708,12 @@ __device__ __forceinline__ void decode_mma_body(
     l_run[0] = l_run[1] = 0.f;
 
     for (int i = i_first; i < my_tiles; ++i) {
-        cp_async_wait<STAGES - 2>();  // tile i landed, for this lane ..
-        __syncwarp();                 // .. and the warp; stage (i - 1) % STAGES is free again
-        if (i + STAGES - 1 < my_tiles) load_tile(warp + (i + STAGES - 1) * NW, (i + STAGES - 1) % STAGES);
+        cp_async_wait<STAGES - 2>();   // tile i landed, for this lane ..
+        stream_sync<ROW_WARPS>(stream);  // .. and the stream; stage (i - 1) % STAGES is free again
+        if (i + STAGES - 1 < my_tiles) load_tile(stream + (i + STAGES - 1) * NS, (i + STAGES - 1) % STAGES);
         cp_async_commit();
         const unsigned sK_st = smem_addr(sW + (i % STAGES) * 2 * TILE);
-        const int key0 = k_begin + (warp + i * NW) * BN;
+        const int key0 = k_begin + (stream + i * NS) * BN;
 
         // S = Q K^T
         float s[NT][4];
@@ -743,39 +778,39 @@ __device__ __forceinline__ void decode_mma_body(
         float l = l_run[hf];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int i = lane / 4 + 8 * hf;
+        const int i = my_row + 8 * hf;
         if (lane % 4 == 0) {
-            m_w[warp * ROWS + i] = m_run[hf];
-            l_w[warp * ROWS + i] = l;
+            m_w[stream * ROWS + i] = m_run[hf];
+            l_w[stream * ROWS + i] = l;
         }
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt)
-            *reinterpret_cast<float2*>(o_w + (warp * ROWS + i) * D + dt * 8 + (lane % 4) * 2) =
+            *reinterpret_cast<float2*>(o_w + (stream * ROWS + i) * D + dt * 8 + (lane % 4) * 2) =
                 make_float2(o[dt][2 * hf], o[dt][2 * hf + 1]);
     }
     __syncthreads();
-    write_cta_result<T, HEAD_DIM, ROWS, NW, THREADS, M>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, split, num_splits,
+    write_cta_result<T, HEAD_DIM, ROWS, NS, THREADS, M>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, split, num_splits,
                                                          len, part_o, part_lse, &mp, sqn);
 }
 
-template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES>
+template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES>
 __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)
 {
-    decode_mma_body<T, HEAD_DIM, STAGES, SMEM_BYTES, NoMods>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
+    decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, NoMods>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
                                                             num_splits, ModParams{});
 }
 
 // The same with the modifiers FLAGS (common.cuh: MOD_*), whose values are in mp.
-template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES, int FLAGS>
+template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, int FLAGS>
 __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention_mods(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams mp)
 {
-    decode_mma_body<T, HEAD_DIM, STAGES, SMEM_BYTES, Mods<FLAGS>>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
+    decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, Mods<FLAGS>>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
                                                                  num_splits, mp);
 }
 
@@ -808,11 +843,15 @@ __device__ __forceinline__ void decode_combine_body(
             if (t >= sqn.seqlen_q(p.seqlen_q)) continue;  // past the sequence's queries
         }
 
+        // (4 splits' loads in flight at a time: with many splits and few rows,
+        // as for one long sequence, the loop is a chain of L2 round trips)
         const float* lse_s = part_lse + prow * num_splits;
         float mm = NEG_INF;
+#pragma unroll 4
         for (int s = 0; s < num_splits; ++s) mm = fmaxf(mm, lse_s[s]);
         float ls = 0.f;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
         for (int s = 0; s < num_splits; ++s) {
             const float wt = softmax::merge_weight(lse_s[s], mm);  // 0 for a split that saw no key
             const float4 ov = *reinterpret_cast<const float4*>(part_o + (prow * num_splits + s) * p.head_dim + d);
@@ -870,14 +909,14 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
                                                  ModParams{}, &sp);
 }
 
-template <typename T, int HEAD_DIM, int STAGES, int SMEM_BYTES, int ADDR>
+template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, int ADDR>
 __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention_seq(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const SeqParams sp)
 {
-    decode_mma_body<T, HEAD_DIM, STAGES, SMEM_BYTES, NoMods, ADDR>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
-                                                                   num_splits, ModParams{}, &sp);
+    decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, NoMods, ADDR>(q, k, v, out, lse, seqlens_k, p, part_o,
+                                                                              part_lse, num_splits, ModParams{}, &sp);
 }
 
 template <typename T, int ADDR>

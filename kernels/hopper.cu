@@ -41,6 +41,11 @@
  *   consumer w (setmaxnreg up to CONSUMER_REGS): packed rows [64 w, 64 w + 64)
  *              of the tile, both matrix products and the softmax for them.
  *
+ * Modifiers (hopper_attention_mods; common.cuh: modifiers).  The window's
+ * left side moves the first key tile up (KeyRange.start); the scores are
+ * changed and masked on each tile by the same rules as tiled.cu
+ * (softmax.cuh: frag_mods), and a sink joins the denominator in the epilogue.
+ *
  * Head dims.  Any head_dim that is a multiple of 8 up to HEAD_DIM_PAD runs;
  * the columns past head_dim are zero in shared memory (Q and K: they add
  * nothing to S; V: the extra output columns are never stored).
@@ -180,11 +185,15 @@ struct HopperSmem {
     static constexpr int BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 1024;
 };
 
-template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
-hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-                 const __grid_constant__ hopper_detail::TensorMap k_map, const __grid_constant__ hopper_detail::TensorMap v_map) {
+// The kernel's body, for the kernel without modifiers (M = NoMods, MP =
+// NoModParams) and the one with them (hopper_attention_mods; common.cuh: modifiers).
+template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES, class M,
+          class MP>
+__device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                            T* __restrict__ out, float* __restrict__ lse,
+                                            const int* __restrict__ seqlens_k, const AttnParams& p, const MP& mp,
+                                            const hopper_detail::TensorMap& k_map,
+                                            const hopper_detail::TensorMap& v_map) {
     using namespace hopper_detail;
     static_assert(HEAD_DIM_PAD % 64 == 0 && HEAD_DIM_PAD <= 256, "head dims are padded to 64, 128, 192 or 256");
     static_assert(BLOCK_M == 128 && BLOCK_N % 16 == 0, "two consumer warpgroups of 64 rows; 16 keys per step");
@@ -227,11 +236,16 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     }
     __syncthreads();
 
-    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, p.num_q_heads / p.num_kv_heads);
+    int left = -1, right = -1;  // the window modifier's sides (common.cuh: KeyRange)
+    if constexpr (M::WINDOW) left = mp.window_left, right = mp.window_right;
+    const PrefillTile<CAUSAL, M::WINDOW> tile =
+        prefill_tile_mods<CAUSAL, BLOCK_M, M::WINDOW>(p, seqlens_k, p.num_q_heads / p.num_kv_heads, left, right);
     const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
     const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
-    const KeyRange<CAUSAL>& keys = tile.keys;
-    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
+    const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;
+    // key tiles j0 + i, i in [0, num_n): i counts the pipeline's stages and phases
+    const int j0 = keys.start / BLOCK_N;
+    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N - j0;  // end >= start: never negative
 
     if (tid >= CONSUMERS) {
         // =========================== producer warpgroup ===========================
@@ -317,14 +331,14 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                 if (pt == 0) mbar_arrive(full);
             }
         };
-        for (int j = 0; j < num_n; ++j) {
-            const int stage = j % STAGES;
-            const unsigned parity = ((j / STAGES) + 1) & 1;  // the use of tile j - STAGES
-            if (j >= STAGES) mbar_wait(k_empty(stage), parity);
-            fill(k_full(stage), sK + stage * L::KV_BYTES, k_map, kbase, k_stride_s, k, j);
-            if (j == 0) q_arrive();            // Q's copies had K_0's issue to land
-            if (j >= STAGES) mbar_wait(v_empty(stage), parity);
-            fill(v_full(stage), sV + stage * L::KV_BYTES, v_map, vbase, v_stride_s, v, j);
+        for (int i = 0; i < num_n; ++i) {
+            const int stage = i % STAGES;
+            const unsigned parity = ((i / STAGES) + 1) & 1;  // the use of tile i - STAGES
+            if (i >= STAGES) mbar_wait(k_empty(stage), parity);
+            fill(k_full(stage), sK + stage * L::KV_BYTES, k_map, kbase, k_stride_s, k, j0 + i);
+            if (i == 0) q_arrive();            // Q's copies had K_0's issue to land
+            if (i >= STAGES) mbar_wait(v_empty(stage), parity);
+            fill(v_full(stage), sV + stage * L::KV_BYTES, v_map, vbase, v_stride_s, v, j0 + i);
         }
         if (num_n == 0) q_arrive();
         cp_async_wait_all();                   // nothing in flight when the warpgroup exits
@@ -347,6 +361,17 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     float m_run[2] = {neg_inf<float>(), neg_inf<float>()};  // reference max, log2 units
     float l_run[2] = {0.f, 0.f};               // the lane's part of the row sums
     unsigned pa[BLOCK_N / 16][4];              // P of the last tile as wgmma A fragments
+
+    // the modifiers' view of the lane's rows (common.cuh: mods)
+    const mods::Seq sq = mods::seq(b, seqlen_q, seqlen_k);
+    mods::Diag mrow[2];
+    if constexpr (M::ANY) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int pr = row0 + my_row + 8 * hf;
+            mrow[hf] = mods::diag<M>(mp, sq, pr / group, q_head_of(kvh, pr % group, group));
+        }
+    }
 
     const unsigned long long desc_q = make_smem_desc(sQ + wg * 64 * 128, 16, 1024);
     const unsigned long long desc_k0 = make_smem_desc(sK, 16, 1024);
@@ -371,15 +396,32 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         wgmma_commit();
     };
 
-    // Mask S of tile j (tiles crossing the diagonal or the end of the keys), then
+    // Mask S of key tile j (tiles crossing the diagonal or the end of the keys), then
     // P = exp2(S * scale_log2 - m) in place (softmax.cuh, lazy rescale).
     auto probabilities = [&](float (&s)[NT][4], int j, float (&alpha)[2], float (&rs)[2]) {
         const int n0 = j * BLOCK_N;
-        if (n0 + BLOCK_N > keys.free) {
-            const int last[2] = {keys.last_key(row0 + my_row), keys.last_key(row0 + my_row + 8)};
-            softmax::frag_mask(s, n0, lane, last);
+        if constexpr (!M::ANY) {
+            if (n0 + BLOCK_N > keys.free) {
+                const int last[2] = {keys.last_key(row0 + my_row), keys.last_key(row0 + my_row + 8)};
+                softmax::frag_mask(s, n0, lane, last);
+            }
+            return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2,
+                                                                        softmax::FastExp2());
+        } else {
+            // modifiers: scores to log2 units first when they change, then the mask
+            // (window, mask_mod: on every tile that some row may not fully see)
+            const bool mask = M::MASK || !keys.unmasked(n0, BLOCK_N);
+            if constexpr (M::SCORES) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+            }
+            if (M::SCORES || mask) softmax::frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, mrow, mask);
+            return softmax::frag_probabilities<RESCALE_THRESHOLD, !M::SCORES>(s, m_run, alpha, rs,
+                                                                              M::SCORES ? 1.f : scale_log2,
+                                                                              softmax::FastExp2());
         }
-        return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2, softmax::FastExp2());
     };
     // P as the A operand of the next P V: the S fragment of keys 16 kk .. is P's
     auto to_operand = [&](const float (&s)[NT][4]) {
@@ -399,6 +441,11 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     // warpgroup 1 passes no turn after its last, so every barrier phase that
     // starts also completes.
     const int turns = num_n > 0 ? num_n + 1 : 0;
+    // Whether the softmax of S_j runs while P_{j-1} V_{j-1} does (its registers,
+    // O and P, held meanwhile). The score modifiers of the larger tiles need
+    // those registers: there the warpgroup waits for P V first, and the other
+    // warpgroup's products still overlap its softmax.
+    constexpr bool OVERLAP_PV = !M::ANY || (!M::SCORES && HEAD_DIM_PAD <= 192);
     int turn = 0;
     auto take_turn = [&] { pair_sync(TURN_BAR + wg); };
     auto pass_turn = [&] {
@@ -417,7 +464,7 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         wgmma_wait<0>();
         fence_regs(flat(s));
         mbar_arrive(k_empty(0));
-        const bool rescale = probabilities(s, 0, alpha, rs);
+        const bool rescale = probabilities(s, j0, alpha, rs);
         softmax::frag_rescale(o, l_run, rescale, alpha, rs);
         to_operand(s);
     }
@@ -435,10 +482,14 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         wgmma_wait<1>();                       // S_j is ready: K_j is free
         fence_regs(flat(s));
         mbar_arrive(k_empty(j % STAGES));
-        const bool rescale = probabilities(s, j, alpha, rs);
-        wgmma_wait<0>();                       // P_{j-1} V_{j-1} is done: V_{j-1} is free
-        fence_regs(flat(o));
-        mbar_arrive(v_empty((j - 1) % STAGES));
+        auto pv_done = [&] {
+            wgmma_wait<0>();                   // P_{j-1} V_{j-1} is done: V_{j-1} is free
+            fence_regs(flat(o));
+            mbar_arrive(v_empty((j - 1) % STAGES));
+        };
+        if constexpr (!OVERLAP_PV) pv_done();
+        const bool rescale = probabilities(s, j0 + j, alpha, rs);
+        if constexpr (OVERLAP_PV) pv_done();
         softmax::frag_rescale(o, l_run, rescale, alpha, rs);
         to_operand(s);
     }
@@ -457,9 +508,15 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     // (only this warpgroup's wgmmas read those rows, and they are done)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-        const float l = softmax::frag_row_sum(l_run[hf]);
-        const float inv = softmax::out_scale(l, len < 0);
+        float l = softmax::frag_row_sum(l_run[hf]);
+        float inv = softmax::out_scale(l, len < 0);
         const int r = my_row + 8 * hf;
+        if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
+            const int pr = row0 + r;
+            const float alpha =
+                softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
+            inv = softmax::out_scale(l, len < 0) * alpha;
+        }
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
             // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8
@@ -487,4 +544,25 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                 *reinterpret_cast<const uint4*>(smem + (sQ - base) + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8));
         }
     }
+}
+
+template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
+hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+                 const __grid_constant__ hopper_detail::TensorMap k_map, const __grid_constant__ hopper_detail::TensorMap v_map) {
+    hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, NoMods>(q, k, v, out, lse, seqlens_k, p,
+                                                                                       NoModParams{}, k_map, v_map);
+}
+
+// The same with modifiers (FLAGS: common.cuh, MOD_*), their ModParams after the
+// AttnParams.
+template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES, int FLAGS>
+__global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
+hopper_attention_mods(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                      float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+                      const ModParams mp, const __grid_constant__ hopper_detail::TensorMap k_map,
+                      const __grid_constant__ hopper_detail::TensorMap v_map) {
+    hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, Mods<FLAGS>>(q, k, v, out, lse, seqlens_k,
+                                                                                            p, mp, k_map, v_map);
 }

@@ -257,7 +257,7 @@ __device__ __forceinline__ void tiled_tf32_body(
         float* sKs = sK + stage * BLOCK_N * ROW;
         float* sVs = sV + stage * BLOCK_N * ROW;
         if (PRESPLIT >= 1) {  // big parts in place, small parts beside (each element once per CTA)
-            if (PRESPLIT == 2 && j == 0) {
+            if (PRESPLIT == 2 && j == j_first) {  // the first tile this CTA reads (a window may skip some)
 #pragma unroll
                 for (int i = 0; i < (BLOCK_M * CH + NTHREADS - 1) / NTHREADS; ++i) {
                     const int c = tid + i * NTHREADS, r = c / CH, ch = c % CH;

@@ -139,7 +139,7 @@ def test_modifier_kernels_compile_without_spills(spec):
     assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
 
 
-@pytest.mark.parametrize("family_source", ["rowwise.cu", "tiled.cu", "tiled_tf32.cu", "decode.cu"])
+@pytest.mark.parametrize("family_source", ["rowwise.cu", "tiled.cu", "tiled_tf32.cu", "hopper.cu", "decode.cu"])
 def test_user_modifiers_compile_into_each_kernel_file(family_source):
     """A ScoreMod and a MaskMod with buffers compile into the kernels (all six modifiers: FLAGS 63)."""
     import numpy as np
@@ -163,8 +163,9 @@ def _nvrtc_major() -> int:
 
 
 def _seq_specs():
-    """One per-sequence instantiation per kernel and addressing (kernels/common.cuh:
-    SEQ_*): each file's largest tile, where registers are shortest."""
+    """One per-sequence instantiation per kernel, addressing (kernels/common.cuh:
+    SEQ_*) and, for decode, rows per CTA: each file's largest head dim, where
+    registers are shortest."""
     from cupy_gqa import _specs
 
     picked = {}
@@ -173,8 +174,9 @@ def _seq_specs():
         addr = spec.name.rsplit(", ", 1)[1]
         if spec.dtype not in ("bfloat16", "float32"):
             continue
-        if (kernel, addr) not in picked or spec.head_dim > picked[kernel, addr].head_dim:
-            picked[kernel, addr] = spec
+        key = (kernel, addr, spec.block_m if spec.family == "decode" else 0)
+        if key not in picked or spec.head_dim > picked[key].head_dim:
+            picked[key] = spec
     return tuple(picked.values())
 
 
@@ -184,6 +186,18 @@ def test_seq_kernels_compile_without_spills(spec):
     report = compile_offline(spec, "sm_90")
     assert report.ok, report.log
     assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+
+
+def test_compile_command_takes_the_seq_instantiations(capsys, monkeypatch):
+    """compile --seq compiles _specs.seq_check_specs, not the table."""
+    from cupy_gqa import __main__ as cli
+    from cupy_gqa import _specs
+
+    spec = next(s for s in _specs.seq_check_specs(ARCHS["sm_90"]) if s.name.startswith("decode_combine_seq"))
+    monkeypatch.setattr(cli, "seq_check_specs", lambda arch: (spec,))
+    assert main(["compile", "--arch", "sm_90", "--seq"]) == 0
+    out = capsys.readouterr().out
+    assert spec.name in out and "1/1 specializations compiled for sm_90" in out
 
 
 def test_seq_instantiation_names():
@@ -198,3 +212,23 @@ def test_seq_instantiation_names():
     assert seq.name == "tiled_attention_seq<__nv_bfloat16, 128, 128, 64, 8, true, 104448, 2>" and seq.threads == 256
     combine = _specs.with_seq(_specs.DECODE_COMBINE["float16"], 1)
     assert combine.name == "decode_combine_seq<__half, 1>"
+    decode = _specs.with_seq(_specs.decode_spec("bfloat16", 128, 64, arch), 6)  # the 64-row layout
+    assert decode.name == "decode_mma_attention_seq<__nv_bfloat16, 128, 4, 9, 91136, 6>" and decode.block_m == 64
+
+
+def _decode_specs():
+    return [(arch, s) for arch in ("sm_80", "sm_90") for s in specs_for(ARCHS[arch]) if s.family == "decode" and s.block_m]
+
+
+@pytest.mark.parametrize("arch,spec", _decode_specs(), ids=lambda x: x if isinstance(x, str) else x.name)
+def test_decode_kernels_fit_the_cost_models_registers(arch, spec):
+    """Every decode kernel (each rows-per-CTA layout) compiles without spills, in
+    at most the registers that _specs.decode_ctas_per_sm assumes, so that the
+    cost model's occupancy (_plan.decode_dispatch) is never too high."""
+    from cupy_gqa import _specs
+
+    report = compile_offline(spec, arch)
+    assert report.ok, report.log
+    assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+    if report.registers is not None:  # None: no ptxas report (NVRTC 13 for some)
+        assert report.registers <= _specs.decode_regs(spec), report.log

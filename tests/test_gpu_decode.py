@@ -1,8 +1,11 @@
 """The split-KV decode kernel (kernels/decode.cu) and seqlens_k on the GPU, against the float64 reference.
 
 Decode shapes: seqlen_q 1 to 16 against seqlen_k 1 to 20000, group sizes 1,
-4, 8, 16, head dims 64, 128, 256, float16 / bfloat16 / float32, ragged
-seqlens_k (0 and full included), lse. Outputs are NaN-poisoned before each call.
+4, 6, 7, 8, 16, 48, 64, 71, head dims 64, 128, 256, float16 / bfloat16 /
+float32, every rows-per-CTA layout (16, 32, 64 on tensor cores, 1 to 8 on
+CUDA cores) with one row block or several, ragged seqlens_k (0 and full
+included, on the host or the device), lse. Outputs are NaN-poisoned before
+each call.
 """
 import numpy as np
 import pytest
@@ -21,8 +24,11 @@ DTYPES = ["bfloat16", "float16", "float32"]
 GROUPS = {"MHA": (8, 8), "GQA4": (8, 2), "GQA8": (16, 2), "GQA16": (16, 1)}
 
 
-def check(q, k, v, *, causal=True, seqlens_k=None, lens_on="host", kernel="decode", num_splits=None, what=""):
-    """One GPU call into NaN-poisoned out / lse, compared with the reference."""
+def check(q, k, v, *, causal=True, seqlens_k=None, lens_on="host", kernel="decode", num_splits=None, block_m=None,
+          what=""):
+    """One GPU call into NaN-poisoned out / lse, compared with the reference
+    (num_splits, block_m: the decode kernel with that many key ranges and rows
+    per CTA in place of decode_dispatch's choice)."""
     dtype = q.dtype.name
     qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
     out = cupy.full(q.shape, np.nan, dtype=q.dtype)
@@ -34,7 +40,7 @@ def check(q, k, v, *, causal=True, seqlens_k=None, lens_on="host", kernel="decod
         problem = _plan.Problem.of(qd, kd, dtype=dtype, causal=causal, softmax_scale=1 / np.sqrt(q.shape[3]))
         lse = cupy.full((q.shape[0], q.shape[2], q.shape[1]), np.nan, dtype=cupy.float32)
         lens_d = None if lens is None else cupy.asarray(lens, dtype=cupy.int32)
-        _plan._launch_decode_forced_splits(problem, qd, kd, vd, out, lse, lens_d, num_splits)
+        _plan._launch_decode_forced_splits(problem, qd, kd, vd, out, lse, lens_d, num_splits, block_m=block_m)
     ref, ref_lse = reference_attention(q, k, v, causal=causal, seqlens_k=seqlens_k)
     assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"{kernel} {dtype} out {what}")
     assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5, f"{kernel} {dtype} lse {what}")
@@ -136,17 +142,86 @@ def test_unsupported_calls_are_refused():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_auto_picks_decode_up_to_its_row_limit(dtype):
-    """auto: decode up to DECODE_AUTO_MAX_ROWS packed rows (seqlen_q * group_size),
-    beyond that the Hopper kernel on sm_90 where the table prefers it at
-    head_dim 128 (fp16 / bf16) for these 64 keys, else tiled."""
-    limit = _plan.DECODE_AUTO_MAX_ROWS[dtype]
-    hopper = cupy.cuda.Device().compute_capability == "90" and dtype in ("float16", "bfloat16")
-    hopper = hopper and _specs.HOPPER_AUTO_OVER_TILED[128] and 64 >= _specs.HOPPER_AUTO_MIN_KEYS
-    for seqlen_q, expect in ((1, "decode"), (limit // 4, "decode"), (limit // 4 + 1, "hopper" if hopper else "tiled")):
-        q, k, v = (cupy.asarray(x) for x in random_qkv(2, seqlen_q, 64, 32, 8, 128, dtype))
+def test_auto_follows_the_cost_model(dtype):
+    """auto runs what _plan.decode_dispatch chooses: decode for a few query
+    tokens against a cache, whatever the heads per KV head (multi-query with 64
+    heads included), the prefill kernel for many rows against few keys."""
+    device = cupy.cuda.Device().id
+    for shape in ((2, 1, 2048, 32, 8), (2, 1, 2048, 64, 1), (2, 4, 2048, 28, 4), (64, 16, 512, 64, 8)):
+        q, k, v = (cupy.asarray(x) for x in random_qkv(*shape, 64, dtype))
         problem = _plan.Problem.of(q, k, dtype=dtype, causal=True, softmax_scale=1.0)
-        assert _plan.choose_kernel(problem, q, k, v, cupy.empty_like(q)) == expect, (seqlen_q, limit)
+        choice = _plan.decode_dispatch(problem, _plan.sm_count(device), _plan.device_arch(device))
+        picked = _plan.choose_kernel(problem, q, k, v, cupy.empty_like(q))
+        assert (picked == "decode") == (choice.kernel == "decode"), (shape, picked, choice)
+        if shape[3] == 64 and shape[4] == 1:
+            assert picked == "decode", choice
+
+
+# --- row packing: any rows per KV head, in 16 / 32 / 64-row CTAs (fp16 / bf16),
+# --- 1 to 8 (float32); any key length, split or not --------------------------
+
+ROW_SHAPES = {  # (batch, seqlen_q, num_q_heads, num_kv_heads): rows = seqlen_q * group
+    "group7": (2, 1, 28, 4),      # odd group
+    "group7_sq3": (2, 3, 14, 2),  # 21 rows
+    "mqa64": (2, 1, 64, 1),       # one 64-row block
+    "mqa71": (1, 1, 71, 1),       # 64 + 7 rows
+    "mqa48_sq2": (1, 2, 48, 1),   # 96 rows
+    "tp_rank": (3, 1, 8, 1),      # 8 query heads, 1 KV head
+}
+
+
+def _block_ms(dtype):
+    return _specs.decode_block_ms(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", list(ROW_SHAPES))
+@pytest.mark.parametrize("seqlen_k", [1, 63, 1000, 4000])
+def test_row_packing_every_block_size(dtype, shape, seqlen_k):
+    """Every rows-per-CTA layout of the dtype, split and unsplit, against the
+    float64 reference: odd groups, many rows per KV head, several row blocks,
+    key lengths that are not multiples of 16, 64 or the split size."""
+    batch, seqlen_q, hq, hkv = ROW_SHAPES[shape]
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, hq, hkv, 128, dtype, seed=seqlen_k + hq)
+    for block_m in _block_ms(dtype):
+        for num_splits in (1, 3):
+            check(q, k, v, num_splits=num_splits, block_m=block_m,
+                  what=f"{shape} seqlen_k={seqlen_k} block_m={block_m} splits={num_splits}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("block_m", [32, 64])
+def test_multi_warp_streams_every_head_dim(dtype, head_dim, block_m):
+    """The 2- and 4-warp key streams (named barriers, shared stages) at every head dim."""
+    q, k, v = random_qkv(2, 1, 777, 64, 2, head_dim, dtype, seed=head_dim + block_m)
+    for num_splits in (1, 2, 7):
+        check(q, k, v, num_splits=num_splits, block_m=block_m, what=f"D{head_dim} block_m={block_m} splits={num_splits}")
+
+
+@pytest.mark.parametrize("seqlen_q", range(2, 9))
+@pytest.mark.parametrize("lens_on", ["host", "device"])
+def test_speculative_decoding_bottom_right_causal(seqlen_q, lens_on):
+    """seqlen_q 2 .. 8 with group 8 (16 to 64 rows), causal aligned to each
+    sequence's own length (ragged seqlens_k, on the host or the device), auto's
+    choice and every tensor-core block size."""
+    seqlens_k = np.array([2500, 5, 1, 1037])
+    q, k, v = random_qkv(4, seqlen_q, 2500, 32, 4, 128, "bfloat16", seed=seqlen_q)
+    for b, n in enumerate(seqlens_k):  # keys past a sequence's length never reach a result
+        k[b, n:] = np.nan
+        v[b, n:] = np.nan
+    check(q, k, v, seqlens_k=seqlens_k, lens_on=lens_on, kernel="auto", what=f"seqlen_q={seqlen_q} auto")
+    for block_m in _block_ms("bfloat16"):
+        check(q, k, v, seqlens_k=seqlens_k, lens_on=lens_on, num_splits=2, block_m=block_m,
+              what=f"seqlen_q={seqlen_q} block_m={block_m}")
+
+
+@pytest.mark.parametrize("shape", ["mqa64", "mqa71", "group7"])
+def test_auto_on_the_row_shapes(shape):
+    """auto (decode_dispatch's block size and splits) with lse, one long cache."""
+    batch, seqlen_q, hq, hkv = ROW_SHAPES[shape]
+    q, k, v = random_qkv(batch, seqlen_q, 20000, hq, hkv, 64, "bfloat16", seed=hq)
+    check(q, k, v, kernel="auto", what=shape)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -1,6 +1,6 @@
-"""Score and mask modifiers on every kernel family that takes them (rowwise,
-tiled, decode), against the float64 reference; user-written twins of the
-built-ins bit-for-bit equal to them; the hopper kernel refuses modifiers.
+"""Score and mask modifiers on every kernel family (rowwise, tiled, hopper,
+decode), against the float64 reference; user-written twins of the built-ins
+bit-for-bit equal to them.
 
 Outputs are poisoned with NaN before each call, so an unwritten element fails.
 """
@@ -44,9 +44,15 @@ PREFILL = {"prefill_gqa": (2, 150, 211, 8, 2, 64), "prefill_mha_d128": (1, 129, 
 DECODE = {"decode": (3, 2, 1000, 8, 2, 128), "decode_long_split": (1, 1, 6000, 8, 1, 64)}
 
 
-def _kernels(shape):
-    """The kernels that take a call of this shape (head_dim 64 / 128: all three where seqlen_q allows)."""
-    return ["rowwise", "tiled"] + (["decode"] if shape[1] <= 16 else [])
+def _on_hopper():
+    return cupy.cuda.Device().compute_capability == "90"
+
+
+def _kernels(shape, dtype="float32"):
+    """The kernels that take a call of this shape and dtype (head_dim 64 / 128: every family where
+    seqlen_q and the device allow)."""
+    hopper = ["hopper"] if dtype in ("float16", "bfloat16") and _on_hopper() else []
+    return ["rowwise", "tiled"] + hopper + (["decode"] if shape[1] <= 16 else [])
 
 
 def _run(kernel, shape, dtype, kw, seqlens_k=None, return_arrays=False):
@@ -73,7 +79,7 @@ def _run(kernel, shape, dtype, kw, seqlens_k=None, return_arrays=False):
 @pytest.mark.parametrize("name", MOD_NAMES)
 def test_gpu_modifier_matches_reference(name, shape, dtype):
     dims = {**PREFILL, **DECODE}[shape]
-    for kernel in _kernels(dims) + ["auto"]:
+    for kernel in _kernels(dims, dtype) + ["auto"]:
         _run(kernel, dims, dtype, _mods(name, dims[0], dims[3]))
 
 
@@ -82,7 +88,7 @@ def test_gpu_modifier_matches_reference(name, shape, dtype):
 def test_gpu_modifier_with_seqlens_k(name, shape):
     dims = {**PREFILL, **DECODE}[shape]
     lens = [0, dims[2] - 77, dims[2]][: dims[0]]
-    for kernel in _kernels(dims):
+    for kernel in _kernels(dims, "bfloat16"):
         _run(kernel, dims, "bfloat16", _mods(name, dims[0], dims[3]), seqlens_k=lens)
 
 
@@ -98,7 +104,7 @@ def test_gpu_user_twins_are_bit_for_bit_the_builtins(shape, dtype):
     """A ScoreMod written as softcap and a MaskMod written as the causal window give the very
     bits of the built-ins, in every kernel family."""
     dims = {**PREFILL, **DECODE}[shape]
-    for kernel in _kernels(dims):
+    for kernel in _kernels(dims, dtype):
         a, la = _run(kernel, dims, dtype, {"softcap": 30.0}, return_arrays=True)
         b, lb = _run(kernel, dims, dtype, {"score_mod": softcap_mod(30.0)}, return_arrays=True)
         assert cupy.array_equal(a, b) and cupy.array_equal(la, lb), f"{kernel}: softcap"
@@ -107,15 +113,39 @@ def test_gpu_user_twins_are_bit_for_bit_the_builtins(shape, dtype):
         assert cupy.array_equal(a, b) and cupy.array_equal(la, lb), f"{kernel}: window"
 
 
-def test_gpu_hopper_refuses_modifiers_and_auto_avoids_it():
-    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 256, 256, 4, 4, 128, "bfloat16"))
-    if cupy.cuda.Device().compute_capability == "90":
-        with pytest.raises(ValueError, match=r"kernel: 'hopper' does not support this call: modifiers"):
-            cupy_gqa.attention(q, k, v, kernel="hopper", softcap=30.0)
+# Long enough that the window's left side skips whole key tiles and the pipeline
+# of the hopper kernel wraps its stages: (batch, seqlen_q, seqlen_k, Hq, Hkv, D)
+LONG = {"long_gqa_d128": (2, 700, 1500, 8, 2, 128), "long_d80": (1, 1000, 1000, 6, 2, 80),
+        "long_d256": (1, 600, 900, 4, 1, 256)}
+
+
+@pytest.mark.parametrize("shape", list(LONG))
+@pytest.mark.parametrize("mods", [{"window": (200, 0)}, {"window": (130, 300), "causal": False},
+                                  {"window": (257, 0), "softcap": 20.0, "sinks": "sinks"},
+                                  {"alibi_slopes": "slopes", "window": (64, 0)}])
+def test_gpu_hopper_long_windows(shape, mods):
+    """hopper (and auto, which takes it there) with windows far shorter than the keys."""
+    if not _on_hopper():
+        pytest.skip("hopper runs on compute capability 9.0")
+    dims = LONG[shape]
+    rng = np.random.default_rng(3)
+    kw = {n: (rng.standard_normal(dims[3]).astype(np.float32) if x == "sinks"
+              else (2.0 ** -np.arange(1, dims[3] + 1)).astype(np.float32) if x == "slopes" else x)
+          for n, x in mods.items()}
+    for kernel in ("hopper", "auto"):
+        _run(kernel, dims, "bfloat16", kw)
+    lens = [dims[2] - 333, dims[2]][: dims[0]]
+    _run("hopper", dims, "float16", kw, seqlens_k=lens)
+
+
+def test_gpu_auto_takes_hopper_with_modifiers():
+    if not _on_hopper():
+        pytest.skip("hopper runs on compute capability 9.0")
+    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 2048, 2048, 8, 2, 128, "bfloat16"))
     from cupy_gqa import _mods, _plan
 
     problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=0.1, mods=_mods.Modifiers(softcap=30.0))
-    assert _plan.choose_kernel(problem, q, k, v, cupy.empty_like(q)) in ("tiled", "rowwise")
+    assert _plan.choose_kernel(problem, q, k, v, cupy.empty_like(q)) == "hopper"
 
 
 def test_gpu_repeat_calls_and_torch():

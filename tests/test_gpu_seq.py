@@ -126,6 +126,47 @@ def test_paged_decode_split(dtype):
     assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
 
 
+@pytest.mark.parametrize("block_m", [16, 32, 64])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("addressing", ["varlen", "paged_leftpad"])
+def test_decode_row_layouts(monkeypatch, block_m, num_splits, addressing):
+    """Each tensor-core decode layout (16, 32 or 64 packed rows per CTA) with
+    per-sequence addressing, whole and split: 7 query heads per KV head and
+    ragged query counts end row blocks mid-CTA, and shorter sequences leave
+    whole row blocks idle."""
+    from cupy_gqa import _plan
+
+    dtype = "bfloat16"
+    _skip_unsupported("decode", dtype)
+    monkeypatch.setattr(_plan, "decode_dispatch", lambda *a: _plan.DecodeChoice("decode", block_m, num_splits, 0.0, 1.0))
+    _plan.plan_decode.cache_clear()
+    rng = np.random.default_rng(block_m + num_splits)
+    try:
+        if addressing == "varlen":
+            lens_q, lens_k = [8, 1, 5, 8], [700, 0, 129, 1500]
+            q, cu_q = _packed(lens_q, 14, 128, dtype, rng)
+            k, cu_k = _packed(lens_k, 2, 128, dtype, rng)
+            v, _ = _packed(lens_k, 2, 128, dtype, rng)
+            ref, ref_lse = reference_varlen(q, k, v, cu_q, cu_k)
+            out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+            res, lse = cupy_gqa.attention_varlen(*(cupy.asarray(x) for x in (q, k, v)), cupy.asarray(cu_q),
+                                                 cupy.asarray(cu_k), max(lens_q), max(lens_k), out=out,
+                                                 return_lse=True, kernel="decode")  # fmt: skip
+        else:
+            seqlens, leftpad = np.int32([900, 40, 1200]), np.int32([100, 40, 0])  # some padding, all, none
+            k, v, table = _pool(3, 32, 40, 2, 128, dtype, rng)
+            q = rng.standard_normal((3, 6, 14, 128)).astype(NP_DTYPES[dtype])
+            ref, ref_lse = reference_kvcache(q, k, v, seqlens_k=seqlens, block_table=table, cache_leftpad=leftpad)
+            out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+            res, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), block_table=cupy.asarray(table),
+                                          seqlens_k=cupy.asarray(seqlens), cache_leftpad=cupy.asarray(leftpad), out=out,
+                                          return_lse=True, kernel="decode")  # fmt: skip
+        assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype], f"{addressing} block_m={block_m} splits={num_splits}")
+        assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+    finally:
+        _plan.plan_decode.cache_clear()  # no forced plan outlives the test
+
+
 # --- left padding -----------------------------------------------------------------
 
 

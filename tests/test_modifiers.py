@@ -34,10 +34,13 @@ def window_mod(left):
 
 
 def head_bias_mod():
-    """A score_mod that reads a per-head buffer and the positions: score + bias[h] - 0.01 * |q - kv|."""
+    """A score_mod that reads a per-head buffer and the positions: score + bias[h] - 0.01 * (distance of
+    the key from the query's diagonal key), so that long sequences keep weights of a sane size."""
     return cupy_gqa.ScoreMod(
-        cuda="return score + bias[h] - 0.01f * (float)abs(q_idx - kv_idx);",
-        numpy=lambda score, h, q_idx, kv_idx, bias, **_: score + bias[h] - 0.01 * np.abs(q_idx - kv_idx),
+        # in double, as its NumPy twin: the float64 kernels compare at 1e-12
+        cuda="return score + bias[h] - 0.01 * (double)abs(q_idx + seqlen_k - seqlen_q - kv_idx);",
+        numpy=lambda score, h, q_idx, kv_idx, seqlen_q, seqlen_k, bias, **_:
+            score + bias[h] - 0.01 * np.abs(q_idx + seqlen_k - seqlen_q - kv_idx),
         buffers={"bias": np.linspace(-1, 1, 8).astype(np.float32)},
     )
 

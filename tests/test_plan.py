@@ -162,7 +162,7 @@ def test_auto_prefill_choice(monkeypatch, cc, head_dim, dtype):
     arrays = (_FakeDeviceArray((shape, strides, itemsize)),) * 4
     tiled = head_dim in _specs.tiled_head_dims(dtype) and cc >= (8, 0)
     tiled = tiled and not (dtype == "float32" and head_dim == 256 and cc == (8, 9))
-    preferred = _specs.HOPPER_AUTO_OVER_TILED[_specs.hopper_head_dim_pad(head_dim)] and 500 >= _specs.HOPPER_AUTO_MIN_KEYS
+    preferred = 500 >= _specs.HOPPER_AUTO_MIN_KEYS
     if cc == (9, 0) and dtype == "bfloat16" and (not tiled or preferred):
         expected = "hopper"
     else:
@@ -171,16 +171,16 @@ def test_auto_prefill_choice(monkeypatch, cc, head_dim, dtype):
 
 
 def test_auto_takes_hopper_over_tiled_for_long_keys(monkeypatch):
-    """On 9.0, at a head dim where both apply and the table prefers hopper,
-    auto takes hopper from HOPPER_AUTO_MIN_KEYS keys on and tiled below."""
+    """On 9.0, at head dims where both apply (64 and 128), auto takes hopper
+    from HOPPER_AUTO_MIN_KEYS keys on and tiled below."""
     monkeypatch.setattr(_plan, "compute_capability", lambda device: (9, 0))
     monkeypatch.setattr(_tma, "available", lambda: True)
-    assert _specs.HOPPER_AUTO_OVER_TILED[128]
-    for seqlen, expected in ((_specs.HOPPER_AUTO_MIN_KEYS, "hopper"), (_specs.HOPPER_AUTO_MIN_KEYS - 1, "tiled")):
-        problem = _plan.Problem(2, seqlen, seqlen, 32, 8, 128, "bfloat16", True, 128**-0.5)
-        shape = (2, seqlen, 32, 128)
-        strides = tuple(int(np.prod(shape[i + 1 :])) * 2 for i in range(4))
-        assert _plan.choose_kernel(problem, *(_FakeDeviceArray((shape, strides, 2)),) * 4) == expected
+    for d in (64, 128):
+        for seqlen, expected in ((_specs.HOPPER_AUTO_MIN_KEYS, "hopper"), (_specs.HOPPER_AUTO_MIN_KEYS - 1, "tiled")):
+            problem = _plan.Problem(2, seqlen, seqlen, 32, 8, d, "bfloat16", True, d**-0.5)
+            shape = (2, seqlen, 32, d)
+            strides = tuple(int(np.prod(shape[i + 1 :])) * 2 for i in range(4))
+            assert _plan.choose_kernel(problem, *(_FakeDeviceArray((shape, strides, 2)),) * 4) == expected, (d, seqlen)
 
 
 def test_hopper_refuses_other_architectures(monkeypatch):
@@ -268,7 +268,8 @@ def test_tiled_and_decode_refuse_with_the_reason(monkeypatch):
 
 def test_warmup_readies_the_devices_table_for_the_given_calls(monkeypatch):
     """warmup compiles exactly the specializations of the device's table that
-    serve the named dtypes and head dims (and the decode occupancy queries)."""
+    serve the named dtypes and head dims (decode's plans need no occupancy query:
+    _specs.decode_ctas_per_sm)."""
     cupy = pytest.importorskip("cupy")
     import cupy_gqa
     from cupy_gqa import _compile
@@ -283,11 +284,10 @@ def test_warmup_readies_the_devices_table_for_the_given_calls(monkeypatch):
         def __exit__(self, *exc):
             return False
 
-    compiled, occupancy = [], []
+    compiled = []
     monkeypatch.setattr(cupy.cuda, "Device", _Device)
     monkeypatch.setattr(_plan, "compute_capability", lambda device: (8, 9))
     monkeypatch.setattr(_compile, "get_kernel", lambda spec: compiled.append(spec))
-    monkeypatch.setattr(_plan, "_resident_slots", lambda spec, device: occupancy.append(spec))
     n = cupy_gqa.warmup(dtypes=["bfloat16"], head_dims=[128, 80])
     names = {s.name for s in compiled}
     assert n == len(compiled) == len(names)
@@ -300,7 +300,7 @@ def test_warmup_readies_the_devices_table_for_the_given_calls(monkeypatch):
     assert set(backward) == {"bwd_dq_mma", "bwd_dkdv_mma"}
     assert {s.head_dim for s in compiled if s.family == "rowwise"} == {128}  # 80 and 128 share the 128 bucket
     assert {s.head_dim for s in compiled if s.family == "tiled"} == {128}  # tiled has no 80
-    assert [s.family for s in occupancy] == ["decode"] and occupancy[0].block_m == 16
+    assert sorted(s.block_m for s in compiled if s.family == "decode") == [0, 16, 32, 64]  # the combine, 3 layouts
 
 
 @pytest.mark.parametrize("kw,match", [

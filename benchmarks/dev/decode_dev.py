@@ -10,7 +10,6 @@ Variants (VARIANTS) are other template arguments of the bf16 D128 kernel.
 Notes and results: benchmarks/NOTES_decode.md.
 """
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -30,17 +29,12 @@ FLUSH = cupy.empty(256 * 2**20 // 4, dtype=cupy.int32)
 
 
 def mma_stages(stages: int) -> _specs.Spec:
-    """The bf16 D128 tensor-core kernel with ``stages`` cp.async stages per warp."""
-    smem = _specs.decode_mma_smem(128, stages)
-    return dataclasses.replace(
-        _specs.decode_mma_spec("bfloat16", 128),
-        name=f"decode_mma_attention<__nv_bfloat16, 128, {stages}, {smem}>",
-        smem=smem,
-    )
+    """The bf16 D128 tensor-core kernel (16 rows per CTA) with ``stages`` cp.async stages per warp."""
+    return _specs.decode_mma_spec("bfloat16", 128, stages)
 
 
 VARIANTS = {  # name -> the bf16 D128 decode spec it times (the table's spec: "base")
-    "base": lambda: _specs.decode_spec("bfloat16", 128, 4),
+    "base": lambda: _specs.decode_spec("bfloat16", 128, 16, _specs.ARCHS["sm_90"]),
     "s4": lambda: mma_stages(4),
     "cuda_core": lambda: _specs.decode_cuda_core_spec("bfloat16", 128, 4),  # decode.cu v2, 4 rows per CTA
 }
@@ -91,11 +85,9 @@ def main() -> int:
         auto = median_ms(lambda: cupy_gqa.attention(q, k, v, out=out))
         ref = out.astype(cupy.float32)  # checked against float64 by tests/test_gpu_decode.py
         problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=1 / np.sqrt(128))
-        spec = _specs.decode_spec("bfloat16", 128, 4)
-        slots = _plan._resident_slots(spec, 0)
-        chosen = _plan.plan_decode(problem, _plan._layout(q, k, v, out), slots).num_splits
+        chosen = _plan.decode_plan_for(problem, q, k, v, out).num_splits
         floor = 2 * k.nbytes / 4240e9 * 1e3
-        say(f"{name}: auto {auto:.4f} ms {kv_gbs(k, auto):.0f} GB/s (splits {chosen}, slots {slots}); floor {floor:.4f} ms")
+        say(f"{name}: auto {auto:.4f} ms {kv_gbs(k, auto):.0f} GB/s (splits {chosen}); floor {floor:.4f} ms")
         rows.append(dict(case=name, variant="auto", splits=chosen, ms=auto, gbs=kv_gbs(k, auto)))
         for variant in VARIANTS:
             line = []

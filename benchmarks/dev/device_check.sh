@@ -9,6 +9,8 @@
 #   benchmarks/dev/device_check.sh results [..] the canonical runs, each under a limit (seconds in RESULTS_LIMITS):
 #                                               bench_attention.py [args], bench_model.py, train_check.py;
 #                                               everything they write is packed in $OUT/results.tgz
+#   benchmarks/dev/device_check.sh profile [..] benchmarks/dev/profile_prefill.py [args] under Nsight Compute
+#                                               (clocks left alone), the report in $OUT/profile.txt
 #   benchmarks/dev/device_check.sh backward     one call for the backward pass: its GPU tests, the sanitizer
 #                                               on its kernels, a quick G1-G3 bench and the training check
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
@@ -81,5 +83,14 @@ case "$stage" in
     [ "$lt" -gt 0 ] && timeout -s KILL "$lt" python3 benchmarks/train_check.py --out "$out/results" >"$out/train.txt" 2>&1
     echo "train rc $? in $((SECONDS - t0)) s"; reap; tail -4 "$out/train.txt"
     tar czf "$out/results.tgz" -C "$out" results && rm -rf "$out/results" ;;
+  profile)
+    timeout -s KILL "${PROFILE_LIMIT_S:-300}" ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis python3 benchmarks/dev/profile_prefill.py "$@" >"$out/profile.txt" 2>&1
+    rc=$?
+    nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
+    grep -E "^  [a-z_]+.*\(|Duration|Throughput|Achieved Occupancy|Registers Per|Block Limit|Stall|Issued Warp|No Eligible" \
+      "$out/profile.txt" | cut -c1-150 | head -120
+    exit $rc ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

@@ -1,0 +1,162 @@
+"""The decode cost model (_plan.decode_dispatch) and the decode kernel table, on the CPU.
+
+decode_dispatch is the one place that picks decode or the prefill kernel, the
+rows per CTA and the number of key ranges for a decode-shaped call; these are
+its decisions on the shape sweep's classes (benchmarks/bench_attention.py:
+SHAPE_SWEEP) on an H200's 132 SMs.
+"""
+import math
+
+import pytest
+
+from cupy_gqa import _plan, _specs
+
+H200 = (132, _specs.ARCHS["sm_90"])
+
+
+def problem(batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim=128, dtype="bfloat16", causal=True):
+    return _plan.Problem(batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, dtype, causal, head_dim**-0.5)
+
+
+def choose(p, sms=H200[0], arch=H200[1]):
+    return _plan.decode_dispatch(p, sms, arch)
+
+
+def ctas(p, choice):
+    return p.batch * p.num_kv_heads * math.ceil(p.seqlen_q * p.group_size / choice.block_m) * choice.num_splits
+
+
+def test_table_shapes_keep_one_key_range():
+    """D1 and D2 (the benchmark table's decode rows): one CTA per (batch, KV head)
+    already fills the GPU, a split would only add the combine."""
+    for p in (problem(16, 1, 8192, 32, 8), problem(64, 1, 2048, 32, 8)):
+        c = choose(p)
+        assert (c.kernel, c.block_m, c.num_splits) == ("decode", 16, 1)
+
+
+@pytest.mark.parametrize("num_q_heads,head_dim", [(64, 128), (48, 128), (71, 64)])
+def test_multi_query_with_many_heads_goes_to_decode_in_one_pass(num_q_heads, head_dim):
+    """MQA (one KV head) with many query heads at seqlen_q 1: decode, not the
+    prefill kernel (whose few CTAs leave the GPU idle), with 64 rows per CTA so
+    that K/V is read once per key range (or twice for 71 heads), split to fill
+    the SMs."""
+    p = problem(8, 1, 8192, num_q_heads, 1, head_dim)
+    c = choose(p)
+    assert c.kernel == "decode" and c.block_m == 64
+    assert math.ceil(num_q_heads / c.block_m) <= 2
+    assert ctas(p, c) >= 132 * 0.75
+    assert c.decode_s < c.prefill_s / 3
+
+
+def test_one_long_sequence_fills_the_gpu():
+    """B1, 128k keys, 4 KV heads: split into enough key ranges that the CTAs
+    cover most of the 132 SMs, within the split cap."""
+    p = problem(1, 1, 131072, 28, 4)
+    c = choose(p)
+    assert c.kernel == "decode" and c.block_m == 16
+    assert 0.75 * 132 <= ctas(p, c) <= 2 * 132
+    assert c.num_splits <= _plan.DECODE_MAX_SPLITS
+
+
+def test_batch_32_with_4000_keys():
+    """256 (batch, KV head) pairs fill 132 SMs at 2 CTAs each: no split; the keys
+    (not a multiple of 64) end in a masked tile, which the model doesn't charge."""
+    p = problem(32, 1, 4000, 32, 8)
+    c = choose(p)
+    assert (c.kernel, c.block_m, c.num_splits) == ("decode", 16, 1)
+    assert c.decode_s == pytest.approx(2 * 32 * 4000 * 8 * 128 * 2 / _plan.DECODE_HBM_BYTES_PER_S, rel=0.05)
+
+
+@pytest.mark.parametrize("batch,num_q_heads,num_kv_heads", [(16, 8, 1), (8, 28, 4), (16, 12, 2)])
+def test_few_kv_heads_split_to_fill_the_gpu(batch, num_q_heads, num_kv_heads):
+    """One TP rank (8 query heads, 1 KV head) and odd groups (7, 6): too few
+    (batch, KV head) pairs for 132 SMs, so the keys are split, one 16-row block
+    for the group's rows."""
+    p = problem(batch, 1, 8192, num_q_heads, num_kv_heads)
+    c = choose(p)
+    assert c.kernel == "decode" and c.block_m == 16 and c.num_splits > 1
+    assert ctas(p, c) >= 0.75 * 132
+
+
+@pytest.mark.parametrize("seqlen_q", range(1, 9))
+def test_speculative_decoding_stays_in_decode(seqlen_q):
+    """seqlen_q 2 .. 8 (speculative decoding) with group 8: 8 to 64 rows, decode,
+    all of a KV head's rows in one CTA."""
+    p = problem(8, seqlen_q, 4096, 32, 4)
+    c = choose(p)
+    assert c.kernel == "decode"
+    assert c.block_m == min(64, max(16, 16 * 2 ** math.ceil(math.log2(max(1, seqlen_q * 8 / 16)))))
+
+
+def test_many_rows_against_few_keys_go_to_prefill():
+    """Rows enough to make the tensor cores the limit and a short cache: the
+    prefill kernel (block_m 128, its own pipelines) wins."""
+    p = problem(64, 16, 512, 64, 8)
+    c = choose(p)
+    assert c.kernel == "prefill" and c.prefill_s < c.decode_s
+
+
+def test_float32_takes_the_cuda_core_kernel_and_its_blocks():
+    p = problem(4, 1, 4096, 32, 8, 64, "float32")
+    c = choose(p)
+    assert c.kernel == "decode" and c.block_m == 4
+    c = choose(problem(1, 1, 16384, 28, 4, 128, "float32"))
+    assert c.kernel == "decode" and c.block_m in _specs.DECODE_ROWS and c.num_splits > 1
+
+
+def test_the_choice_depends_on_the_shape_alone():
+    """Same shape, same plan (cached); fewer SMs, more time (the per-SM streaming limit)."""
+    p = problem(1, 1, 65536, 32, 8)
+    assert choose(p) is choose(p)
+    assert choose(p, sms=8).decode_s > 2 * choose(p).decode_s
+
+
+def test_split_count_respects_the_bounds():
+    for p in (problem(1, 1, 300, 8, 1), problem(1, 1, 1, 8, 1), problem(2, 3, 255, 8, 8)):
+        c = choose(p)
+        assert 1 <= c.num_splits <= max(1, p.seqlen_k // _plan.DECODE_MIN_SPLIT_KEYS)
+
+
+def test_decode_seconds_counts_row_blocks_as_l2_passes():
+    """Each row block past the first reads the key range again, from L2: 16-row
+    blocks for 64 rows cost more than one 64-row block."""
+    arch = H200[1]
+    p = problem(64, 1, 8192, 64, 1)
+    t16 = _plan.decode_seconds(p, _specs.decode_spec("bfloat16", 128, 16, arch), 2, 132, arch)
+    t64 = _plan.decode_seconds(p, _specs.decode_spec("bfloat16", 128, 64, arch), 2, 132, arch)
+    assert t64 < t16
+
+
+# --- the kernel table ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_tensor_core_layouts_fit_and_keep_their_tiles_in_flight(arch, dtype):
+    a = _specs.ARCHS[arch]
+    for head_dim in _specs.DECODE_HEAD_DIMS:
+        specs = _specs.decode_specs(dtype, head_dim, a)
+        assert all(s.smem <= a.smem for s in specs)
+        for s in specs:
+            assert s.name.startswith(f"decode_mma_attention<{_specs.CTYPES[dtype]}, {head_dim}, {s.block_m // 16}, ")
+            assert _specs.decode_ctas_per_sm(s, a) >= 1
+        if arch == "sm_90":  # the table's stages: as many tiles in flight per CTA in every layout
+            assert [s.block_m for s in specs] == [16, 32, 64]
+            inflight = {_plan.decode_bytes_in_flight(s) for s in specs}
+            assert len(inflight) == 1
+
+
+def test_occupancy_estimates():
+    a = _specs.ARCHS["sm_90"]
+    assert _specs.decode_ctas_per_sm(_specs.decode_spec("bfloat16", 128, 16, a), a) == 2
+    assert _specs.decode_ctas_per_sm(_specs.decode_spec("bfloat16", 256, 16, a), a) == 1
+    assert _specs.decode_ctas_per_sm(_specs.decode_spec("float32", 128, 4, a), a) == 3
+    assert _specs.decode_ctas_per_sm(_specs.decode_spec("float32", 128, 8, a), a) == 2
+
+
+def test_decode_spec_rejects_other_block_sizes():
+    a = _specs.ARCHS["sm_90"]
+    assert _specs.decode_spec("bfloat16", 128, 8, a) is None
+    assert _specs.decode_spec("float32", 128, 16, a) is None
+    assert _specs.decode_specs("float64", 128, a) == ()
+    assert _specs.decode_specs("bfloat16", 128, _specs.ARCHS["sm_75"]) == ()
