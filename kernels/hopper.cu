@@ -408,18 +408,9 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2,
                                                                         softmax::FastExp2());
         } else {
-            // modifiers: scores to log2 units first when they change, then the mask
-            // (window, mask_mod: on every tile that some row may not fully see)
-            const bool mask = M::MASK || !keys.unmasked(n0, BLOCK_N);
-            if constexpr (M::SCORES) {
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
-            }
-            if (M::SCORES || mask) softmax::frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, mrow, mask);
-            return softmax::frag_probabilities<RESCALE_THRESHOLD, !M::SCORES>(s, m_run, alpha, rs,
-                                                                              M::SCORES ? 1.f : scale_log2,
+            // modifiers (softmax.cuh: frag_modify), then the probabilities
+            const float scale = softmax::frag_modify<M, CAUSAL>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
+            return softmax::frag_probabilities<RESCALE_THRESHOLD, !M::SCORES>(s, m_run, alpha, rs, scale,
                                                                               softmax::FastExp2());
         }
     };

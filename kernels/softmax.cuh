@@ -145,6 +145,27 @@ __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane,
         }
 }
 
+// The modifiers' step of a tensor-core kernel on the raw scores of the key tile
+// [n0, n0 + n), before its softmax update: scores to log2 units first when the
+// score modifiers change them, then the score modifiers and, on a tile that some
+// row may not fully see (keys.unmasked) or with a mask_mod, the mask. Returns the
+// scale the exponentials still apply (1 when the scores already carry it); the
+// update takes the scale inside the exp2 exactly when !M::SCORES.
+template <class M, bool CAUSAL, int NT, class Keys>
+__device__ __forceinline__ float frag_modify(float (&s)[NT][4], int n0, int n, int lane, const ModParams& mp,
+                                            const mods::Seq& sq, const mods::Diag (&row)[2], const Keys& keys,
+                                            float scale_log2) {
+    const bool mask = M::MASK || !keys.unmasked(n0, n);
+    if constexpr (M::SCORES) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+    }
+    if (M::SCORES || mask) frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, row, mask);
+    return M::SCORES ? 1.f : scale_log2;
+}
+
 // Row hf's max of s over the quad.
 template <int NT>
 __device__ __forceinline__ float frag_row_max(const float (&s)[NT][4], int hf) {

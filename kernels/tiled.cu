@@ -311,23 +311,12 @@ __device__ __forceinline__ void tiled_body(
             // ---- online softmax (softmax.cuh), the scale inside the exp2, lazy rescale -----
             softmax::frag_update<RESCALE_THRESHOLD, true>(s, o_acc, m_run, l_run, scale_log2, softmax::FastExp2());
         } else {
-            // modifiers: scores to log2 units first when they change, then the mask
-            // (window, mask_mod: on every tile that some row may not fully see)
-            const bool mask = M::MASK || !keys.unmasked(n0, BLOCK_N);
-            if constexpr (M::SCORES) {
+            // modifiers (softmax.cuh: frag_modify), then the update
+            float scale = scale_log2;
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
-            }
-            if (M::SCORES || mask) {
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) softmax::frag_mods<M, CAUSAL>(s[mt], n0, lane, mp, sq, mrow[mt], mask);
-            }
-            softmax::frag_update<RESCALE_THRESHOLD, !M::SCORES>(s, o_acc, m_run, l_run, M::SCORES ? 1.f : scale_log2,
-                                                                softmax::FastExp2());
+            for (int mt = 0; mt < MT; ++mt)
+                scale = softmax::frag_modify<M, CAUSAL>(s[mt], n0, BLOCK_N, lane, mp, sq, mrow[mt], keys, scale_log2);
+            softmax::frag_update<RESCALE_THRESHOLD, !M::SCORES>(s, o_acc, m_run, l_run, scale, softmax::FastExp2());
         }
 
         // ---- O += P V  (C fragment of S pairs -> A fragment of P) ---------------

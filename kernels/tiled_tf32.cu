@@ -330,16 +330,9 @@ __device__ __forceinline__ void tiled_tf32_body(
             // ---- online softmax (softmax.cuh), the scale inside the exp2, eager -------
             softmax::frag_update<0, true>(s, o_acc, m_run, l_run, scale_log2, softmax::ExactExp2());
         } else {
-            // modifiers: scores to log2 units first when they change, then the mask
-            const bool mask = M::MASK || !keys.unmasked(n0, BLOCK_N);
-            if constexpr (M::SCORES) {
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
-            }
-            if (M::SCORES || mask) softmax::frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, mrow, mask);
-            softmax::frag_update<0, !M::SCORES>(s, o_acc, m_run, l_run, M::SCORES ? 1.f : scale_log2, softmax::ExactExp2());
+            // modifiers (softmax.cuh: frag_modify), then the update
+            const float scale = softmax::frag_modify<M, CAUSAL>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
+            softmax::frag_update<0, !M::SCORES>(s, o_acc, m_run, l_run, scale, softmax::ExactExp2());
         }
 
         // ---- O += P V: key 2c is k = c, key 2c+1 is k = c+4 ----------------------
