@@ -10,31 +10,18 @@ import pytest
 import cupy_gqa
 from conftest import TOLERANCE, assert_close, assert_lse_close, gpu_available, random_qkv
 from reference import reference_attention
-from test_modifiers import even_heads_odd_keys_mod, head_bias_mod, softcap_mod, window_mod
+from test_modifiers import modifier_kwargs, softcap_mod, window_mod
 
 pytestmark = pytest.mark.gpu
 if gpu_available():
     import cupy
 
 
-def _mods(name, batch, hq, seed=7):
-    rng = np.random.default_rng(seed)
-    sinks = rng.standard_normal(hq).astype(np.float32)
-    slopes = (2.0 ** -np.arange(1, hq + 1)).astype(np.float32)
-    return {
-        "window": {"window": (37, 0)},
-        "window_noncausal": {"window": (21, 13), "causal": False},
-        "softcap": {"softcap": 2.5},
-        "sinks": {"sinks": sinks},
-        "alibi": {"alibi_slopes": slopes},
-        "alibi_batch": {"alibi_slopes": np.stack([slopes * (b + 1) for b in range(batch)])},
-        "score_mod": {"score_mod": head_bias_mod()},
-        "mask_mod": {"mask_mod": even_heads_odd_keys_mod()},
-        "all": {"window": (45, 0), "softcap": 3.0, "sinks": sinks, "alibi_slopes": slopes,
-                "score_mod": head_bias_mod(), "mask_mod": even_heads_odd_keys_mod()},
-        "all_noncausal": {"window": (40, 17), "softcap": 3.0, "sinks": sinks, "alibi_slopes": slopes,
-                          "score_mod": head_bias_mod(), "mask_mod": even_heads_odd_keys_mod(), "causal": False},
-    }[name]
+_WINDOWS = {"window": (37, 0), "window_noncausal": (21, 13), "all": (45, 0), "all_noncausal": (40, 17)}
+
+
+def _mods(name, batch, hq):
+    return modifier_kwargs(name, batch, hq, _WINDOWS)
 
 
 MOD_NAMES = ["window", "window_noncausal", "softcap", "sinks", "alibi", "alibi_batch", "score_mod", "mask_mod", "all",

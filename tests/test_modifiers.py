@@ -53,27 +53,41 @@ def even_heads_odd_keys_mod():
     )
 
 
-def _mods(name, batch, hq):
-    rng = np.random.default_rng(7)
+def modifier_kwargs(name, batch, hq, windows, seed=7):
+    """The modifiers of case ``name`` for ``batch`` sequences and ``hq`` query heads: sinks and ALiBi
+    slopes drawn here, and the window of each windowed case from ``windows`` (name -> (left, right)),
+    which the CPU and GPU tests size to their sequences."""
+    rng = np.random.default_rng(seed)
     sinks = rng.standard_normal(hq).astype(np.float32)
     slopes = (2.0 ** -np.arange(1, hq + 1)).astype(np.float32)
-    return {
-        "window": {"window": (9, 0)},
-        "window_left_only_noncausal": {"window": (7, -1), "causal": False},
-        "window_both_noncausal": {"window": (5, 3), "causal": False},
-        "window_right_only_noncausal": {"window": (-1, 2), "causal": False},
-        "window_zero": {"window": (0, 0)},
+    kw = {
         "softcap": {"softcap": 2.5},
         "sinks": {"sinks": sinks},
         "alibi": {"alibi_slopes": slopes},
         "alibi_batch": {"alibi_slopes": np.stack([slopes * (b + 1) for b in range(batch)])},
         "score_mod": {"score_mod": head_bias_mod()},
         "mask_mod": {"mask_mod": even_heads_odd_keys_mod()},
-        "all": {"window": (11, 0), "softcap": 3.0, "sinks": sinks, "alibi_slopes": slopes,
-                "score_mod": head_bias_mod(), "mask_mod": even_heads_odd_keys_mod()},
-        "all_noncausal": {"window": (6, 4), "softcap": 3.0, "sinks": sinks, "alibi_slopes": slopes,
-                          "score_mod": head_bias_mod(), "mask_mod": even_heads_odd_keys_mod(), "causal": False},
-    }[name]
+        "all": {"softcap": 3.0, "sinks": sinks, "alibi_slopes": slopes, "score_mod": head_bias_mod(),
+                "mask_mod": even_heads_odd_keys_mod()},
+        "all_noncausal": {"softcap": 3.0, "sinks": sinks, "alibi_slopes": slopes, "score_mod": head_bias_mod(),
+                          "mask_mod": even_heads_odd_keys_mod()},
+    }
+    if name not in kw and name not in windows:
+        raise KeyError(name)
+    kw = kw.get(name, {})
+    if name in windows:
+        kw = {**kw, "window": windows[name]}
+    if name.endswith("noncausal"):
+        kw = {**kw, "causal": False}
+    return kw
+
+
+_WINDOWS = {"window": (9, 0), "window_left_only_noncausal": (7, -1), "window_both_noncausal": (5, 3),
+            "window_right_only_noncausal": (-1, 2), "window_zero": (0, 0), "all": (11, 0), "all_noncausal": (6, 4)}
+
+
+def _mods(name, batch, hq):
+    return modifier_kwargs(name, batch, hq, _WINDOWS)
 
 
 MOD_NAMES = ["window", "window_left_only_noncausal", "window_both_noncausal", "window_right_only_noncausal",
