@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command that checks and measures this checkout on a GPU machine.
-#   benchmarks/dev/device_check.sh tests        the GPU test suite (pytest -n 16, failures named as they come)
+#   benchmarks/dev/device_check.sh tests [..]   the GPU test suite (pytest -n 16, failures named as they come);
+#                                               test files or pytest arguments replace the default `tests`
 #   benchmarks/dev/device_check.sh sanitize     tests/sanitize.sh (all four compute-sanitizer tools)
 #   benchmarks/dev/device_check.sh bench [..]   benchmarks/bench_attention.py [args], results under $OUT/results
 #   benchmarks/dev/device_check.sh prefill      one call for a prefill-kernel change, each part under a time
@@ -27,7 +28,7 @@ case "$stage" in
     # a hung kernel must not eat the call: a time limit, and GPU processes left behind are killed.
     # -v prints each result as it comes, so a run cut short by the limit still names its failures
     # (the whole suite took 356 s with 16 workers on the H200 machine)
-    timeout -s KILL "${TESTS_LIMIT_S:-420}" python3 -m pytest -v -n "${TESTS_WORKERS:-16}" -p no:cacheprovider -rf tests "$@" \
+    timeout -s KILL "${TESTS_LIMIT_S:-420}" python3 -m pytest -v -n "${TESTS_WORKERS:-16}" -p no:cacheprovider -rf "${@:-tests}" \
       >"$out/gpu_tests.txt" 2>&1
     rc=$?
     nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
