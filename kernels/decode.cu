@@ -657,19 +657,29 @@ __device__ __forceinline__ void decode_mma_body(
     const T* v_lane = v + sqn.k_batch() * p.v_stride[0] + sqn.k0() * vs + kv_head * p.v_stride[2] + ld_r * vs + ld_ch * 8;
     T* sW = reinterpret_cast<T*>(smem_raw + L::KV) + stream * L::STREAM;  // this stream's stages: [STAGES][K, V][BN][D]
     const unsigned sW_addr = smem_addr(sW);
+    // (pages) the pages of the next tile this stream copies, read while the tiles before it compute
+    typename Sequence<ADDR>::PageSpan span = {0, 0, 0};
+    auto look_up = [&](int u) {
+        const int key0 = k_begin + u * BN;
+        if (key0 < k_end) span = sqn.page_span(key0, min(BN, k_end - key0));
+    };
+    if constexpr (Sequence<ADDR>::PAGED) look_up(stream + i_first * NS);
     auto load_tile = [&](int u, int stage) {  // keys k_begin + u * BN .. + BN (zero past k_end)
         const int key0 = k_begin + u * BN;
+        [[maybe_unused]] const typename Sequence<ADDR>::PageSpan here = span;
+        if constexpr (Sequence<ADDR>::PAGED) look_up(u + NS);  // tiles stream, stream + NS, .. in order
 #pragma unroll
         for (int i = 0; i < PASSES; ++i) {
             const int key = key0 + ld_r + i * RPP;
             const bool ok = key < k_end;
             const index_t row = key0 + i * RPP;
             const unsigned d = sW_addr + (stage * 2 * TILE + kv_at<D>(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7)) * 2;
-            if constexpr (Sequence<ADDR>::PAGED) {  // each key row through the block table
+            if constexpr (Sequence<ADDR>::PAGED) {  // each key row on its page
                 const T* k_head = k + kv_head * p.k_stride[2] + ld_ch * 8;
                 const T* v_head = v + kv_head * p.v_stride[2] + ld_ch * 8;
-                copy_16(d, ok ? (const void*)(k_head + sqn.kv_row(key, p.k_stride[0], ks)) : (const void*)k, ok);
-                copy_16(d + TILE * 2, ok ? (const void*)(v_head + sqn.kv_row(key, p.v_stride[0], vs)) : (const void*)v, ok);
+                const int r = ld_r + i * RPP;
+                copy_16(d, ok ? (const void*)(k_head + sqn.span_row(here, r, p.k_stride[0], ks)) : (const void*)k, ok);
+                copy_16(d + TILE * 2, ok ? (const void*)(v_head + sqn.span_row(here, r, p.v_stride[0], vs)) : (const void*)v, ok);
             } else {
                 copy_16(d, ok ? (const void*)(k_lane + row * ks) : (const void*)k, ok);
                 copy_16(d + TILE * 2, ok ? (const void*)(v_lane + row * vs) : (const void*)v, ok);
