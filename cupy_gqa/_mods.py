@@ -190,7 +190,8 @@ class ScoreMod(_UserMod):
     ``cuda``: the body of a device function that returns the new score, over
     ``score`` (the scaled score softmax_scale * q . k, after softcap and ALiBi;
     ``float``, ``double`` for float64 inputs: write ``tanh``, ``exp``, ... so
-    that both work), ``b``, ``h`` (query head), ``q_idx``, ``kv_idx``,
+    that both work; ``fast_tanh(float)``, the hardware tanh that the built-in
+    softcap uses for fp16 and bf16 inputs, is there too), ``b``, ``h`` (query head), ``q_idx``, ``kv_idx``,
     ``seqlen_q``, ``seqlen_k`` (the sequence's valid keys) and each buffer by
     its name (a ``const float*`` for float32, ``const int*`` for int32, ...).
     ``numpy``: the same function in NumPy, called with those names as keywords

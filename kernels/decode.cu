@@ -457,7 +457,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams mp)
 {
-    decode_body<T, HEAD_DIM, ROWS, Mods<FLAGS>>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits, mp);
+    decode_body<T, HEAD_DIM, ROWS, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits, mp);
 }
 
 // ---- decode_mma_attention: fp16 / bf16 on tensor cores -----------------------
@@ -820,7 +820,7 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams mp)
 {
-    decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, Mods<FLAGS>>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
+    decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
                                                                  num_splits, mp);
 }
 
@@ -904,7 +904,7 @@ __global__ void __launch_bounds__(128) decode_combine_mods(
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits, const ModParams mp)
 {
-    decode_combine_body<T, Mods<FLAGS>>(out, lse, seqlens_k, p, part_o, part_lse, num_splits, &mp);
+    decode_combine_body<T, Mods<FLAGS, sizeof(T) == 2>>(out, lse, seqlens_k, p, part_o, part_lse, num_splits, &mp);
 }
 
 // The same with per-sequence addressing ADDR (common.cuh: SEQ_*: varlen, paged

@@ -433,10 +433,10 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // starts also completes.
     const int turns = num_n > 0 ? num_n + 1 : 0;
     // Whether the softmax of S_j runs while P_{j-1} V_{j-1} does (its registers,
-    // O and P, held meanwhile). The score modifiers of the larger tiles need
+    // O and P, held meanwhile). ALiBi, a score_mod and the larger tiles need
     // those registers: there the warpgroup waits for P V first, and the other
     // warpgroup's products still overlap its softmax.
-    constexpr bool OVERLAP_PV = !M::ANY || (!M::SCORES && HEAD_DIM_PAD <= 192);
+    constexpr bool OVERLAP_PV = !M::ANY || (!M::ALIBI && !M::SCORE && HEAD_DIM_PAD <= 192);
     int turn = 0;
     auto take_turn = [&] { pair_sync(TURN_BAR + wg); };
     auto pass_turn = [&] {
@@ -554,6 +554,6 @@ hopper_attention_mods(const T* __restrict__ q, const T* __restrict__ k, const T*
                       float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
                       const ModParams mp, const __grid_constant__ hopper_detail::TensorMap k_map,
                       const __grid_constant__ hopper_detail::TensorMap v_map) {
-    hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, Mods<FLAGS>>(q, k, v, out, lse, seqlens_k,
+    hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k,
                                                                                             p, mp, k_map, v_map);
 }

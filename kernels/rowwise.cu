@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention_mods(
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
     const ModParams mp)
 {
-    rowwise_body<T, DPAD, TEAM, VEC, KEYS, SMEM_BYTES, Mods<FLAGS>>(q, k, v, out, lse, seqlens_k, p, mp);
+    rowwise_body<T, DPAD, TEAM, VEC, KEYS, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k, p, mp);
 }
 
 // The same with per-sequence addressing ADDR (common.cuh: SEQ_*: varlen, paged

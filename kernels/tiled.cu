@@ -422,7 +422,7 @@ tiled_attention_mods(
     const int* __restrict__ seqlens_k,
     const AttnParams p, const ModParams mp)
 {
-    tiled_body<T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, Mods<FLAGS>>(q, k, v, out, lse, seqlens_k,
+    tiled_body<T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k,
                                                                                           p, mp);
 }
 

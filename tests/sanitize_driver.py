@@ -1,7 +1,7 @@
 """Small calls of every kernel family, to run under compute-sanitizer (tests/sanitize.sh).
 
 Every dtype, causal and non-causal, odd head dims and lengths, strided views,
-ragged seqlens_k, lse; each kernel family through the same list
+ragged seqlens_k, lse, the modifiers; each kernel family through the same list
 (``python3 sanitize_driver.py [kernel ...]`` limits the families; "backward" is
 attention_backward's kernels). Checks results too, so a
 sanitizer run that silently computes garbage still fails.
@@ -14,6 +14,7 @@ import cupy
 import cupy_gqa
 from conftest import TOLERANCE, random_qkv, relative_error
 from reference import reference_attention, reference_attention_backward
+from test_modifiers import modifier_kwargs
 
 CASES = [
     # (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim)
@@ -64,12 +65,41 @@ def backward(failures: int, runs: int) -> tuple[int, int]:
     return failures, runs
 
 
+MOD_CASES = [(2, 37, 53, 8, 2, 64), (2, 4, 700, 8, 2, 128), (2, 70, 300, 8, 2, 192)]
+MOD_WINDOWS = {"window": (9, 0), "all": (11, 0), "all_noncausal": (6, 4)}
+
+
+def modifiers(kernel, failures: int, runs: int) -> tuple[int, int]:
+    """The family's modifier kernels (window; softcap, sinks, ALiBi, score_mod, mask_mod and a
+    window together, causal and not) through a prefill, a split decode and a padded head_dim."""
+    for case in MOD_CASES:
+        for dtype in DTYPES:
+            for name in MOD_WINDOWS:
+                q, k, v = random_qkv(*case, dtype, seed=runs)
+                kw = modifier_kwargs(name, case[0], case[3], MOD_WINDOWS)
+                out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+                try:
+                    cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), out=out, return_lse=True, kernel=kernel, **kw)
+                except ValueError as e:
+                    if "does not support" in str(e):
+                        continue
+                    raise
+                runs += 1
+                ref = reference_attention(q, k, v, **kw)[0]
+                err = relative_error(cupy.asnumpy(out), ref)
+                if not err <= TOLERANCE[dtype]:
+                    failures += 1
+                    print(f"FAIL {kernel} {name} {case} {dtype}: error {err:.2e}")
+    return failures, runs
+
+
 def main(kernels) -> int:
     failures = runs = 0
     for kernel in kernels:
         if kernel == "backward":
             failures, runs = backward(failures, runs)
             continue
+        failures, runs = modifiers(kernel, failures, runs)
         for case in CASES:
             for dtype in DTYPES:
                 for causal in (True, False):

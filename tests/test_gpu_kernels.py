@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 if gpu_available():
     import cupy
 
-HEAD_DIMS = [1, 8, 32, 40, 64, 80, 96, 128, 160, 192, 256]
+HEAD_DIMS = [1, 8, 16, 32, 40, 64, 80, 96, 128, 160, 192, 256]
 HEADS = {"MHA": (4, 4), "GQA4": (8, 2), "GQA7": (7, 1), "MQA": (4, 1)}
 LENGTHS = [(1, 1), (113, 203), (1023, 1024), (64, 1), (7, 1000), (257, 57)]
 
@@ -83,12 +83,34 @@ def test_heads_and_lengths(kernel, dtype, heads, seqlen_q, seqlen_k, causal):
 
 @pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_mixed_layouts_as_transformers_passes_them(kernel, dtype, head_dim):
+    """layout="bhsd" with q and k contiguous in that order (they come out of the
+    rotary embedding) and v a transposed view of (batch, seq, heads, dim) storage,
+    as a transformers model's attention layer passes them."""
+    rng = np.random.default_rng(11)
+    batch, seqlen, hq, hkv = 2, 40, 4, 2
+    q = cupy.asarray(rng.standard_normal((batch, hq, seqlen, head_dim)).astype(NP_DTYPES[dtype]))
+    k = cupy.asarray(rng.standard_normal((batch, hkv, seqlen, head_dim)).astype(NP_DTYPES[dtype]))
+    v = cupy.asarray(rng.standard_normal((batch, seqlen, hkv, head_dim)).astype(NP_DTYPES[dtype])).transpose(0, 2, 1, 3)
+    if not expected_to_run(kernel, dtype, head_dim, seqlen_q=seqlen):
+        return
+    out = cupy_gqa.attention(q, k, v, layout="bhsd", kernel=kernel, softmax_scale=head_dim**-0.5)
+    host = [cupy.asnumpy(x).transpose(0, 2, 1, 3) for x in (q, k, v)]
+    ref = reference_attention(*host, softmax_scale=head_dim**-0.5)[0]
+    assert_close(cupy.asnumpy(out).transpose(0, 2, 1, 3), ref, TOLERANCE[dtype], f"{kernel} mixed layouts")
+
+
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("layout", ["packed_qkv", "bhsd_transposed", "strided_head_dim"])
-def test_strided_layouts(kernel, dtype, layout):
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_strided_layouts(kernel, dtype, layout, head_dim):
     """Views that must work without a copy: slices of a packed QKV tensor, a
-    (batch, heads, seq, dim) tensor seen through a transpose, a strided last axis."""
+    (batch, heads, seq, dim) tensor seen through a transpose, a strided last axis
+    (head_dim 16: narrower than hopper's padded tile)."""
     rng = np.random.default_rng(7)
-    num_q_heads, num_kv_heads, head_dim = 8, 2, 64
+    num_q_heads, num_kv_heads = 8, 2
     if layout == "packed_qkv":
         qkv = rng.standard_normal((2, 77, num_q_heads + 2 * num_kv_heads, head_dim)).astype(NP_DTYPES[dtype])
         packed = cupy.asarray(qkv)

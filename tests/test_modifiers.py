@@ -15,10 +15,11 @@ from reference import reference_attention
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
 
 
-def softcap_mod(cap=30.0):
-    """A user score_mod that is the built-in softcap."""
+def softcap_mod(cap=30.0, half=False):
+    """A user score_mod that is the built-in softcap (``half``: as the kernels for fp16 and
+    bf16 inputs compute it, with the hardware tanh)."""
     return cupy_gqa.ScoreMod(
-        cuda="return cap[0] * tanh(score / cap[0]);",
+        cuda="return cap[0] * fast_tanh(score * (1.0f / cap[0]));" if half else "return cap[0] * tanh(score / cap[0]);",
         numpy=lambda score, cap, **_: cap[0] * np.tanh(score / cap[0]),
         buffers={"cap": np.float32([cap])},
     )
