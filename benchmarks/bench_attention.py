@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import json
 import math
 import os
@@ -100,7 +101,8 @@ SWEEP_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 QUICK_SWEEP_SEQLENS = (1024, 4096, 16384)
 SWEEP_IMPLS = ("cupy_gqa[auto]", "torch_flash", "torch_cudnn")
 
-ANCHORS = ("torch_auto", "torch_flash", "torch_cudnn", "torch_math", "torch_efficient_expanded", "naive_loop", "seed_kernel")
+ANCHORS = ("torch_auto", "torch_flash", "torch_cudnn", "torch_math", "torch_efficient_expanded", "torch_varlen", "naive_loop",
+           "seed_kernel")
 ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -141,6 +143,11 @@ class Case:
         s = f"S{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"Sq{self.seqlen_q} Sk{self.seqlen_k}"
         mask = "causal" if self.causal else "non-causal"
         kind = self.kind
+        if kind == "paged":
+            kind = f"paged decode, pages of {PAGE_SIZES[self.name]} shuffled"
+        if kind == "varlen":
+            s = f"varlen {self.batch} sequences of {VARLEN_MIN} to {VARLEN_MAX} tokens (seed {VARLEN_SEED})"
+            return f"{s} Hq{self.num_q_heads} Hkv{self.num_kv_heads} D{self.head_dim} {self.dtype} {mask} prefill"
         if kind == "call":
             kind = f"per-call ({'decode' if self.seqlen_q == 1 else 'prefill'})"
         return f"B{self.batch} {s} Hq{self.num_q_heads} Hkv{self.num_kv_heads} D{self.head_dim} {self.dtype} {mask} {kind}"
@@ -173,7 +180,24 @@ CASES: tuple[Case, ...] = (
     _prefill("L1", 2, 80, 32, "bf16", num_q_heads=8, num_kv_heads=2, kind="call"),  # S0h's shape
     Case("L2", 1, 1, 4096, 32, 8, 128, "bf16", True, "call"),  # one sequence's decode step
     Case("L3", 8, 1, 1024, 32, 8, 128, "bf16", True, "call"),
+    # a paged KV cache (D1's shape, pages shuffled in the pool; GB/s as for D1) and a varlen prefill
+    Case("P1", 16, 1, 8192, 32, 8, 128, "bf16", True, "paged"),
+    Case("P2", 16, 1, 8192, 32, 8, 128, "bf16", True, "paged"),
+    Case("P3", 16, 1, 8192, 32, 8, 128, "bf16", True, "paged"),
+    Case("V1", 16, 4096, 4096, 32, 8, 128, "bf16", True, "varlen"),
 )
+PAGE_SIZES = {"P1": 16, "P2": 64, "P3": 256}  # tokens per page of the paged cases
+VARLEN_SEED, VARLEN_MIN, VARLEN_MAX = 0, 128, 4096  # V1's lengths: uniform in [128, 4096], this seed
+
+
+def varlen_lengths(case: Case) -> list[int]:
+    """The sequence lengths of a varlen case (fixed seed; seqlen_q is their bound)."""
+    import random
+
+    rng = random.Random(VARLEN_SEED)
+    return [rng.randint(VARLEN_MIN, min(VARLEN_MAX, case.seqlen_q)) for _ in range(case.batch)]
+
+
 CASE_BY_NAME = {c.name.lower(): c for c in CASES}
 
 
@@ -1008,6 +1032,8 @@ def run_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row],
         return run_backward_case(torch, cupy_gqa, timer, case, log)
     if case.kind == "call":
         return run_call_case(torch, cupy_gqa, timer, case, log)
+    if case.kind in ("paged", "varlen"):
+        return run_seq_case(torch, cupy_gqa, timer, case, log)
     q, k, v = make_inputs(torch, case)
     scope, index = reference_scope(case)
     ref = reference(torch, case, q, k, v, index)
@@ -1035,6 +1061,103 @@ def run_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row],
     return rows, skipped, failed
 
 
+def run_seq_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row], list[dict], bool]:
+    """A paged decode case (P*: D1's cache cut into pages of PAGE_SIZES[name] tokens,
+    shuffled in the pool; against cupy_gqa's contiguous D1 call of the same data,
+    rel_err relative to it) or a varlen prefill (V1: against torch's varlen_attn,
+    torch.nn.attention.varlen, where torch has it, else torch_cudnn on the batch
+    padded to the longest sequence; rel_err relative to that anchor's output)."""
+    rows, skipped, failed = [], [], False
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    randn = lambda *shape: torch.randn(shape, dtype=dtype, device=DEVICE, generator=gen)  # noqa: E731
+    impls = []
+    if case.kind == "paged":
+        page = PAGE_SIZES[case.name]
+        per_seq = case.seqlen_k // page
+        q = randn(case.batch, 1, case.num_q_heads, case.head_dim)
+        k_pool = randn(case.batch * per_seq, page, case.num_kv_heads, case.head_dim)
+        v_pool = randn(case.batch * per_seq, page, case.num_kv_heads, case.head_dim)
+        order = torch.randperm(case.batch * per_seq, generator=torch.Generator().manual_seed(0))
+        table = order.reshape(case.batch, per_seq).to(device=DEVICE, dtype=torch.int32)
+        lens = torch.full((case.batch,), case.seqlen_k, dtype=torch.int32, device=DEVICE)
+        k_flat = k_pool[table.long()].reshape(case.batch, case.seqlen_k, case.num_kv_heads, case.head_dim)
+        v_flat = v_pool[table.long()].reshape(case.batch, case.seqlen_k, case.num_kv_heads, case.head_dim)
+        ref = cupy_gqa.attention(q, k_flat, v_flat).float()
+        impls.append(("cupy_gqa[auto]", lambda: cupy_gqa.attention(q, k_pool, v_pool, block_table=table, seqlens_k=lens)))
+        impls.append(("cupy_gqa[contiguous]", lambda: cupy_gqa.attention(q, k_flat, v_flat)))
+        scope, flops, nbytes = "cupy_gqa contiguous", attention_flops(case), kv_bytes(case)
+    else:
+        lengths = varlen_lengths(case)
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=DEVICE)
+        total, longest = int(sum(lengths)), max(lengths)
+        q = randn(total, case.num_q_heads, case.head_dim)
+        k = randn(total, case.num_kv_heads, case.head_dim)
+        v = randn(total, case.num_kv_heads, case.head_dim)
+        impls.append(("cupy_gqa[auto]", lambda: cupy_gqa.attention_varlen(q, k, v, cu, cu, longest, longest)))
+        # the anchor: torch's varlen attention where this torch has it (causal and GQA as its
+        # signature spells them), else torch_cudnn on the padded batch; the first that runs
+        anchors = []
+        try:
+            import inspect
+
+            from torch.nn.attention.varlen import varlen_attn
+
+            params = inspect.signature(varlen_attn).parameters
+            kw = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+            if "enable_gqa" in params:
+                kw["enable_gqa"] = True
+                kx, vx = k, v
+            else:  # the keys expanded to the query heads
+                g = case.num_q_heads // case.num_kv_heads
+                kx, vx = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+            anchors.append(("torch_varlen", lambda: varlen_attn(q, kx, vx, cu, cu, longest, longest, **kw), "torch_varlen"))
+        except ImportError:
+            pass
+        pad = lambda x: torch.nn.utils.rnn.pad_sequence(list(x.split(lengths)), batch_first=True).transpose(1, 2)  # noqa: E731
+        qp, kp, vp = pad(q), pad(k), pad(v)
+
+        def cudnn():
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
+
+        anchors.append(("torch_cudnn", cudnn, "torch_cudnn (padded batch)"))
+        ref, scope = None, "none (no torch anchor ran)"
+        for name, fn, anchor_scope in anchors:
+            try:
+                out = fn()
+            except Exception as e:
+                skipped.append({"case": case.name, "impl": name, "reason": _short(e)})
+                log(f"  {case.name:4} {name:26} not run: {_short(e)}")
+                continue
+            ref = out.float() if out.dim() == 3 else torch.cat([o[:, :n].transpose(0, 1) for o, n in zip(out, lengths)]).float()
+            impls.append((name, fn))
+            scope = anchor_scope
+            break
+        flops = sum(4 * case.head_dim * visible_pairs(n, n, True) * case.num_q_heads for n in lengths)
+        nbytes = 2 * total * case.num_kv_heads * case.head_dim * case.itemsize
+    for name, fn in impls:
+        try:
+            compile_start = time.perf_counter()
+            out = fn()
+            torch.cuda.synchronize()
+            first = time.perf_counter() - compile_start
+            t = timer(fn)
+        except Exception as e:
+            failed |= _not_run(case, name, e, skipped, log)
+            continue
+        if out.dim() == 4 and case.kind == "varlen":
+            out = torch.cat([o[:, :n].transpose(0, 1) for o, n in zip(out, lengths)])
+        err = None if ref is None else float((out.float() - ref).norm() / ref.norm())
+        row = Row(case.name, name, ms=t.ms, reps=t.reps, rel_err=err, ref_scope=scope, compile_s=first)
+        row.tflops = flops / (t.ms * 1e-3) / 1e12
+        row.gbps = nbytes / (t.ms * 1e-3) / 1e9
+        rows.append(row)
+        log("  " + _progress(row))
+    torch.cuda.empty_cache()
+    return rows, skipped, failed
+
+
 def _progress(r: Row) -> str:
     if r.peak_extra_mib is not None and r.ms is None:
         return f"{r.case:4} {r.impl:26} peak extra {r.peak_extra_mib:9.1f} MiB   rel_err {r.rel_err:.1e}"
@@ -1043,7 +1166,8 @@ def _progress(r: Row) -> str:
         extra += f"  peak extra {r.peak_extra_mib:.1f} MiB"
     if r.host_us is not None:
         extra += f"  host {r.host_us:.1f} us"
-    return f"{r.case:4} {r.impl:26} {r.ms:9.4f} ms x{r.reps:<3} {r.tflops:7.1f} TF/s {r.gbps:8.1f} GB/s  rel_err {r.rel_err:.1e}{extra}"
+    err = "n/a" if r.rel_err is None else f"{r.rel_err:.1e}"
+    return f"{r.case:4} {r.impl:26} {r.ms:9.4f} ms x{r.reps:<3} {r.tflops:7.1f} TF/s {r.gbps:8.1f} GB/s  rel_err {err}{extra}"
 
 
 def run_sweep(torch, cupy_gqa, timer: Timer, seqlens, log) -> list[dict]:

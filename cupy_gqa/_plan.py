@@ -33,6 +33,7 @@ class Problem:
     softmax_scale: float
     precision: str = "highest"  # float32 only ("highest" or "tf32"); "highest" for other dtypes
     mods: object = None  # _mods.Modifiers of a call with modifiers, else None
+    seq: object = None  # _seq.SeqLayout of a varlen, paged or left-padded call, else None
 
     @property
     def group_size(self) -> int:
@@ -45,10 +46,16 @@ class Problem:
         return cls(batch, seqlen_q, k.shape[1], num_q_heads, k.shape[2], head_dim, dtype, causal, softmax_scale, precision, mods)
 
     def spec(self, spec: _specs.Spec) -> _specs.Spec:
-        """``spec``, or its instantiation with this call's modifiers."""
+        """``spec``, or its instantiation with this call's modifiers or per-sequence addressing."""
+        if self.seq is not None:
+            return _specs.with_seq(spec, self.seq.flags)
         if self.mods is None:
             return spec
         return _specs.with_mods(spec, self.mods.flags, self.mods.user_code())
+
+    def seq_args(self) -> tuple:
+        """The SeqParams argument of the *_seq kernels (none without per-sequence addressing)."""
+        return () if self.seq is None else (self.seq.params(),)
 
     def mod_args(self, spec: _specs.Spec, device: int) -> tuple:
         """The ModParams argument of kernel ``spec`` on ``device`` (none without modifiers)."""
@@ -91,6 +98,9 @@ def make_params(problem: Problem, layout: tuple, total_threads: int = 0) -> np.n
     params["scale_log2"] = problem.softmax_scale * math.log2(math.e)
     for field in ("batch", "seqlen_q", "seqlen_k", "num_q_heads", "num_kv_heads", "group_size", "head_dim", "causal"):
         params[field] = getattr(problem, field)
+    if problem.seq is not None and problem.seq.varlen:  # packed rows: sequence b is found by cu_seqlens, not axis 0
+        for field in ("q_stride", "k_stride", "v_stride", "o_stride"):
+            params[field][0, 0] = 0
     return params
 
 
@@ -144,7 +154,8 @@ class Launch(_PackedPerDevice):
     def _pack(self, device: int) -> PackedLaunch:
         kernel = get_kernel(self.spec)
         mods = self.problem.mod_args(self.spec, device) if self.problem is not None else ()
-        args = ("q", "k", "v", "out", "lse", "seqlens_k", self.params.tobytes(), *mods, *self.extra_args)
+        seq = self.problem.seq_args() if self.problem is not None else ()
+        args = ("q", "k", "v", "out", "lse", "seqlens_k", self.params.tobytes(), *mods, *seq, *self.extra_args)
         return PackedLaunch([(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], device, keep=(kernel,))
 
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0) -> None:
@@ -224,6 +235,8 @@ def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
         return f"dtype {problem.dtype} (it takes {', '.join(_specs.TILED_DTYPES + ('float32',))})"
     if problem.head_dim not in head_dims:
         return f"head_dim {problem.head_dim} (it takes {', '.join(map(str, head_dims))} in {problem.dtype})"
+    if problem.seq is not None and problem.dtype == "float32" and problem.head_dim not in _specs.TILED_F32_SEQ_HEAD_DIMS:
+        return f"head_dim {problem.head_dim} in float32 with {problem.seq.describe()} (it takes {', '.join(map(str, _specs.TILED_F32_SEQ_HEAD_DIMS))})"
     issue = _scale_issue(problem)
     if issue is None:
         arch = device_arch(q.device.id)
@@ -299,6 +312,8 @@ def _scale_issue(problem: Problem) -> str | None:
 
 def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
     """Why kernels/hopper.cu cannot run this call, or None if it can."""
+    if problem.seq is not None:
+        return f"{problem.seq.describe()} (per-sequence addressing), which it does not take yet"
     if problem.dtype not in _specs.HOPPER_DTYPES:
         return f"dtype {problem.dtype} (it takes {', '.join(_specs.HOPPER_DTYPES)})"
     if problem.head_dim % 8:
@@ -578,12 +593,13 @@ class DecodeLaunch(_PackedPerDevice):
         params, ns = self.params.tobytes(), np.int32(self.num_splits).tobytes()
         kernel = get_kernel(self.spec)
         mods = self.problem.mod_args(self.spec, device) if self.problem is not None else ()
-        args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods)
+        seq = self.problem.seq_args() if self.problem is not None else ()
+        args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods, *seq)
         kernels, keep = [(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], [kernel]
         if self.num_splits > 1:
             combine = get_kernel(self.combine)
             mods = self.problem.mod_args(self.combine, device) if self.problem is not None else ()
-            args = ("out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods)
+            args = ("out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods, *seq)
             kernels.append((combine.kernel.ptr, self.combine_grid[0], self.combine.threads, self.combine.smem, args))
             keep.append(combine)
         return PackedLaunch(kernels, device, keep=keep, part_lse_offset=self.part_lse_offset)

@@ -108,6 +108,45 @@ def with_mods(spec: Spec, flags: int, user_code: str = "") -> Spec:
     return replace(spec, name=f"{kernel}_mods<{args[:-1]}, {flags}>", mods=flags, user_code=user_code)
 
 
+SEQ_FAMILIES = ("rowwise", "tiled", "decode")  # the kernel families with per-sequence addressing (hopper: not yet)
+# The float32 tiled kernel's head dims with per-sequence addressing: at 256 its
+# registers spill (the calls run rowwise).
+TILED_F32_SEQ_HEAD_DIMS = (32, 64, 96, 128)
+SEQ_ADDRS = (1, 2, 4, 6)  # the SEQ_* sums the API makes (_seq.py): varlen; paged; left padding; paged and left padding
+
+
+def with_seq(spec: Spec, addr: int) -> Spec:
+    """The instantiation of ``spec``'s kernel with the per-sequence addressing
+    ``addr`` (kernels/common.cuh: SEQ_*; kernels/*.cu: ``<name>_seq<..., ADDR>``),
+    or ``spec`` itself for 0."""
+    if not addr:
+        return spec
+    assert spec.family in SEQ_FAMILIES and not spec.mods, (spec.family, spec.mods)
+    kernel, args = spec.name.split("<", 1)
+    if spec.source == "tiled.cu" and spec.head_dim >= 96 and spec.block_m // (spec.threads // 32) > 16:
+        # the addressing's registers don't fit beside 32 rows per warp: 16 (twice the warps, same tile), as with_mods
+        warps = spec.block_m // 16
+        parts = args[:-1].split(", ")
+        parts[4] = str(warps)  # T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES
+        args, spec = ", ".join(parts) + ">", replace(spec, threads=warps * 32)
+    return replace(spec, name=f"{kernel}_seq<{args[:-1]}, {addr}>")
+
+
+def seq_check_specs(arch: "Arch") -> tuple:
+    """Every per-sequence instantiation of ``arch``'s table, for the compile
+    checks (registers, spills; tests/test_compile.py, ``python -m cupy_gqa compile --seq``)."""
+    picked: dict[str, Spec] = {}
+    for spec in specs_for(arch):
+        if spec.source == "tiled_tf32.cu" and spec.head_dim not in TILED_F32_SEQ_HEAD_DIMS:
+            continue
+        if spec.family in SEQ_FAMILIES:
+            for addr in SEQ_ADDRS:
+                s = with_seq(spec, addr)
+                if s is not spec:
+                    picked.setdefault(s.name, s)
+    return tuple(picked.values())
+
+
 # Instantiations with every built-in modifier (FLAGS 15), one per kernel file, for
 # the compile checks (registers, spills; tests/test_compile.py).
 def mods_check_specs(arch: "Arch") -> tuple:

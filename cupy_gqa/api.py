@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from . import _fast, _interop, _mods, _plan
+from . import _fast, _interop, _mods, _plan, _seq
 from ._specs import DTYPES, MAX_HEAD_DIM, PRECISIONS
 from .cpu import attention_backward_cpu, attention_cpu
 
@@ -43,6 +43,8 @@ def attention(
     alibi_slopes=None,
     score_mod=None,
     mask_mod=None,
+    block_table=None,
+    cache_leftpad=None,
 ):
     """Causal grouped-query attention: ``softmax(scale * q k^T + mask) v`` per query head.
 
@@ -181,6 +183,25 @@ def attention(
         full path every call (no repeat-call entry). The backward pass takes
         none yet: a torch call that needs autograd, or one inside
         ``torch.compile``, raises ValueError when a modifier is given.
+    block_table : (batch, max_pages_per_seq) integer array, optional
+        A paged KV cache (FlashAttention's ``block_table``): k and v are then
+        ``(num_pages, page_size, num_kv_heads, head_dim)`` pools of pages
+        (``(num_pages, num_kv_heads, page_size, head_dim)`` with
+        ``layout="bhsd"``), page_size a multiple of 16, and key ``j`` of
+        sequence ``b`` is row ``j % page_size`` of page ``block_table[b, j //
+        page_size]``. seqlens_k is required: sequence b has keys ``[0,
+        seqlens_k[b])`` (at most ``max_pages_per_seq * page_size``). Works for
+        decode and for chunked prefill (several new queries per sequence,
+        bottom-right causal as above). Pages may be shared and in any order.
+    cache_leftpad : (batch,) integer array, optional
+        Left padding (FlashAttention's ``cache_leftpad``): the keys of sequence
+        ``b`` are ``[cache_leftpad[b], seqlens_k[b])`` (seqlens_k default:
+        seqlen_k), and the causal diagonal stays at the end: query ``t`` sees
+        keys ``cache_leftpad[b] <= j <= t + seqlens_k[b] - seqlen_q``. A
+        left-padded batch (transformers' layout for batched generation) runs
+        as it is. block_table and cache_leftpad take no modifiers; see
+        README.md "Variable length, paged KV cache, left padding" for their
+        rules (CUDA int32 arrays are read in place, host ones checked).
 
     Returns
     -------
@@ -213,6 +234,14 @@ def attention(
     quadratic. lse is returned as a non-differentiable tensor; ``out`` must be
     None then.
     """
+    if block_table is not None or cache_leftpad is not None:
+        _seq_no_modifiers("block_table and cache_leftpad", window=window, softcap=softcap, sinks=sinks,
+                          alibi_slopes=alibi_slopes, score_mod=score_mod, mask_mod=mask_mod)  # fmt: skip
+        return _attention_seq(
+            q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out, kernel=kernel,
+            precision=precision, layout=layout, workspace=workspace, seqlens_k=seqlens_k, block_table=block_table,
+            cache_leftpad=cache_leftpad,
+        )  # fmt: skip
     if out is None and _torch_op_call(q, k, v):
         _torch_op_modifiers(q, k, v, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
                             score_mod=score_mod, mask_mod=mask_mod)  # fmt: skip
@@ -280,6 +309,288 @@ def _torch_op_modifiers(q, k, v, **modifiers) -> None:
     value = modifiers[given[0]]
     shown = repr(value) if isinstance(value, (numbers.Real, tuple, list)) else f"a {type(value).__name__}"
     raise ValueError(f"{given[0]}: expected None when {why}, got {shown}; {hint}")
+
+
+def attention_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    causal=True,
+    softmax_scale=None,
+    return_lse=False,
+    out=None,
+    kernel="auto",
+    precision="highest",
+    workspace=None,
+):
+    """Attention over a batch of sequences of different lengths, packed without
+    padding (FlashAttention's ``flash_attn_varlen_func`` convention).
+
+    Parameters
+    ----------
+    q : (total_q, num_q_heads, head_dim)
+    k, v : (total_k, num_kv_heads, head_dim)
+        The queries (keys, values) of every sequence, one after the other:
+        sequence ``b`` has rows ``[cu_seqlens_q[b], cu_seqlens_q[b + 1])`` of q
+        and ``[cu_seqlens_k[b], cu_seqlens_k[b + 1])`` of k and v. Frameworks,
+        dtypes, head dims and strides as for :func:`attention`.
+    cu_seqlens_q, cu_seqlens_k : (batch + 1,) integer arrays
+        Non-decreasing offsets from 0 (``cu[b + 1] - cu[b]`` is sequence b's
+        length; ``cu[-1]`` at most total_q, total_k). A CUDA array (int32,
+        unit stride, on q's device) is read in place by the kernels and not
+        checked on the host; a sequence whose offsets are out of range (a
+        length below 0 or above max_seqlen_*, an end past total_*) gives NaN
+        rows, or none where its query rows are out of range. A host array
+        (list, NumPy, CPU torch; any integer dtype) is checked on the host
+        and copied to the device at each call.
+    max_seqlen_q, max_seqlen_k : int
+        Host integers bounding every sequence's length (the launch is sized by
+        them, so nothing waits for the device).
+    causal : bool, default True
+        Bottom-right per sequence: query ``t`` of sequence ``b`` sees keys
+        ``j <= t + len_k(b) - len_q(b)``; a row that sees no key gives 0 and
+        lse -inf, as in :func:`attention`.
+    return_lse : bool
+        Also return lse, float32 ``(num_q_heads, total_q)`` (FlashAttention's
+        varlen layout): ``lse[h, cu_seqlens_q[b] + t]``.
+    softmax_scale, out, kernel, precision, workspace
+        As for :func:`attention` (out like q; ``kernel="hopper"`` refuses
+        these calls, "auto" runs decode, tiled or rowwise).
+
+    Returns
+    -------
+    out : like q (or ``(out, lse)`` with ``return_lse``).
+
+    Every index array is read in place when it is a CUDA int32 array, so the
+    call can be captured into a CUDA graph and replayed after the lengths
+    change (within max_seqlen_*, which the graph keeps). Modifiers and the
+    backward pass take no varlen calls yet.
+    """
+    return _attention_seq(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out, kernel=kernel,
+        precision=precision, layout="bshd", workspace=workspace,
+        varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+    )  # fmt: skip
+
+
+def _seq_no_modifiers(what: str, **modifiers) -> None:
+    given = [name for name, value in modifiers.items() if value is not None]
+    if given:
+        raise ValueError(f"{given[0]}: expected None with {what} (they take no modifiers yet), got {modifiers[given[0]]!r}")
+
+
+def _check_heads(q_shape, k_shape, v_shape, q_axes: str, kv_axes: str, heads: int, dims: int) -> None:
+    """num_q_heads, num_kv_heads and head_dim of per-sequence calls' q and k / v."""
+    if tuple(v_shape) != tuple(k_shape):
+        raise ValueError(f"v: expected shape {tuple(k_shape)} (that of k), got {tuple(v_shape)}")
+    if k_shape[dims] != q_shape[dims]:
+        raise ValueError(f"k: expected shape {kv_axes} with head_dim={q_shape[dims]} from q, got {tuple(k_shape)}")
+    head_dim, num_q_heads, num_kv_heads = q_shape[dims], q_shape[heads], k_shape[heads]
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"q: expected head_dim in [1, {MAX_HEAD_DIM}], got {head_dim}")
+    if num_kv_heads < 1 or num_q_heads < 1 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"k: expected num_kv_heads >= 1 dividing num_q_heads={num_q_heads}, got num_kv_heads={num_kv_heads}"
+        )
+
+
+def _check_dtypes(q, k, v) -> str:
+    dtype = _interop.dtype_name(q)
+    if dtype not in DTYPES:
+        raise TypeError(f"q: expected dtype in {DTYPES}, got {dtype}")
+    for name, x in (("k", k), ("v", v)):
+        if _interop.dtype_name(x) != dtype:
+            raise TypeError(f"{name}: expected dtype {dtype} (that of q), got {_interop.dtype_name(x)}")
+    return dtype
+
+
+def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, layout, workspace,
+                   varlen=None, seqlens_k=None, block_table=None, cache_leftpad=None, plan_only=False):  # fmt: skip
+    """The per-sequence calls (_seq): attention_varlen (``varlen``: the cu_seqlens
+    and max_seqlen arguments) and attention with block_table or cache_leftpad.
+    Every call takes this full path (no repeat-call entry: the plan holds the
+    index arrays' addresses)."""
+    if kernel not in _KERNEL_CHOICES:
+        raise ValueError(f"kernel: expected one of {_KERNEL_CHOICES}, got {kernel!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    for name, flag in (("causal", causal), ("return_lse", return_lse)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__} {flag!r}")
+    if _torch_op_call(q, k, v):
+        what = "attention_varlen" if varlen is not None else "block_table and cache_leftpad"
+        raise ValueError(
+            f"q: expected tensors that don't require grad (and a call outside torch.compile) with {what}, "
+            f"which the backward pass and the custom op take no calls of yet; call it under torch.no_grad()"
+        )
+    named = {"q": q, "k": k, "v": v}
+    if out is not None:
+        named["out"] = out
+    if workspace is not None:
+        named["workspace"] = workspace
+    frame = _interop.frame_of(named)
+    bhsd = layout == "bhsd"
+    flags = 0
+    if varlen is not None:
+        cu_q, cu_k, max_q, max_k = varlen
+        flags |= _seq.SEQ_VARLEN
+        for name, x, axes in (("q", q, "(total_q, num_q_heads, head_dim)"), ("k", k, "(total_k, num_kv_heads, head_dim)"),
+                              ("v", v, "(total_k, num_kv_heads, head_dim)")):  # fmt: skip
+            if len(x.shape) != 3:
+                raise ValueError(f"{name}: expected 3 dimensions {axes}, got shape {tuple(x.shape)}")
+        dtype = _check_dtypes(q, k, v)
+        _check_heads(q.shape, k.shape, v.shape, "(total_q, num_q_heads, head_dim)", "(total_k, num_kv_heads, head_dim)", 1, 2)
+        total_q, num_q_heads, head_dim = q.shape
+        total_k = k.shape[0]
+        max_q = _seq.check_max_seqlen("max_seqlen_q", max_q)
+        max_k = _seq.check_max_seqlen("max_seqlen_k", max_k)
+        n = _len_of(cu_q)
+        if n < 1:
+            shape = np.shape(cu_q) if isinstance(cu_q, (list, tuple)) else getattr(cu_q, "shape", None)
+            if shape is not None:
+                raise ValueError(f"cu_seqlens_q: expected shape (batch + 1,) with batch >= 0, got {tuple(shape)}")
+        cu_q_c = _seq.check_index_array("cu_seqlens_q", cu_q, frame, (n,), "(batch + 1,)")
+        batch = n - 1
+        cu_k_c = _seq.check_index_array("cu_seqlens_k", cu_k, frame, (batch + 1,), "(batch + 1, that of cu_seqlens_q)")
+        if cu_q_c[0] == "host":
+            _seq.check_cu_seqlens("cu_seqlens_q", cu_q_c[1], total_q, max_q, "total_q", "max_seqlen_q")
+        if cu_k_c[0] == "host":
+            _seq.check_cu_seqlens("cu_seqlens_k", cu_k_c[1], total_k, max_k, "total_k", "max_seqlen_k")
+        seqlen_q, seqlen_k = max_q, max_k
+        lse_shape = (num_q_heads, total_q)
+        lens = leftpad = table = None
+    else:
+        q_axes, kv_axes = _AXES[layout]
+        table = None
+        if block_table is None:
+            dtype = _check_shapes_and_dtypes(q, k, v, bhsd)
+        else:
+            flags |= _seq.SEQ_PAGED
+            kv_axes = "(num_pages, num_kv_heads, page_size, head_dim)" if bhsd else "(num_pages, page_size, num_kv_heads, head_dim)"
+            for name, x, axes in (("q", q, q_axes), ("k", k, kv_axes), ("v", v, kv_axes)):
+                if len(x.shape) != 4:
+                    raise ValueError(f"{name}: expected 4 dimensions {axes}, got shape {tuple(x.shape)}")
+            dtype = _check_dtypes(q, k, v)
+            _check_heads(q.shape, k.shape, v.shape, q_axes, kv_axes, 1 if bhsd else 2, 3)
+        batch, seqlen_q, num_q_heads, head_dim = (q.shape[0], q.shape[2], q.shape[1], q.shape[3]) if bhsd else tuple(q.shape)
+        seqlen_k = k.shape[2 if bhsd else 1]
+        if block_table is not None:
+            num_pages, page_size = k.shape[0], seqlen_k
+            if page_size % _seq.PAGE_MULTIPLE or page_size == 0:
+                raise ValueError(
+                    f"k: expected a page_size (axis {2 if bhsd else 1} of {kv_axes}) that is a positive multiple of "
+                    f"{_seq.PAGE_MULTIPLE}, got {page_size}"
+                )
+            if len(getattr(block_table, "shape", np.shape(block_table))) != 2:
+                raise ValueError(
+                    f"block_table: expected shape (batch, max_pages_per_seq) with batch={batch}, "
+                    f"got {tuple(np.shape(block_table) if isinstance(block_table, (list, tuple)) else block_table.shape)}"
+                )
+            max_pages = int((np.shape(block_table) if isinstance(block_table, (list, tuple)) else block_table.shape)[1])
+            table = _seq.check_index_array("block_table", block_table, frame, (batch, max_pages), "(batch, max_pages_per_seq)")
+            if table[0] == "host" and table[1].size:
+                bad = np.argwhere((table[1] < 0) | (table[1] >= num_pages))
+                if bad.size:
+                    i, j = (int(x) for x in bad[0])
+                    raise ValueError(
+                        f"block_table: expected page indices in [0, {num_pages}) (num_pages), got {table[1][i, j]} at [{i}, {j}]"
+                    )
+            seqlen_k = max_pages * page_size  # the most keys a sequence can have
+            if seqlens_k is None:
+                raise ValueError("seqlens_k: expected each sequence's number of keys with block_table, got None")
+        lens = _check_seqlens_k(seqlens_k, frame, batch, seqlen_k)
+        leftpad = None
+        if cache_leftpad is not None:
+            flags |= _seq.SEQ_LEFTPAD
+            leftpad = _seq.check_index_array("cache_leftpad", cache_leftpad, frame, (batch,), "(the batch of q)")
+            if leftpad[0] == "host":
+                ends = lens[1] if lens is not None and lens[0] == "host" else np.full(batch, seqlen_k)
+                bad = np.flatnonzero((leftpad[1] < 0) | (leftpad[1] > ends))
+                if bad.size:
+                    i = int(bad[0])
+                    raise ValueError(
+                        f"cache_leftpad: expected values in [0, seqlens_k[b]] (0 to the sequence's end, {ends[i]}), "
+                        f"got {leftpad[1][i]} at batch {i}"
+                    )
+        lse_shape = (batch, num_q_heads, seqlen_q)
+        cu_q_c = cu_k_c = None
+    softmax_scale = _check_scale(softmax_scale, head_dim)
+    if kernel != "auto" and not frame.on_gpu:
+        raise ValueError(f"kernel: {kernel!r} runs on CUDA arrays; CPU inputs use the NumPy backend, kernel='auto'")
+
+    with _interop.running_on(frame):
+        qb, kb, vb = (_interop.to_backend(x, frame) for x in (q, k, v))
+        for name, a in (("q", qb), ("k", kb), ("v", vb)):
+            _check_strides(name, a)
+        wsb = None
+        if workspace is not None and frame.on_gpu:
+            wsb = _check_workspace(workspace, frame)
+        if out is None:
+            out, outb = _interop.empty(tuple(q.shape), q, frame)
+        else:
+            outb = _interop.to_backend(out, frame)
+            _check_out(out, outb, tuple(q.shape), qb, kb, vb, dtype)
+        if bhsd:
+            qb, kb, vb, outb = (a.transpose(_BHSD_TO_BSHD) for a in (qb, kb, vb, outb))
+        if varlen is not None:  # (1, total, heads, head_dim) views: the kernels' axis 0 has stride 0 (_plan.make_params)
+            qb, kb, vb, outb = (a[None] for a in (qb, kb, vb, outb))
+        lse = lseb = None
+        if return_lse and not plan_only:
+            lse, lseb = _interop.empty(lse_shape, q, frame, float32=True)
+        cu_qb = _seq.index_backend("cu_seqlens_q", cu_q_c, frame)
+        cu_kb = _seq.index_backend("cu_seqlens_k", cu_k_c, frame)
+        tableb = _seq.index_backend("block_table", table, frame)
+        leftb = _seq.index_backend("cache_leftpad", leftpad, frame)
+        lensb = _seqlens_k_backend(lens, frame)
+        addr = (lambda a: 0 if a is None else a.data.ptr) if frame.on_gpu else (lambda a: 0)  # noqa: E731
+        seq = _seq.SeqLayout(
+            flags=flags, page_size=kb.shape[1] if flags & _seq.SEQ_PAGED else 0,
+            block_table_stride=0 if tableb is None else tableb.strides[0] // tableb.itemsize,
+            total_q=qb.shape[1] if varlen is not None else 0, total_k=kb.shape[1] if varlen is not None else 0,
+            cu_seqlens_q=addr(cu_qb), cu_seqlens_k=addr(cu_kb), block_table=addr(tableb), leftpad=addr(leftb),
+        )  # fmt: skip
+        problem = _plan.Problem(batch, seqlen_q, seqlen_k, num_q_heads, kb.shape[2], head_dim, dtype, bool(causal),
+                                softmax_scale, precision if dtype == "float32" else "highest", None, seq)  # fmt: skip
+        empty = outb.size == 0 or batch == 0
+        if plan_only:
+            if not frame.on_gpu or empty or seqlen_k == 0:
+                return None
+            family = _plan.choose_kernel(problem, qb, kb, vb, outb) if kernel == "auto" else kernel
+            return _plan.PLAN_FOR[family](problem, qb, kb, vb, outb, checked=kernel == "auto")
+        if empty:
+            if lseb is not None and lseb.size:
+                lseb.fill(-np.inf)
+        elif seqlen_k == 0:
+            outb.fill(0)  # no sequence has a key
+            if lseb is not None:
+                lseb.fill(-np.inf)
+        elif not frame.on_gpu:
+            _seq.attention_seq_cpu(qb, kb, vb, outb, lseb, causal=bool(causal), softmax_scale=softmax_scale, seq=seq,
+                                   cu_seqlens_q=cu_qb, cu_seqlens_k=cu_kb, block_table=tableb, seqlens_k=lensb,
+                                   leftpad=leftb)  # fmt: skip
+        else:
+            family = _plan.choose_kernel(problem, qb, kb, vb, outb) if kernel == "auto" else kernel
+            if wsb is not None:
+                ws_arg = wsb
+            elif frame.kind == "torch":
+                ws_arg = functools.partial(_torch_workspace, frame)
+            else:
+                ws_arg = None
+            _plan.LAUNCH[family](problem, qb, kb, vb, outb, lseb, lensb, checked=kernel == "auto", workspace=ws_arg)
+    return (out, lse) if return_lse else out
+
+
+def _len_of(a) -> int:
+    """The length of a 1-D index array's first axis, for its shape check (anything else: -1)."""
+    shape = np.shape(a) if isinstance(a, (list, tuple)) else getattr(a, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) == 1 else 0
 
 
 def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, seqlens_k, layout, workspace, flags,
@@ -792,7 +1103,10 @@ _ATTENTION_DEFAULTS = {
     "causal": True, "softmax_scale": None, "return_lse": False, "out": None, "kernel": "auto",
     "precision": "highest", "seqlens_k": None, "layout": "bshd", "workspace": None, "window": None,
     "softcap": None, "sinks": None, "alibi_slopes": None, "score_mod": None, "mask_mod": None,
+    "block_table": None, "cache_leftpad": None,
 }  # fmt: skip
+_VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+_VARLEN_KEYWORDS = ("causal", "softmax_scale", "return_lse", "out", "kernel", "precision", "workspace")
 
 
 def decode_workspace_size(q, k, v, **kwargs) -> int:
@@ -804,11 +1118,35 @@ def decode_workspace_size(q, k, v, **kwargs) -> int:
     at most ``_plan.DECODE_MAX_SPLITS`` (128),
     so ``4 * batch * num_q_heads * seqlen_q * 128 * (head_dim + 1)`` bytes
     serve every such call on any device. The call is checked as attention
-    checks it; nothing is launched (a new out is allocated to plan with)."""
+    checks it; nothing is launched (a new out is allocated to plan with).
+
+    For an ``attention_varlen`` call pass its arguments as keywords:
+    ``decode_workspace_size(q, k, v, cu_seqlens_q=..., cu_seqlens_k=...,
+    max_seqlen_q=..., max_seqlen_k=..., **kwargs)``; seqlen_q is then
+    max_seqlen_q."""
+    if any(name in kwargs for name in _VARLEN_ARGS):
+        missing = [name for name in _VARLEN_ARGS if name not in kwargs]
+        if missing:
+            raise TypeError(f"decode_workspace_size: missing keyword {missing[0]!r} of attention_varlen")
+        unknown = sorted(set(kwargs) - set(_VARLEN_ARGS) - set(_VARLEN_KEYWORDS))
+        if unknown:
+            raise TypeError(f"decode_workspace_size: unexpected keyword {unknown[0]!r} (it takes attention_varlen's keywords)")
+        options = {**{name: _ATTENTION_DEFAULTS[name] for name in _VARLEN_KEYWORDS}, **kwargs}
+        varlen = tuple(options.pop(name) for name in _VARLEN_ARGS)
+        plan = _attention_seq(q, k, v, **options, layout="bshd", varlen=varlen, plan_only=True)
+        return 0 if plan is None else plan.workspace_bytes
     unknown = sorted(set(kwargs) - set(_ATTENTION_DEFAULTS))
     if unknown:
         raise TypeError(f"decode_workspace_size: unexpected keyword {unknown[0]!r} (it takes attention's keywords)")
-    plan = _attention(q, k, v, **{**_ATTENTION_DEFAULTS, **kwargs}, flags=None, plan_only=True)
+    options = {**_ATTENTION_DEFAULTS, **kwargs}
+    if options["block_table"] is not None or options["cache_leftpad"] is not None:
+        for name in ("window", "softcap", "sinks", "alibi_slopes", "score_mod", "mask_mod"):
+            if options.pop(name) is not None:
+                _seq_no_modifiers("block_table and cache_leftpad", **{name: kwargs[name]})
+        plan = _attention_seq(q, k, v, **options, plan_only=True)
+        return 0 if plan is None else plan.workspace_bytes
+    del options["block_table"], options["cache_leftpad"]
+    plan = _attention(q, k, v, **options, flags=None, plan_only=True)
     return 0 if plan is None else plan.workspace_bytes
 
 

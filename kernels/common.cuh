@@ -250,6 +250,36 @@ __device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_mods(const A
     }
 }
 
+// The same for any per-sequence addressing (common.cuh: Sequence, below), which
+// also gives the CTA's sequence sqn: with ADDR 0 prefill_tile_mods itself; with
+// per-sequence addressing the packed rows and the keys are those of the CTA's
+// sequence (the grid is sized by max_seqlen_q: a CTA past its sequence's rows
+// has row0 >= packed_rows and nothing to do).
+template <int ADDR> struct Sequence;
+struct SeqParams;
+template <int ADDR>
+__device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const int* seqlens_k, const SeqParams* sp, int b);
+template <bool CAUSAL, int BLOCK_M, bool WINDOW, int ADDR>
+__device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_seq(const AttnParams& p, const int* seqlens_k,
+                                                                       const SeqParams* sp, int group, int left, int right,
+                                                                       Sequence<ADDR>& sqn) {
+    if constexpr (ADDR == 0) {
+        const PrefillTile<CAUSAL, WINDOW> tile = prefill_tile_mods<CAUSAL, BLOCK_M, WINDOW>(p, seqlens_k, group, left, right);
+        sqn.b = tile.b;
+        sqn.len = tile.len;
+        return tile;
+    } else {
+        static_assert(!WINDOW, "per-sequence addressing takes no modifiers");
+        const TileOfBlock t = tile_of_block<CAUSAL>((p.seqlen_q * group + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads);
+        sqn = sequence_of<ADDR>(p, seqlens_k, sp, t.b);
+        const int packed_rows = sqn.seqlen_q(p.seqlen_q) * group;
+        const int row0 = t.m_tile * BLOCK_M;
+        const int seqlen_k = max(sqn.len, 0);
+        return {t.b, t.kv_head, row0, group, packed_rows, sqn.len, seqlen_k,
+                KeyRange<CAUSAL>(row0, max(row0, min(row0 + BLOCK_M, packed_rows) - 1), sqn.seqlen_q(p.seqlen_q), seqlen_k, group)};
+    }
+}
+
 // Valid keys of batch b: seqlens_k[b] when the caller gave per-sequence cache
 // lengths (kernel argument seqlens_k, else nullptr), otherwise seqlen_k; -1
 // when seqlens_k[b] is outside [0, seqlen_k] (possible only for a device array,
@@ -262,6 +292,155 @@ __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seql
 }
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fffffff); }
+
+// ---- per-sequence addressing: variable lengths, paged K/V, left padding ------------
+// The one rule by which every kernel family finds sequence b's queries, keys and
+// lse (cupy_gqa/_seq.py is the Python side). ADDR (the *_seq kernels' template
+// argument; 0 for the others) is a sum of:
+//   SEQ_VARLEN   q, k, v, out are packed: (total, heads, head_dim) with axis 0 of
+//                stride 0 (cupy_gqa/_plan.py: make_params); query t of sequence b
+//                is row cu_seqlens_q[b] + t, key j row cu_seqlens_k[b] + j; lse is
+//                (num_q_heads, total_q). p.seqlen_q, p.seqlen_k are max_seqlen_q, _k.
+//   SEQ_PAGED    k, v are (num_pages, page_size, heads, head_dim) pools: key j of
+//                sequence b is row j % page_size of page block_table[b][j / page_size]
+//                (page_size any multiple of 16); its length is seqlens_k[b], at most
+//                p.seqlen_k = max_pages_per_seq * page_size.
+//   SEQ_LEFTPAD  the keys of sequence b start at leftpad[b]: key j of the kernels is
+//                key leftpad[b] + j of the cache, and len = seqlens_k[b] - leftpad[b],
+//                so the causal diagonal stays at the end of the keys.
+// The kernels then see each sequence as one of the contiguous case: seqlen_q
+// queries, keys [0, len), query t seeing keys j <= t + len - seqlen_q, and only
+// the addresses differ. Lengths and offsets are read in place (CUDA graphs);
+// values out of range (not checked on the host for device arrays) give NaN rows
+// and read no key, or, where the queries themselves are out of range, write nothing.
+enum : int { SEQ_VARLEN = 1, SEQ_PAGED = 2, SEQ_LEFTPAD = 4 };
+
+// Mirrored field by field by cupy_gqa/_seq.py: SEQ_PARAMS_DTYPE.
+struct SeqParams {
+    const int* cu_seqlens_q;    // SEQ_VARLEN: (batch + 1,)
+    const int* cu_seqlens_k;    // SEQ_VARLEN: (batch + 1,)
+    const int* block_table;     // SEQ_PAGED: block_table[b * block_table_stride + i]
+    const int* leftpad;         // SEQ_LEFTPAD: (batch,)
+    index_t block_table_stride;
+    int page_size;              // SEQ_PAGED
+    int total_q, total_k;       // SEQ_VARLEN: rows of q, of k and v
+    int pad;
+};
+static_assert(sizeof(SeqParams) == 56, "SeqParams must match _seq.SEQ_PARAMS_DTYPE");
+
+// Sequence b as the kernels see it (ADDR: the SEQ_* flags). For ADDR 0 every
+// accessor is the contiguous expression itself, in the order the contiguous
+// kernels evaluate it (q0() and k0() are the constant 0; the call's values come
+// in by reference, read where the expression reads them): the contiguous
+// instantiations compile to the code they had without per-sequence addressing.
+// The bodies take the SeqParams by pointer, nullptr for ADDR 0, for the same
+// reason (a SeqParams object, even an empty one, changes the contiguous code).
+template <int ADDR>
+struct Sequence {
+    enum : int {
+        VARLEN = (ADDR & SEQ_VARLEN) != 0,
+        PAGED = (ADDR & SEQ_PAGED) != 0,
+        LEFTPAD = (ADDR & SEQ_LEFTPAD) != 0,
+    };
+    int b, len;            // len: the valid keys, -1 for a bad length (NaN rows)
+    int seqlen_q_;         // VARLEN: the sequence's queries
+    int q0_, k0_;          // first query row (VARLEN); first key (VARLEN row, LEFTPAD key)
+    int page_size;
+    const int* pages;      // PAGED: the sequence's row of block_table
+    index_t lse_rows;      // VARLEN: total_q, lse's head stride
+
+    // The sequence's queries (others: the call's, seqlen_q as the kernel has it).
+    __device__ __forceinline__ int seqlen_q(const int& seqlen_q) const { return VARLEN ? seqlen_q_ : seqlen_q; }
+    // The sequence's packed rows (queries times group; others: rows, the call's).
+    __device__ __forceinline__ int packed_rows(int rows, int group) const { return VARLEN ? seqlen_q_ * group : rows; }
+    // The row (on axis 1 of q and out) of query 0.
+    __device__ __forceinline__ int q0() const { return VARLEN ? q0_ : 0; }
+    // The batch index that multiplies axis 0's stride of k and v (pages: none).
+    __device__ __forceinline__ int k_batch() const { return PAGED ? 0 : b; }
+    // The row (on axis 1 of k and v) of key 0, on top of k_batch (pages: in kv_row).
+    __device__ __forceinline__ int k0() const { return (!PAGED && (VARLEN || LEFTPAD)) ? k0_ : 0; }
+    // Element offset of key j's row from k + k_batch() * s0 + k0() * s1 + head * s2.
+    __device__ __forceinline__ index_t kv_row(index_t j, index_t s0, index_t s1) const {
+        if (!PAGED) return j * s1;
+        const int jj = (LEFTPAD ? k0_ : 0) + (int)j;
+        const int slot = jj / page_size;
+        return (index_t)pages[slot] * s0 + (index_t)(jj - slot * page_size) * s1;
+    }
+    // PAGED: the pages that keys j .. j + n - 1 (n <= page_size, all below len) lie
+    // on, at most two, and key j's row in the first: read from the block table one
+    // tile ahead of the copies that use them (span_row), so the copies wait on no load.
+    struct PageSpan { int first, second, row; };
+    __device__ __forceinline__ PageSpan page_span(int j, int n) const {
+        const int jj = (LEFTPAD ? k0_ : 0) + j;
+        const int slot = jj / page_size;
+        const int row = jj - slot * page_size;
+        const int first = pages[slot];
+        return {first, row + n > page_size ? pages[slot + 1] : first, row};
+    }
+    // Element offset of key j + r's row (0 <= r < n of page_span(j, n)).
+    __device__ __forceinline__ index_t span_row(const PageSpan& sp, int r, index_t s0, index_t s1) const {
+        const int o = sp.row + r;
+        return o < page_size ? (index_t)sp.first * s0 + (index_t)o * s1 : (index_t)sp.second * s0 + (index_t)(o - page_size) * s1;
+    }
+    // The index of lse's (query head h, query t); num_q_heads, seqlen_q: the call's
+    // (references, read where the contiguous expression reads them).
+    __device__ __forceinline__ index_t lse_at(int h, int t, const int& num_q_heads, const int& seqlen_q) const {
+        if (VARLEN) return (index_t)h * lse_rows + q0_ + t;
+        return ((index_t)b * num_q_heads + h) * seqlen_q + t;
+    }
+    // The same for query head q_head_of(kv_head, g, group), computed in that order.
+    __device__ __forceinline__ index_t lse_at(int kv_head, int g, int group, int t, const int& num_q_heads,
+                                             const int& seqlen_q) const {
+        if (VARLEN) return (index_t)q_head_of(kv_head, g, group) * lse_rows + q0_ + t;
+        return ((index_t)b * num_q_heads + q_head_of(kv_head, g, group)) * seqlen_q + t;
+    }
+};
+
+__device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k);
+
+// Sequence b of the call: its lengths and where its rows are (see above); sp
+// is read only for ADDR != 0.
+template <int ADDR>
+__device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const int* seqlens_k, const SeqParams* sp, int b) {
+    Sequence<ADDR> s;
+    s.b = b;
+    s.seqlen_q_ = 0;
+    s.q0_ = s.k0_ = 0;
+    s.page_size = 0;
+    s.pages = nullptr;
+    s.lse_rows = 0;
+    if constexpr (ADDR == 0) {
+        s.len = seqlen_k_of(seqlens_k, b, p.seqlen_k);
+    } else {
+        s.seqlen_q_ = p.seqlen_q;
+        if constexpr ((ADDR & SEQ_VARLEN) != 0) {
+            const int q0 = sp->cu_seqlens_q[b], q1 = sp->cu_seqlens_q[b + 1];
+            const int k0 = sp->cu_seqlens_k[b], k1 = sp->cu_seqlens_k[b + 1];
+            const bool q_ok = q0 >= 0 && q1 >= q0 && q1 <= sp->total_q && q1 - q0 <= p.seqlen_q;
+            s.seqlen_q_ = q_ok ? q1 - q0 : 0;  // queries out of range: nothing to write
+            s.q0_ = q_ok ? q0 : 0;
+            const bool k_ok = k0 >= 0 && k1 >= k0 && k1 <= sp->total_k && k1 - k0 <= p.seqlen_k;
+            s.len = k_ok ? k1 - k0 : -1;
+            s.k0_ = k_ok ? k0 : 0;
+            s.lse_rows = sp->total_q;
+        } else {
+            s.len = seqlen_k_of(seqlens_k, b, p.seqlen_k);
+        }
+        if constexpr ((ADDR & SEQ_PAGED) != 0) {
+            s.page_size = sp->page_size;
+            s.pages = sp->block_table + b * sp->block_table_stride;
+        }
+        if constexpr ((ADDR & SEQ_LEFTPAD) != 0) {
+            const int first = sp->leftpad[b];
+            if (s.len >= 0) {
+                const bool ok = first >= 0 && first <= s.len;
+                s.k0_ += ok ? first : 0;
+                s.len = ok ? s.len - first : -1;
+            }
+        }
+    }
+    return s;
+}
 
 // ---- modifiers (window, softcap, ALiBi, sinks, score_mod, mask_mod) ---------------
 // The rules every kernel family follows, written once (cupy_gqa/_mods.py is the

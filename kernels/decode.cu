@@ -98,6 +98,22 @@ __device__ __forceinline__ DecodeWork decode_work(const AttnParams& p, const int
     return {b, kv_head, rb, split, seqlen_k_of(seqlens_k, b, p.seqlen_k)};
 }
 
+// The same with the CTA's sequence (common.cuh: Sequence; ADDR 0: contiguous,
+// len from decode_work), whose lengths and rows the kernel then reads.
+template <int ROWS, int ADDR>
+__device__ __forceinline__ DecodeWork decode_work_seq(const AttnParams& p, const int* seqlens_k, const SeqParams* sp,
+                                                      int num_splits, Sequence<ADDR>& sqn) {
+    DecodeWork w = decode_work<ROWS>(p, ADDR == 0 ? seqlens_k : nullptr, num_splits);
+    if constexpr (ADDR == 0) {
+        sqn.b = w.b;
+        sqn.len = w.len;
+    } else {
+        sqn = sequence_of<ADDR>(p, seqlens_k, sp, w.b);
+        w.len = sqn.len;
+    }
+    return w;
+}
+
 enum : int { NUM_WARPS = DECODE_THREADS / 32 };
 
 // W elements of one 16-byte chunk, as floats.
@@ -109,9 +125,11 @@ __device__ __forceinline__ void unpack(const uint4& raw, float* dst) {
 }
 
 // K and V chunks of the U keys j, j + NUM_GROUPS, ... of a key group (zeros past k_end).
-template <typename T, int U, int C, int NUM_GROUPS, int LANES>
+// (Key jj's row: sqn.kv_row, common.cuh; ks0, vs0: the strides of axis 0 of k, v.)
+template <typename T, int U, int C, int NUM_GROUPS, int LANES, int ADDR>
 __device__ __forceinline__ void load_step(uint4 (&kr)[U][C], uint4 (&vr)[U][C], const T* k_ptr, const T* v_ptr,
-                                          index_t ks, index_t vs, int j, int k_end) {
+                                          index_t ks, index_t vs, int j, int k_end, const Sequence<ADDR>& sqn,
+                                          index_t ks0, index_t vs0) {
     constexpr int W = 16 / (int)sizeof(T);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -121,8 +139,8 @@ __device__ __forceinline__ void load_step(uint4 (&kr)[U][C], uint4 (&vr)[U][C], 
             kr[u][c] = make_uint4(0, 0, 0, 0);
             vr[u][c] = make_uint4(0, 0, 0, 0);
             if (jj < k_end) {
-                kr[u][c] = __ldg(reinterpret_cast<const uint4*>(k_ptr + jj * ks + c * LANES * W));
-                vr[u][c] = __ldg(reinterpret_cast<const uint4*>(v_ptr + jj * vs + c * LANES * W));
+                kr[u][c] = __ldg(reinterpret_cast<const uint4*>(k_ptr + sqn.kv_row(jj, ks0, ks) + c * LANES * W));
+                vr[u][c] = __ldg(reinterpret_cast<const uint4*>(v_ptr + sqn.kv_row(jj, vs0, vs) + c * LANES * W));
             }
         }
     }
@@ -215,11 +233,12 @@ __device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4
 // lse to the workspace (see the top).
 // M: the modifiers; a sink joins the row here when num_splits == 1 (else in
 // decode_combine_mods).
-template <typename T, int HEAD_DIM, int ROWS, int NW, int THREADS, class M = NoMods>
+// sqn: the CTA's sequence (common.cuh: Sequence), where its out and lse rows are.
+template <typename T, int HEAD_DIM, int ROWS, int NW, int THREADS, class M = NoMods, int ADDR = 0>
 __device__ __forceinline__ void write_cta_result(const float* m_w, const float* l_w, const float* o_w, T* out,
                                                  float* lse, const AttnParams& p, int b, int kv_head, int rb, int split,
                                                  int num_splits, int len, float* part_o, float* part_lse,
-                                                 const ModParams* mp = nullptr) {
+                                                 const ModParams* mp, const Sequence<ADDR>& sqn) {
     const float NEG_INF = neg_inf<float>();
     const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
     for (int x = threadIdx.x; x < ROWS * HEAD_DIM; x += THREADS) {
@@ -247,11 +266,12 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
         const float lse2 = softmax::lse2(mm, ls, ls != 0.f);
         if (num_splits == 1) {
             const int t = r / group_size, g = r % group_size;
+            if (ADDR != 0 && t >= sqn.seqlen_q(p.seqlen_q)) break;  // past the sequence's queries
             const int q_head = q_head_of(kv_head, g, group_size);
             const bool bad = len < 0;
-            out[b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2] + d] = from_acc<T>(bad ? quiet_nan() : res);
+            out[b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2] + d] = from_acc<T>(bad ? quiet_nan() : res);
             if (lse != nullptr && d == 0)
-                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = softmax::lse(mm, ls, ls != 0.f, bad);
+                lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, ls != 0.f, bad);
         } else {
             const index_t prow = ((index_t)b * p.num_kv_heads + kv_head) * rows_total + r;
             part_o[(prow * num_splits + split) * HEAD_DIM + d] = res;
@@ -264,11 +284,13 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
 
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
 // with them (decode_attention_mods, common.cuh: modifiers).
-template <typename T, int HEAD_DIM, int ROWS, class M>
+// ADDR: the per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
+template <typename T, int HEAD_DIM, int ROWS, class M, int ADDR = 0>
 __device__ __forceinline__ void decode_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams& mp)
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams& mp,
+    const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
     constexpr int W = 16 / (int)sizeof(T);        // elements per 16-byte chunk
@@ -285,9 +307,12 @@ __device__ __forceinline__ void decode_body(
     const float NEG_INF = neg_inf<float>();
 
     // --- which work: (b, kv_head, row block, split) -------------------------
-    const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
-    const DecodeWork work = decode_work<ROWS>(p, seqlens_k, num_splits);
+    // (call_rows: the call's packed rows, computed here as the contiguous kernel always has)
+    const int group_size = p.group_size, call_rows = p.seqlen_q * group_size;
+    Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
+    const DecodeWork work = decode_work_seq<ROWS, ADDR>(p, seqlens_k, sp, num_splits, sqn);
     const int split = work.split, rb = work.rb, kv_head = work.kv_head, b = work.b, len = work.len;  // len -1: bad
+    const int rows_total = sqn.packed_rows(call_rows, group_size);  // the sequence's packed rows
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp * GROUPS_PER_WARP + lane / LANES;
@@ -297,7 +322,7 @@ __device__ __forceinline__ void decode_body(
     float qv[ROWS][DL];
     int n_vis[ROWS];  // keys [0, n_vis) visible to the row (0 for idle rows)
     int n_max = 0, n_min = 1 << 30;  // over the live rows
-    const mods::Seq sq = mods::seq(b, p.seqlen_q, max(len, 0));
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p.seqlen_q), max(len, 0));
     mods::Row mrow[M::ANY ? ROWS : 1];  // the rows' view of the modifiers (common.cuh: mods)
     int first_min = 1 << 30;            // (window) the first key any live row sees
 #pragma unroll
@@ -311,11 +336,11 @@ __device__ __forceinline__ void decode_body(
             n_vis[i] = mrow[i].last + 1;
             if (live) first_min = min(first_min, mrow[i].first);
         } else {
-            n_vis[i] = live ? visible_keys(t, p.seqlen_q, len, p.causal != 0) : 0;
+            n_vis[i] = live ? visible_keys(t, sqn.seqlen_q(p.seqlen_q), len, p.causal != 0) : 0;
         }
         n_max = max(n_max, n_vis[i]);
         if (live) n_min = min(n_min, n_vis[i]);
-        const T* q_row = q + b * p.q_stride[0] + t * p.q_stride[1]
+        const T* q_row = q + b * p.q_stride[0] + (sqn.q0() + t) * p.q_stride[1]
                        + q_head_of(kv_head, g, group_size) * p.q_stride[2];
 #pragma unroll
         for (int c = 0; c < C; ++c) {
@@ -350,15 +375,17 @@ __device__ __forceinline__ void decode_body(
     // (window) whole steps before the first key any row sees are skipped; the
     // steps keep their places, so each key meets the same lane as without
     const int j_start = M::WINDOW ? k_begin + max(0, first_min - k_begin) / STEP * STEP : k_begin;
-    const T* k_ptr = k + b * p.k_stride[0] + kv_head * p.k_stride[2] + gl * W;
-    const T* v_ptr = v + b * p.v_stride[0] + kv_head * p.v_stride[2] + gl * W;
+    const T* k_ptr = k + sqn.k_batch() * p.k_stride[0] + sqn.k0() * p.k_stride[1] + kv_head * p.k_stride[2] + gl * W;
+    const T* v_ptr = v + sqn.k_batch() * p.v_stride[0] + sqn.k0() * p.v_stride[1] + kv_head * p.v_stride[2] + gl * W;
     const index_t ks = p.k_stride[1], vs = p.v_stride[1];
 
     // software pipeline: step j0 + STEP's loads are in flight while step j0 is computed
     uint4 kr[U][C], vr[U][C], kn[U][C], vn[U][C];
-    load_step<T, U, C, NUM_GROUPS, LANES>(kr, vr, k_ptr, v_ptr, ks, vs, j_start + group, k_end);
+    load_step<T, U, C, NUM_GROUPS, LANES>(kr, vr, k_ptr, v_ptr, ks, vs, j_start + group, k_end, sqn, p.k_stride[0],
+                                          p.v_stride[0]);
     for (int j0 = j_start; j0 < k_end; j0 += STEP) {
-        load_step<T, U, C, NUM_GROUPS, LANES>(kn, vn, k_ptr, v_ptr, ks, vs, j0 + STEP + group, k_end);
+        load_step<T, U, C, NUM_GROUPS, LANES>(kn, vn, k_ptr, v_ptr, ks, vs, j0 + STEP + group, k_end, sqn, p.k_stride[0],
+                                              p.v_stride[0]);
         if (j0 + STEP <= k_full)
             attend_step<T, ROWS, U, C, NUM_GROUPS, LANES, false, M>(kr, vr, qv, m, l, o, j0 + group, k_end, n_vis, &mp, &sq, mrow);
         else
@@ -411,7 +438,7 @@ __device__ __forceinline__ void decode_body(
 
     write_cta_result<T, HEAD_DIM, ROWS, NUM_WARPS, DECODE_THREADS, M>(&sm_m[0][0], &sm_l[0][0], &sm_o[0][0][0], out, lse,
                                                                       p, b, kv_head, rb, split, num_splits, len, part_o,
-                                                                      part_lse, &mp);
+                                                                      part_lse, &mp, sqn);
 }
 
 template <typename T, int HEAD_DIM, int ROWS>
@@ -524,11 +551,13 @@ __device__ __forceinline__ void stream_sync(int s) {
 // decode_mma_smem), checked against the layout at compile time.
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
 // with them (decode_mma_attention_mods, common.cuh: modifiers).
-template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, class M>
+// ADDR: the per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
+template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, class M, int ADDR = 0>
 __device__ __forceinline__ void decode_mma_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams& mp)
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams& mp,
+    const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
     constexpr int NW = DECODE_MMA_WARPS, THREADS = NW * 32;
@@ -554,9 +583,12 @@ __device__ __forceinline__ void decode_mma_body(
     T* sQ = reinterpret_cast<T*>(smem_raw + L::Q);
 
     // --- which work: (b, kv_head, row block, split) -------------------------
-    const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
-    const DecodeWork work = decode_work<ROWS>(p, seqlens_k, num_splits);
+    // (call_rows: the call's packed rows, computed here as the contiguous kernel always has)
+    const int group_size = p.group_size, call_rows = p.seqlen_q * group_size;
+    Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
+    const DecodeWork work = decode_work_seq<ROWS, ADDR>(p, seqlens_k, sp, num_splits, sqn);
     const int split = work.split, rb = work.rb, kv_head = work.kv_head, b = work.b, len = work.len;  // len -1: bad
+    const int rows_total = sqn.packed_rows(call_rows, group_size);  // the sequence's packed rows
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int stream = warp / ROW_WARPS, rt = warp % ROW_WARPS;  // key stream, row tile (rows rt * 16 ..)
 
@@ -565,14 +597,14 @@ __device__ __forceinline__ void decode_mma_body(
         const int i = c / CH, ch = c % CH, r = rb * ROWS + i;
         const bool live = r < rows_total && len >= 0;
         const int t = r / group_size, g = r % group_size;
-        const T* src = live ? q + b * p.q_stride[0] + t * p.q_stride[1] + q_head_of(kv_head, g, group_size) * p.q_stride[2] + ch * 8 : q;
+        const T* src = live ? q + b * p.q_stride[0] + (sqn.q0() + t) * p.q_stride[1] + q_head_of(kv_head, g, group_size) * p.q_stride[2] + ch * 8 : q;
         cp_async_16(smem_addr(sQ + i * ROW + ch * 8), src, live);
     }
     cp_async_commit();
     // n_max, first_min over the CTA's live rows (the stream's loads), n_min over the warp's (its masks)
     int n_max = 0, n_min = 1 << 30;
     int n_vis[2];                    // of this lane's rows rt * 16 + lane / 4 and + 8
-    const mods::Seq sq = mods::seq(b, p.seqlen_q, max(len, 0));
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p.seqlen_q), max(len, 0));
     mods::Row mrow[2];               // (modifiers) the lane's rows' view of them (common.cuh: mods)
     int first_min = 1 << 30;         // (window) the first key any live row sees
     const int my_row = rt * 16 + lane / 4;
@@ -589,7 +621,7 @@ __device__ __forceinline__ void decode_mma_body(
             if (i == my_row) mrow[0] = mr;
             if (i == my_row + 8) mrow[1] = mr;
         } else {
-            n = live ? visible_keys(r / group_size, p.seqlen_q, len, p.causal != 0) : 0;
+            n = live ? visible_keys(r / group_size, sqn.seqlen_q(p.seqlen_q), len, p.causal != 0) : 0;
         }
         if (live) { n_max = max(n_max, n); if (i / 16 == rt) n_min = min(n_min, n); }
         if (i == my_row) n_vis[0] = n;
@@ -621,20 +653,37 @@ __device__ __forceinline__ void decode_mma_body(
     // band of PASSES * RPP rows in its stream's tile)
     const int ld_r = rt * PASSES * RPP + lane / CH, ld_ch = lane % CH;
     const index_t ks = p.k_stride[1], vs = p.v_stride[1];
-    const T* k_lane = k + b * p.k_stride[0] + kv_head * p.k_stride[2] + ld_r * ks + ld_ch * 8;
-    const T* v_lane = v + b * p.v_stride[0] + kv_head * p.v_stride[2] + ld_r * vs + ld_ch * 8;
+    const T* k_lane = k + sqn.k_batch() * p.k_stride[0] + sqn.k0() * ks + kv_head * p.k_stride[2] + ld_r * ks + ld_ch * 8;
+    const T* v_lane = v + sqn.k_batch() * p.v_stride[0] + sqn.k0() * vs + kv_head * p.v_stride[2] + ld_r * vs + ld_ch * 8;
     T* sW = reinterpret_cast<T*>(smem_raw + L::KV) + stream * L::STREAM;  // this stream's stages: [STAGES][K, V][BN][D]
     const unsigned sW_addr = smem_addr(sW);
+    // (pages) the pages of the next tile this stream copies, read while the tiles before it compute
+    typename Sequence<ADDR>::PageSpan span = {0, 0, 0};
+    auto look_up = [&](int u) {
+        const int key0 = k_begin + u * BN;
+        if (key0 < k_end) span = sqn.page_span(key0, min(BN, k_end - key0));
+    };
+    if constexpr (Sequence<ADDR>::PAGED) look_up(stream + i_first * NS);
     auto load_tile = [&](int u, int stage) {  // keys k_begin + u * BN .. + BN (zero past k_end)
         const int key0 = k_begin + u * BN;
+        [[maybe_unused]] const typename Sequence<ADDR>::PageSpan here = span;
+        if constexpr (Sequence<ADDR>::PAGED) look_up(u + NS);  // tiles stream, stream + NS, .. in order
 #pragma unroll
         for (int i = 0; i < PASSES; ++i) {
             const int key = key0 + ld_r + i * RPP;
             const bool ok = key < k_end;
             const index_t row = key0 + i * RPP;
             const unsigned d = sW_addr + (stage * 2 * TILE + kv_at<D>(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7)) * 2;
-            copy_16(d, ok ? (const void*)(k_lane + row * ks) : (const void*)k, ok);
-            copy_16(d + TILE * 2, ok ? (const void*)(v_lane + row * vs) : (const void*)v, ok);
+            if constexpr (Sequence<ADDR>::PAGED) {  // each key row on its page
+                const T* k_head = k + kv_head * p.k_stride[2] + ld_ch * 8;
+                const T* v_head = v + kv_head * p.v_stride[2] + ld_ch * 8;
+                const int r = ld_r + i * RPP;
+                copy_16(d, ok ? (const void*)(k_head + sqn.span_row(here, r, p.k_stride[0], ks)) : (const void*)k, ok);
+                copy_16(d + TILE * 2, ok ? (const void*)(v_head + sqn.span_row(here, r, p.v_stride[0], vs)) : (const void*)v, ok);
+            } else {
+                copy_16(d, ok ? (const void*)(k_lane + row * ks) : (const void*)k, ok);
+                copy_16(d + TILE * 2, ok ? (const void*)(v_lane + row * vs) : (const void*)v, ok);
+            }
         }
     };
 #pragma unroll
@@ -751,7 +800,7 @@ __device__ __forceinline__ void decode_mma_body(
     }
     __syncthreads();
     write_cta_result<T, HEAD_DIM, ROWS, NS, THREADS, M>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, split, num_splits,
-                                                         len, part_o, part_lse, &mp);
+                                                         len, part_o, part_lse, &mp, sqn);
 }
 
 template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES>
@@ -777,10 +826,12 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
 
 // Merge the num_splits partial results of each packed row (see the top); M:
 // the modifiers, of which only the sinks act here.
-template <typename T, class M>
+// ADDR: the per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
+template <typename T, class M, int ADDR = 0>
 __device__ __forceinline__ void decode_combine_body(
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
-    const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits, const ModParams* mp)
+    const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits, const ModParams* mp,
+    const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
     const float NEG_INF = neg_inf<float>();
@@ -794,6 +845,13 @@ __device__ __forceinline__ void decode_combine_body(
         const index_t bh = prow / rows_total;
         const int kv_head = (int)(bh % p.num_kv_heads), b = (int)(bh / p.num_kv_heads);
         const int t = r / group_size, q_head = q_head_of(kv_head, r % group_size, group_size);
+        Sequence<ADDR> sqn;  // the row's sequence: its rows and length
+        if constexpr (ADDR == 0) {
+            sqn.b = b;
+        } else {
+            sqn = sequence_of<ADDR>(p, seqlens_k, sp, b);
+            if (t >= sqn.seqlen_q(p.seqlen_q)) continue;  // past the sequence's queries
+        }
 
         // (4 splits' loads in flight at a time: with many splits and few rows,
         // as for one long sequence, the loop is a chain of L2 round trips)
@@ -820,16 +878,15 @@ __device__ __forceinline__ void decode_combine_body(
             acc.z *= alpha;
             acc.w *= alpha;
         }
-        const bool bad = seqlen_k_of(seqlens_k, b, p.seqlen_k) < 0;
+        const bool bad = (ADDR == 0 ? seqlen_k_of(seqlens_k, b, p.seqlen_k) : sqn.len) < 0;
         const float inv = softmax::out_scale(ls, ls != 0.f, bad);  // NaN when bad
-        T* o_row = out + b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2] + d;
+        T* o_row = out + b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2] + d;
         o_row[0] = from_acc<T>(acc.x * inv);
         o_row[1] = from_acc<T>(acc.y * inv);
         o_row[2] = from_acc<T>(acc.z * inv);
         o_row[3] = from_acc<T>(acc.w * inv);
         if (lse != nullptr && d == 0)
-            lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] =
-                softmax::lse(mm, ls, ls != 0.f, bad);
+            lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, ls != 0.f, bad);
     }
 }
 
@@ -848,4 +905,34 @@ __global__ void __launch_bounds__(128) decode_combine_mods(
     const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits, const ModParams mp)
 {
     decode_combine_body<T, Mods<FLAGS, sizeof(T) == 2>>(out, lse, seqlens_k, p, part_o, part_lse, num_splits, &mp);
+}
+
+// The same with per-sequence addressing ADDR (common.cuh: SEQ_*: varlen, paged
+// K/V, left padding), described by sp.
+template <typename T, int HEAD_DIM, int ROWS, int ADDR>
+__global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS : 1) decode_attention_seq(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const SeqParams sp)
+{
+    decode_body<T, HEAD_DIM, ROWS, NoMods, ADDR>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits,
+                                                 ModParams{}, &sp);
+}
+
+template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, int ADDR>
+__global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention_seq(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const SeqParams sp)
+{
+    decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, NoMods, ADDR>(q, k, v, out, lse, seqlens_k, p, part_o,
+                                                                              part_lse, num_splits, ModParams{}, &sp);
+}
+
+template <typename T, int ADDR>
+__global__ void __launch_bounds__(128) decode_combine_seq(
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits, const SeqParams sp)
+{
+    decode_combine_body<T, NoMods, ADDR>(out, lse, seqlens_k, p, part_o, part_lse, num_splits, nullptr, &sp);
 }

@@ -60,9 +60,9 @@
 
 // Stage keys [j0, j0 + KEYS) of K and V (rows k_row + j * k_stride[1], ...)
 // into sK / sV; keys >= n_keys and dims >= head_dim become zeros.
-template <typename T, int DPAD, bool VEC, int KEYS>
+template <typename T, int DPAD, bool VEC, int KEYS, int ADDR>
 __device__ __forceinline__ void stage_kv(T* sK, T* sV, const T* k_row, const T* v_row, int j0, int n_keys,
-                                         const AttnParams& p) {
+                                         const AttnParams& p, const Sequence<ADDR>& sqn) {
     constexpr int W = 16 / (int)sizeof(T);
     if (VEC) {
         constexpr int UNITS = KEYS * DPAD / W;  // 16-byte vectors per stage of K
@@ -73,8 +73,10 @@ __device__ __forceinline__ void stage_kv(T* sK, T* sV, const T* k_row, const T* 
             const int j = u / (DPAD / W), d = u % (DPAD / W) * W;
             const bool ok = j0 + j < n_keys && d < p.head_dim;
             const index_t jj = ok ? j0 + j : 0;
-            cp_async_16(smem_addr(sK + j * DPAD + d), ok ? (const void*)(k_row + jj * p.k_stride[1] + d) : k_row, ok);
-            cp_async_16(smem_addr(sV + j * DPAD + d), ok ? (const void*)(v_row + jj * p.v_stride[1] + d) : v_row, ok);
+            cp_async_16(smem_addr(sK + j * DPAD + d),
+                        ok ? (const void*)(k_row + sqn.kv_row(jj, p.k_stride[0], p.k_stride[1]) + d) : k_row, ok);
+            cp_async_16(smem_addr(sV + j * DPAD + d),
+                        ok ? (const void*)(v_row + sqn.kv_row(jj, p.v_stride[0], p.v_stride[1]) + d) : v_row, ok);
         }
     } else {
         constexpr int ELEMS = KEYS * DPAD;
@@ -84,8 +86,8 @@ __device__ __forceinline__ void stage_kv(T* sK, T* sV, const T* k_row, const T* 
             const int e = i * ROWWISE_THREADS + threadIdx.x;
             const int j = e / DPAD, d = e % DPAD;
             const bool ok = (ELEMS % ROWWISE_THREADS == 0 || e < ELEMS) && j0 + j < n_keys && d < p.head_dim;
-            kx[i] = ok ? k_row[(index_t)(j0 + j) * p.k_stride[1] + d * p.k_stride[3]] : from_acc<T>((acc_t<T>)0);
-            vx[i] = ok ? v_row[(index_t)(j0 + j) * p.v_stride[1] + d * p.v_stride[3]] : from_acc<T>((acc_t<T>)0);
+            kx[i] = ok ? k_row[sqn.kv_row(j0 + j, p.k_stride[0], p.k_stride[1]) + d * p.k_stride[3]] : from_acc<T>((acc_t<T>)0);
+            vx[i] = ok ? v_row[sqn.kv_row(j0 + j, p.v_stride[0], p.v_stride[1]) + d * p.v_stride[3]] : from_acc<T>((acc_t<T>)0);
         }
 #pragma unroll
         for (int i = 0; i < (ELEMS + ROWWISE_THREADS - 1) / ROWWISE_THREADS; ++i) {
@@ -111,12 +113,13 @@ struct RowwiseSmem {
 
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
 // with them (rowwise_attention_mods, common.cuh: modifiers); MP: ModParams, or
-// NoModParams for M = NoMods.
-template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES, class M, class MP>
+// NoModParams for M = NoMods. ADDR: the per-sequence addressing (common.cuh:
+// Sequence; 0: contiguous), described by sp (nullptr for 0).
+template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES, class M, class MP, int ADDR = 0>
 __device__ __forceinline__ void rowwise_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
-    const MP& mp)
+    const MP& mp, const SeqParams* sp = nullptr)
 {
     typedef acc_t<T> acc;
     constexpr int W = 16 / (int)sizeof(T);     // elements per 16-byte vector
@@ -152,16 +155,17 @@ __device__ __forceinline__ void rowwise_body(
         const int kv_head = (int)(rest % p.num_kv_heads); rest /= p.num_kv_heads;
         const int b = (int)(rest % p.batch);             rest /= p.batch;
         const int t_block = (int)rest;                   // 0: the latest positions
-        const int len = seqlen_k_of(seqlens_k, b, p.seqlen_k);  // -1: bad seqlens_k[b], NaN rows
+        const Sequence<ADDR> sqn = sequence_of<ADDR>(p, seqlens_k, sp, b);  // its queries and keys (common.cuh)
+        const int len = sqn.len;  // -1: bad seqlens_k[b], NaN rows
         const int seqlen_k = max(len, 0);
 
         // This thread's row, and whether it exists.
         const int g = g_block * hb + r % hb;
-        const int t = p.seqlen_q - 1 - (t_block * tb + r / hb);
+        const int t = sqn.seqlen_q(p.seqlen_q) - 1 - (t_block * tb + r / hb);
         const bool active = r < tb * hb && g < group_size && t >= 0;
         const int q_head = q_head_of(kv_head, g, group_size);
         // Modifiers (common.cuh: mods): the row's key bounds, ALiBi slope, ...
-        const mods::Seq sq = mods::seq(b, p.seqlen_q, seqlen_k);
+        const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p.seqlen_q), seqlen_k);
         mods::Row mrow;
         int n_keys;
         if constexpr (M::ANY) {
@@ -169,22 +173,24 @@ __device__ __forceinline__ void rowwise_body(
             if (active) mrow = mods::row<M>(mp, sq, t, q_head, p.causal != 0);
             n_keys = mrow.last + 1;
         } else {
-            n_keys = active ? visible_keys(t, p.seqlen_q, seqlen_k, p.causal != 0) : 0;
+            n_keys = active ? visible_keys(t, sqn.seqlen_q(p.seqlen_q), seqlen_k, p.causal != 0) : 0;
         }
         // Keys any row of the block sees: those of its latest position.
-        const int n_block = visible_keys(p.seqlen_q - 1 - t_block * tb, p.seqlen_q, seqlen_k, p.causal != 0);
+        int n_block = visible_keys(sqn.seqlen_q(p.seqlen_q) - 1 - t_block * tb, sqn.seqlen_q(p.seqlen_q), seqlen_k,
+                                   p.causal != 0);
+        if (Sequence<ADDR>::VARLEN && sqn.seqlen_q(p.seqlen_q) - 1 - t_block * tb < 0) n_block = 0;  // past a short sequence
         // ... and (window) from the first key of its earliest position: stages before it are skipped
         int st_first = 0;
         if constexpr (M::WINDOW) {
             if (mp.window_left >= 0) {
-                const int t_min = max(0, p.seqlen_q - 1 - (t_block * tb + tb - 1));
+                const int t_min = max(0, sqn.seqlen_q(p.seqlen_q) - 1 - (t_block * tb + tb - 1));
                 st_first = (int)min((long long)seqlen_k, max(0LL, (long long)t_min + sq.diag - mp.window_left)) / KEYS;
             }
         }
 
-        const T* k_row = k + b * p.k_stride[0] + kv_head * p.k_stride[2];
-        const T* v_row = v + b * p.v_stride[0] + kv_head * p.v_stride[2];
-        const T* q_row = q + b * p.q_stride[0] + (index_t)(active ? t : 0) * p.q_stride[1] + q_head * p.q_stride[2];
+        const T* k_row = k + sqn.k_batch() * p.k_stride[0] + sqn.k0() * p.k_stride[1] + kv_head * p.k_stride[2];
+        const T* v_row = v + sqn.k_batch() * p.v_stride[0] + sqn.k0() * p.v_stride[1] + kv_head * p.v_stride[2];
+        const T* q_row = q + b * p.q_stride[0] + (index_t)(sqn.q0() + (active ? t : 0)) * p.q_stride[1] + q_head * p.q_stride[2];
         const index_t q_sd = VEC ? 1 : p.q_stride[3], o_sd = VEC ? 1 : p.o_stride[3];
 
         // q (pre-scaled into the log2 domain) and o in registers.
@@ -214,17 +220,17 @@ __device__ __forceinline__ void rowwise_body(
         __syncthreads();  // the previous block's last stage is no longer read
         if constexpr (M::WINDOW) {
             if (n_stages > st_first)
-                stage_kv<T, DPAD, VEC, KEYS>(sK + (st_first & 1) * L::STAGE, sV + (st_first & 1) * L::STAGE, k_row,
-                                             v_row, st_first * KEYS, n_block, p);
+                stage_kv<T, DPAD, VEC, KEYS, ADDR>(sK + (st_first & 1) * L::STAGE, sV + (st_first & 1) * L::STAGE, k_row,
+                                             v_row, st_first * KEYS, n_block, p, sqn);
         } else {
-            if (n_stages > 0) stage_kv<T, DPAD, VEC, KEYS>(sK, sV, k_row, v_row, 0, n_block, p);
+            if (n_stages > 0) stage_kv<T, DPAD, VEC, KEYS, ADDR>(sK, sV, k_row, v_row, 0, n_block, p, sqn);
         }
         if (VEC) cp_async_commit();
         for (int st = st_first; st < n_stages; ++st) {
             const int buf = st & 1;
             if (st + 1 < n_stages) {  // next stage in flight while this one is used
-                stage_kv<T, DPAD, VEC, KEYS>(sK + (buf ^ 1) * L::STAGE, sV + (buf ^ 1) * L::STAGE,
-                                             k_row, v_row, (st + 1) * KEYS, n_block, p);
+                stage_kv<T, DPAD, VEC, KEYS, ADDR>(sK + (buf ^ 1) * L::STAGE, sV + (buf ^ 1) * L::STAGE,
+                                             k_row, v_row, (st + 1) * KEYS, n_block, p, sqn);
             }
             if (VEC) {
                 cp_async_commit();
@@ -306,7 +312,7 @@ __device__ __forceinline__ void rowwise_body(
                 seen = l > (acc)0;  // (the window and mask_mod may leave a row no key)
                 inv_l = softmax::out_scale(l, seen, len < 0) * alpha;
             }
-            T* o_row = out + b * p.o_stride[0] + t * p.o_stride[1] + q_head * p.o_stride[2];
+            T* o_row = out + b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2];
 #pragma unroll
             for (int c = 0; c < CHUNKS; ++c) {
                 const int d0 = (c * TEAM + lane) * W;
@@ -324,7 +330,7 @@ __device__ __forceinline__ void rowwise_body(
                 }
             }
             if (lse != nullptr && lane == 0)
-                lse[((index_t)b * p.num_q_heads + q_head) * p.seqlen_q + t] = softmax::lse(m, l, seen, len < 0);
+                lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(m, l, seen, len < 0);
         }
     }
 }
@@ -347,4 +353,16 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention_mods(
     const ModParams mp)
 {
     rowwise_body<T, DPAD, TEAM, VEC, KEYS, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k, p, mp);
+}
+
+// The same with per-sequence addressing ADDR (common.cuh: SEQ_*: varlen, paged
+// K/V, left padding), described by sp.
+template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES, int ADDR>
+__global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention_seq(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    const SeqParams sp)
+{
+    rowwise_body<T, DPAD, TEAM, VEC, KEYS, SMEM_BYTES, NoMods, NoModParams, ADDR>(q, k, v, out, lse, seqlens_k, p,
+                                                                                NoModParams{}, &sp);
 }

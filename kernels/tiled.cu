@@ -93,14 +93,16 @@ struct Smem {
 }  // namespace tiled_detail
 
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
-// with them (tiled_attention_mods, common.cuh: modifiers).
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES, class M>
+// with them (tiled_attention_mods, common.cuh: modifiers). ADDR: the
+// per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES, class M,
+          int ADDR = 0>
 __device__ __forceinline__ void tiled_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out,
     float* __restrict__ lse,
     const int* __restrict__ seqlens_k,
-    const AttnParams& p, const ModParams& mp)
+    const AttnParams& p, const ModParams& mp, const SeqParams* sp = nullptr)
 {
     const int batch = p.batch, seqlen_q = p.seqlen_q;
     const int num_q_heads = p.num_q_heads, num_kv_heads = p.num_kv_heads;
@@ -135,16 +137,20 @@ __device__ __forceinline__ void tiled_body(
     const int warp = tid >> 5;
 
     // ---- this CTA's (b, kv head, rows) and keys (common.cuh) ---------------
-    const PrefillTile<CAUSAL, M::WINDOW> tile = prefill_tile_mods<CAUSAL, BLOCK_M, M::WINDOW>(
-        p, seqlens_k, num_q_heads / num_kv_heads, mp.window_left, mp.window_right);
+    Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
+    const PrefillTile<CAUSAL, M::WINDOW> tile = prefill_tile_seq<CAUSAL, BLOCK_M, M::WINDOW, ADDR>(
+        p, seqlens_k, sp, num_q_heads / num_kv_heads, mp.window_left, mp.window_right, sqn);
+    if constexpr (ADDR != 0) {
+        if (tile.row0 >= tile.packed_rows) return;  // past its sequence's rows (the whole CTA)
+    }
     const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
     const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
     const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;
     const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
     const int j_first = M::WINDOW ? keys.start / BLOCK_N : 0;  // tiles before the window's band are skipped
 
-    const T* kbase = k + (long long)b * k_stride_b + (long long)kvh * k_stride_h;
-    const T* vbase = v + (long long)b * v_stride_b + (long long)kvh * v_stride_h;
+    const T* kbase = k + (long long)sqn.k_batch() * k_stride_b + (long long)sqn.k0() * k_stride_s + (long long)kvh * k_stride_h;
+    const T* vbase = v + (long long)sqn.k_batch() * v_stride_b + (long long)sqn.k0() * v_stride_s + (long long)kvh * v_stride_h;
 
     // ---- async loads ---------------------------------------------------------
     {   // Q tile: packed row r -> (t, g); zero-filled past the end
@@ -157,7 +163,7 @@ __device__ __forceinline__ void tiled_body(
                 const int pr = row0 + r;
                 const bool ok = pr < packed_rows;
                 const int t = pr / group, g = pr - (pr / group) * group;
-                const T* src = ok ? q + (long long)b * q_stride_b + (long long)t * q_stride_s
+                const T* src = ok ? q + (long long)b * q_stride_b + (long long)(sqn.q0() + t) * q_stride_s
                                         + (long long)q_head_of(kvh, g, group) * q_stride_h + ch * 8
                                   : q;
                 cp_async_16(smem_addr(sQ + r * ROW + ch * 8), src, ok);
@@ -184,7 +190,14 @@ __device__ __forceinline__ void tiled_body(
         const unsigned dK = sKV_thr + stage * KV_STAGE_BYTES;
 #pragma unroll
         for (int i = 0; i < KV_ITERS; ++i) {
-            if constexpr (KV_FAST) {
+            if constexpr (KV_FAST && Sequence<ADDR>::PAGED) {  // each key row through the block table
+                const int key = key0 + i * KV_ROWS_PER_IT;
+                const bool ok = key < seqlen_k;
+                const unsigned d = dK + i * KV_ROWS_PER_IT * ROW * 2;
+                cp_async_16(d, ok ? (const void*)(kbase + sqn.kv_row(key, k_stride_b, k_stride_s) + kv_ch * 8) : (const void*)k, ok);
+                cp_async_16(d + K_TO_V_BYTES,
+                            ok ? (const void*)(vbase + sqn.kv_row(key, v_stride_b, v_stride_s) + kv_ch * 8) : (const void*)v, ok);
+            } else if constexpr (KV_FAST) {
                 const bool ok = key0 + i * KV_ROWS_PER_IT < seqlen_k;
                 const unsigned d = dK + i * KV_ROWS_PER_IT * ROW * 2;
                 cp_async_16(d, ok ? (const void*)(kp + (long long)i * KV_ROWS_PER_IT * k_stride_s) : (const void*)k, ok);
@@ -195,8 +208,15 @@ __device__ __forceinline__ void tiled_body(
                     const int r = c / CH, ch = c - (c / CH) * CH;
                     const bool ok = key0 + r < seqlen_k;
                     const unsigned d = dK + (r * ROW + ch * 8) * 2;
-                    cp_async_16(d, ok ? (const void*)(kp + (long long)r * k_stride_s + ch * 8) : (const void*)k, ok);
-                    cp_async_16(d + K_TO_V_BYTES, ok ? (const void*)(vp + (long long)r * v_stride_s + ch * 8) : (const void*)v, ok);
+                    if constexpr (Sequence<ADDR>::PAGED) {
+                        const int key = j * BLOCK_N + r;
+                        cp_async_16(d, ok ? (const void*)(kbase + sqn.kv_row(key, k_stride_b, k_stride_s) + ch * 8) : (const void*)k, ok);
+                        cp_async_16(d + K_TO_V_BYTES,
+                                    ok ? (const void*)(vbase + sqn.kv_row(key, v_stride_b, v_stride_s) + ch * 8) : (const void*)v, ok);
+                    } else {
+                        cp_async_16(d, ok ? (const void*)(kp + (long long)r * k_stride_s + ch * 8) : (const void*)k, ok);
+                        cp_async_16(d + K_TO_V_BYTES, ok ? (const void*)(vp + (long long)r * v_stride_s + ch * 8) : (const void*)v, ok);
+                    }
                 }
             }
         }
@@ -229,7 +249,7 @@ __device__ __forceinline__ void tiled_body(
     const unsigned sQ_warp = smem_addr(sQ + warp_row0 * ROW + a_off);
 
     // the modifiers' view of the lane's rows (common.cuh: mods)
-    const mods::Seq sq = mods::seq(b, seqlen_q, seqlen_k);
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(seqlen_q), seqlen_k);
     mods::Diag mrow[MT][2];
     if constexpr (M::ANY) {
 #pragma unroll
@@ -351,7 +371,7 @@ __device__ __forceinline__ void tiled_body(
                 const int pr = row0 + warp_row0 + r;
                 if (pr < packed_rows) {
                     const int t = pr / group, g = pr - (pr / group) * group;
-                    const long long idx = ((long long)b * num_q_heads + q_head_of(kvh, g, group)) * seqlen_q + t;
+                    const long long idx = sqn.lse_at(kvh, g, group, t, num_q_heads, seqlen_q);
                     lse[idx] = softmax::lse(m_run[mt][hf], l, len < 0);
                 }
             }
@@ -366,7 +386,7 @@ __device__ __forceinline__ void tiled_body(
             const int pr = row0 + warp_row0 + r;
             if (pr < packed_rows) {
                 const int t = pr / group, g = pr - (pr / group) * group;
-                T* dst = out + (long long)b * o_stride_b + (long long)t * o_stride_s
+                T* dst = out + (long long)b * o_stride_b + (long long)(sqn.q0() + t) * o_stride_s
                              + (long long)q_head_of(kvh, g, group) * o_stride_h + ch * 8;
                 *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(sO + r * ROW + ch * 8);
             }
@@ -404,4 +424,20 @@ tiled_attention_mods(
 {
     tiled_body<T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k,
                                                                                           p, mp);
+}
+
+// The same with per-sequence addressing ADDR (common.cuh: SEQ_*: varlen, paged
+// K/V, left padding), described by sp. The addressing needs registers of its
+// own: one CTA per SM's register file, as with the modifiers.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES, int ADDR>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+tiled_attention_seq(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out,
+    float* __restrict__ lse,
+    const int* __restrict__ seqlens_k,
+    const AttnParams p, const SeqParams sp)
+{
+    tiled_body<T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, NoMods, ADDR>(
+        q, k, v, out, lse, seqlens_k, p, ModParams{}, &sp);
 }

@@ -143,12 +143,14 @@ __device__ __forceinline__ void split_chunk_in_place(float* raw, float* small) {
 }
 
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
-// with them (tiled_tf32_attention_mods, common.cuh: modifiers).
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT, int SMEM_BYTES, class M>
+// with them (tiled_tf32_attention_mods, common.cuh: modifiers). ADDR: the
+// per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT, int SMEM_BYTES, class M,
+          int ADDR = 0>
 __device__ __forceinline__ void tiled_tf32_body(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
-    const ModParams& mp)
+    const ModParams& mp, const SeqParams* sp = nullptr)
 {
     using namespace tf32_detail;
     constexpr int D = HEAD_DIM;
@@ -180,15 +182,19 @@ __device__ __forceinline__ void tiled_tf32_body(
     const int g_lane = lane >> 2, c_lane = lane & 3;
 
     // ---- which (b, kvh, m_tile) this CTA owns ----------------------------------
-    const PrefillTile<CAUSAL, M::WINDOW> tile =
-        prefill_tile_mods<CAUSAL, BLOCK_M, M::WINDOW>(p, seqlens_k, p.group_size, mp.window_left, mp.window_right);
+    Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
+    const PrefillTile<CAUSAL, M::WINDOW> tile = prefill_tile_seq<CAUSAL, BLOCK_M, M::WINDOW, ADDR>(
+        p, seqlens_k, sp, p.group_size, mp.window_left, mp.window_right, sqn);
+    if constexpr (ADDR != 0) {
+        if (tile.row0 >= tile.packed_rows) return;  // past its sequence's rows (the whole CTA)
+    }
     const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
     const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
     const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;
     const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
     const int j_first = M::WINDOW ? keys.start / BLOCK_N : 0;  // tiles before the window's band are skipped
-    const float* kbase = k + b * p.k_stride[0] + kvh * p.k_stride[2];
-    const float* vbase = v + b * p.v_stride[0] + kvh * p.v_stride[2];
+    const float* kbase = k + sqn.k_batch() * p.k_stride[0] + sqn.k0() * p.k_stride[1] + kvh * p.k_stride[2];
+    const float* vbase = v + sqn.k_batch() * p.v_stride[0] + sqn.k0() * p.v_stride[1] + kvh * p.v_stride[2];
 
     // ---- asynchronous loads (16 bytes per thread and copy, zero-filled past the end)
 #pragma unroll
@@ -197,7 +203,7 @@ __device__ __forceinline__ void tiled_tf32_body(
         if ((BLOCK_M * CH) % NTHREADS == 0 || c < BLOCK_M * CH) {
             const int pr = row0 + r, t = pr / group, g = pr % group;
             const bool ok = pr < packed_rows;
-            const float* src = q + b * p.q_stride[0] + (index_t)t * p.q_stride[1]
+            const float* src = q + b * p.q_stride[0] + (index_t)(sqn.q0() + t) * p.q_stride[1]
                                + q_head_of(kvh, g, group) * p.q_stride[2] + ch * 4;
             cp_async_16(smem_addr(sQ + r * ROW + ch * 4), ok ? src : q, ok);
         }
@@ -210,8 +216,8 @@ __device__ __forceinline__ void tiled_tf32_body(
                 const int key = j * BLOCK_N + r;
                 const bool ok = key < seqlen_k;
                 const int dst = (stage * BLOCK_N + r) * ROW + ch * 4;
-                cp_async_16(smem_addr(sK + dst), ok ? kbase + (index_t)key * p.k_stride[1] + ch * 4 : k, ok);
-                cp_async_16(smem_addr(sV + dst), ok ? vbase + (index_t)key * p.v_stride[1] + ch * 4 : v, ok);
+                cp_async_16(smem_addr(sK + dst), ok ? kbase + sqn.kv_row(key, p.k_stride[0], p.k_stride[1]) + ch * 4 : k, ok);
+                cp_async_16(smem_addr(sV + dst), ok ? vbase + sqn.kv_row(key, p.v_stride[0], p.v_stride[1]) + ch * 4 : v, ok);
             }
         }
     };
@@ -232,7 +238,7 @@ __device__ __forceinline__ void tiled_tf32_body(
     const int k_off = ((lane & 7) + (lane >> 4) * 8) * ROW + ((lane >> 3) & 1) * 4;
 
     // the modifiers' view of the lane's rows (common.cuh: mods)
-    const mods::Seq sq = mods::seq(b, p.seqlen_q, seqlen_k);
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(p.seqlen_q), seqlen_k);
     mods::Diag mrow[2];
     if constexpr (M::ANY) {
 #pragma unroll
@@ -389,7 +395,7 @@ __device__ __forceinline__ void tiled_tf32_body(
         const int pr = row0 + warp * 16 + r;
         if (lse != nullptr && c_lane == 0 && pr < packed_rows) {
             const int t = pr / group, g = pr % group;
-            lse[((index_t)b * p.num_q_heads + q_head_of(kvh, g, group)) * p.seqlen_q + t] = softmax::lse(m_run[hf], l, len < 0);
+            lse[sqn.lse_at(kvh, g, group, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(m_run[hf], l, len < 0);
         }
     }
     __syncwarp();
@@ -399,7 +405,7 @@ __device__ __forceinline__ void tiled_tf32_body(
         const int pr = row0 + warp * 16 + r;
         if (((16 * CH) % 32 == 0 || c < 16 * CH) && pr < packed_rows) {
             const int t = pr / group, g = pr % group;
-            float* dst = out + b * p.o_stride[0] + (index_t)t * p.o_stride[1] + q_head_of(kvh, g, group) * p.o_stride[2] + ch * 4;
+            float* dst = out + b * p.o_stride[0] + (index_t)(sqn.q0() + t) * p.o_stride[1] + q_head_of(kvh, g, group) * p.o_stride[2] + ch * 4;
             *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(sO + r * ROW + ch * 4);
         }
     }
@@ -426,4 +432,17 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention_mods(
 {
     tiled_tf32_body<HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SPLIT, PRESPLIT, SMEM_BYTES, Mods<FLAGS>>(
         q, k, v, out, lse, seqlens_k, p, mp);
+}
+
+// The same with per-sequence addressing ADDR (common.cuh: SEQ_*: varlen, paged
+// K/V, left padding), described by sp.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT, int SMEM_BYTES,
+          int ADDR>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention_seq(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    const SeqParams sp)
+{
+    tiled_tf32_body<HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SPLIT, PRESPLIT, SMEM_BYTES, NoMods, ADDR>(
+        q, k, v, out, lse, seqlens_k, p, ModParams{}, &sp);
 }

@@ -148,3 +148,57 @@ def reference_attention_backward(dout, q, k, v, *, causal=True, softmax_scale=No
     dk = dk.reshape(batch, seqlen_k, num_kv_heads, group_size, head_dim).sum(axis=3)
     dv = dv.reshape(batch, seqlen_k, num_kv_heads, group_size, head_dim).sum(axis=3)
     return dq, dk, dv
+
+
+def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=True, softmax_scale=None):
+    """(out, lse) in float64 of packed sequences: q (total_q, Hq, D), k and v
+    (total_k, Hkv, D); sequence b is rows [cu_q[b], cu_q[b + 1]) of q and
+    [cu_k[b], cu_k[b + 1]) of k, v, each run through reference_attention on its
+    own. out is (total_q, Hq, D), lse (Hq, total_q); rows of no sequence stay
+    NaN (nothing defines them)."""
+    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
+    out = np.full(q.shape, np.nan)
+    lse = np.full((q.shape[1], q.shape[0]), np.nan)
+    for b in range(len(cu_seqlens_q) - 1):
+        q0, q1 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+        k0, k1 = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1])
+        if q1 == q0:
+            continue
+        if k1 == k0:  # no key: zeros and -inf
+            out[q0:q1], lse[:, q0:q1] = 0.0, -np.inf
+            continue
+        o, l = reference_attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal, softmax_scale=softmax_scale)
+        out[q0:q1], lse[:, q0:q1] = o[0], l[0]
+    return out, lse
+
+
+def reference_kvcache(q, k_cache, v_cache, *, seqlens_k=None, block_table=None, cache_leftpad=None, causal=True,
+                      softmax_scale=None):  # fmt: skip
+    """(out, lse) in float64 of q (B, Sq, Hq, D) against a KV cache: contiguous
+    (B, Sk, Hkv, D), or with block_table (B, max_pages) a pool of pages
+    (num_pages, page_size, Hkv, D) where key j of sequence b is row j % page_size
+    of page block_table[b, j // page_size]. Sequence b's keys are [cache_leftpad[b]
+    (default 0), seqlens_k[b] (default all)), gathered key by key, then
+    reference_attention runs on the gathered keys of each sequence alone (so the
+    causal diagonal is at the end of the keys)."""
+    q, k_cache, v_cache = (np.asarray(x).astype(np.float64) for x in (q, k_cache, v_cache))
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    out = np.zeros(q.shape)
+    lse = np.full((batch, num_q_heads, seqlen_q), -np.inf)
+    for b in range(batch):
+        end = (block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]) if seqlens_k is None else int(seqlens_k[b])
+        first = 0 if cache_leftpad is None else int(cache_leftpad[b])
+        rows = []
+        for j in range(first, end):
+            if block_table is None:
+                rows.append((k_cache[b, j], v_cache[b, j]))
+            else:
+                page_size = k_cache.shape[1]
+                page = int(block_table[b, j // page_size])
+                rows.append((k_cache[page, j % page_size], v_cache[page, j % page_size]))
+        if not rows:
+            continue
+        ks = np.stack([r[0] for r in rows])[None]
+        vs = np.stack([r[1] for r in rows])[None]
+        out[b : b + 1], lse[b : b + 1] = reference_attention(q[b : b + 1], ks, vs, causal=causal, softmax_scale=softmax_scale)
+    return out, lse

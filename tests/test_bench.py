@@ -144,6 +144,10 @@ EXPECTED_CASES = {
     "L1": (2, 80, 80, 8, 2, 32, "bf16", True, "call"),
     "L2": (1, 1, 4096, 32, 8, 128, "bf16", True, "call"),
     "L3": (8, 1, 1024, 32, 8, 128, "bf16", True, "call"),
+    "P1": (16, 1, 8192, 32, 8, 128, "bf16", True, "paged"),
+    "P2": (16, 1, 8192, 32, 8, 128, "bf16", True, "paged"),
+    "P3": (16, 1, 8192, 32, 8, 128, "bf16", True, "paged"),
+    "V1": (16, 4096, 4096, 32, 8, 128, "bf16", True, "varlen"),
 }
 
 
@@ -543,7 +547,7 @@ def test_call_cases_select_alone_and_list(capsys):
 
 def test_call_cases_in_the_full_list_and_help():
     out = subprocess.run([sys.executable, str(BENCH_PATH), "--list"], capture_output=True, text=True, check=True).stdout
-    assert [line.split()[0] for line in out.splitlines()][-3:] == ["L1", "L2", "L3"]
+    assert [line.split()[0] for line in out.splitlines()][-7:-4] == ["L1", "L2", "L3"]
     proc = _run_script("--help", env_extra={"CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0 and "L3   B8 Sq1 Sk1024" in proc.stdout
 
@@ -693,3 +697,16 @@ def test_method_text_states_the_call_constants():
     assert f"CALL_WARMUP = {bench.CALL_WARMUP}" in method
     assert f"HOST_CALLS = {bench.HOST_CALLS} calls" in method and f"(--quick: {bench.QUICK_HOST_CALLS})" in method
     assert "cupy_gqa[auto,cupy]" in method and "torch_auto" in method
+
+
+def test_seq_cases_list_and_lengths(capsys):
+    """P1-P3 (paged decode, pages of 16 / 64 / 256) and V1 (varlen prefill) are listed;
+    V1's lengths are fixed by the seed and within [128, 4096]."""
+    assert bench.main(["--cases", "P1,P2,P3,V1", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name, page in (("P1", 16), ("P2", 64), ("P3", 256)):
+        assert f"pages of {page} shuffled" in next(line for line in out.splitlines() if line.startswith(name))
+    assert "varlen 16 sequences of 128 to 4096 tokens" in out
+    lengths = bench.varlen_lengths(bench.CASE_BY_NAME["v1"])
+    assert lengths == bench.varlen_lengths(bench.CASE_BY_NAME["v1"]) and len(lengths) == 16
+    assert all(128 <= n <= 4096 for n in lengths) and len(set(lengths)) > 1

@@ -162,6 +162,60 @@ def _nvrtc_major() -> int:
     return nvrtc.getVersion()[0]
 
 
+def _seq_specs():
+    """One per-sequence instantiation per kernel, addressing (kernels/common.cuh:
+    SEQ_*) and, for decode, rows per CTA: each file's largest head dim, where
+    registers are shortest."""
+    from cupy_gqa import _specs
+
+    picked = {}
+    for spec in _specs.seq_check_specs(ARCHS["sm_90"]):
+        kernel = spec.name.split("<", 1)[0]
+        addr = spec.name.rsplit(", ", 1)[1]
+        if spec.dtype not in ("bfloat16", "float32"):
+            continue
+        key = (kernel, addr, spec.block_m if spec.family == "decode" else 0)
+        if key not in picked or spec.head_dim > picked[key].head_dim:
+            picked[key] = spec
+    return tuple(picked.values())
+
+
+@pytest.mark.parametrize("spec", _seq_specs(), ids=lambda s: s.name)
+def test_seq_kernels_compile_without_spills(spec):
+    """The *_seq instantiations (varlen, paged, left padding) compile with no spills and no stack."""
+    report = compile_offline(spec, "sm_90")
+    assert report.ok, report.log
+    assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+
+
+def test_compile_command_takes_the_seq_instantiations(capsys, monkeypatch):
+    """compile --seq compiles _specs.seq_check_specs, not the table."""
+    from cupy_gqa import __main__ as cli
+    from cupy_gqa import _specs
+
+    spec = next(s for s in _specs.seq_check_specs(ARCHS["sm_90"]) if s.name.startswith("decode_combine_seq"))
+    monkeypatch.setattr(cli, "seq_check_specs", lambda arch: (spec,))
+    assert main(["compile", "--arch", "sm_90", "--seq"]) == 0
+    out = capsys.readouterr().out
+    assert spec.name in out and "1/1 specializations compiled for sm_90" in out
+
+
+def test_seq_instantiation_names():
+    """with_seq names the *_seq kernel with ADDR last, leaves contiguous calls alone, and takes
+    16 rows per warp in the fp16 / bf16 tiles from head dim 96 on."""
+    from cupy_gqa import _specs
+
+    arch = ARCHS["sm_90"]
+    spec = _specs.tiled_spec("bfloat16", 128, True, arch)
+    assert _specs.with_seq(spec, 0) is spec
+    seq = _specs.with_seq(spec, 2)
+    assert seq.name == "tiled_attention_seq<__nv_bfloat16, 128, 128, 64, 8, true, 104448, 2>" and seq.threads == 256
+    combine = _specs.with_seq(_specs.DECODE_COMBINE["float16"], 1)
+    assert combine.name == "decode_combine_seq<__half, 1>"
+    decode = _specs.with_seq(_specs.decode_spec("bfloat16", 128, 64, arch), 6)  # the 64-row layout
+    assert decode.name == "decode_mma_attention_seq<__nv_bfloat16, 128, 4, 9, 91136, 6>" and decode.block_m == 64
+
+
 def _decode_specs():
     return [(arch, s) for arch in ("sm_80", "sm_90") for s in specs_for(ARCHS[arch]) if s.family == "decode" and s.block_m]
 

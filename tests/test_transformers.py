@@ -71,26 +71,187 @@ def test_static_cache_prefill_and_decode_match_sdpa(calls):
     ids = torch.randint(0, 101, (1, 17), generator=torch.Generator().manual_seed(2))
     ours, theirs = _model("llama", "cupy_gqa"), _model("llama", "sdpa")
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # decode steps with a static cache carry a mask: they fall back
+        warnings.simplefilter("ignore")  # decode steps with a static cache carry a whole mask: they fall back
         gen_a = ours.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static")
         gen_b = theirs.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static")
     assert torch.equal(gen_a, gen_b)
-    assert [shape[2] for shape in calls][:2] == [17, 17]  # the prefill into the empty static cache ran cupy_gqa
+    assert [shape[2] for shape in calls] == [17, 17]  # the prefill into the empty static cache ran cupy_gqa
 
 
-def test_padded_batch_falls_back_once_with_a_warning_and_strict_raises():
-    ids = torch.randint(1, 101, (2, 12), generator=torch.Generator().manual_seed(3))
+@pytest.fixture
+def leftpads(monkeypatch):
+    """(q shape, k shape, cache_leftpad as a list or None) of each call that reaches cupy_gqa.attention."""
+    import cupy_gqa
+
+    seen, attention = [], cupy_gqa.attention
+
+    def spy(*a, **kw):
+        pad = kw.get("cache_leftpad")
+        seen.append((tuple(a[0].shape), tuple(a[1].shape), None if pad is None else pad.tolist()))
+        return attention(*a, **kw)
+
+    monkeypatch.setattr(cupy_gqa, "attention", spy)
+    return seen
+
+
+def _left_padded_batch(seed):
+    """Three prompts of 12 positions: unpadded, 4 of left padding, 11 (one real token)."""
+    ids = torch.randint(1, 101, (3, 12), generator=torch.Generator().manual_seed(seed))
     mask = torch.ones_like(ids)
-    mask[1, :4] = 0  # left padding
-    ours, theirs = _model("llama", "cupy_gqa"), _model("llama", "sdpa")
+    mask[1, :4] = 0
+    mask[2, :11] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_left_padded_batch_and_batched_generate_run_cupy_gqa_and_match_eager(arch, leftpads):
+    """A left-padded batch runs cupy_gqa with cache_leftpad (no fallback): the logits of
+    its real tokens are eager attention's, and batched generation gives eager's tokens."""
+    ids, mask = _left_padded_batch(11)
+    ours, theirs = _model(arch, "cupy_gqa"), _model(arch, "eager")
+    real = mask.bool().numpy()
     with torch.no_grad():
-        with pytest.warns(UserWarning, match="cupy_gqa: calls with an attention mask .* run transformers' sdpa"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback
             a = ours(ids, attention_mask=mask).logits
         b = theirs(ids, attention_mask=mask).logits
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=2e-5)
+        assert leftpads == [((3, 4, 12, 16), (3, 2, 12, 16), [0, 4, 11])] * 2  # both layers, on cupy_gqa
+        np.testing.assert_allclose(a.numpy()[real], b.numpy()[real], rtol=0, atol=2e-5)
+        # the padding changes the padded rows' logits: attending to the padding would show
+        unpadded = theirs(ids[1:2, 4:]).logits
+        np.testing.assert_allclose(b.numpy()[1, 4:], unpadded.numpy()[0], rtol=0, atol=2e-5)
+        leftpads.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            gen_a = ours.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        gen_b = theirs.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(gen_a, gen_b)
+    # the prefill and 5 decode steps, every layer on cupy_gqa, with the prompt's left padding
+    assert [(q[2], k[2], pad) for q, k, pad in leftpads] == [
+        (12 if step == 0 else 1, 12 + step, [0, 4, 11]) for step in range(6) for _ in range(2)
+    ]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_left_padded_static_cache_prefill_runs_cupy_gqa_and_generate_matches_eager(arch, leftpads):
+    """With a static cache the prefill's keys are cut to the prompt (a view) and its left
+    padding is cache_leftpad: the prefill runs cupy_gqa (the decode steps, whose whole mask
+    transformers asks for, fall back) and generation gives eager's tokens."""
+    ids, mask = _left_padded_batch(12)
+    ours, theirs = _model(arch, "cupy_gqa"), _model(arch, "eager")
+    with torch.no_grad():
+        with pytest.warns(UserWarning, match="a static cache's decode step"):
+            gen_a = ours.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0,
+                                  cache_implementation="static")  # fmt: skip
+        gen_b = theirs.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0,
+                                cache_implementation="static")  # fmt: skip
+    assert torch.equal(gen_a, gen_b)
+    assert leftpads == [((3, 4, 12, 16), (3, 2, 12, 16), [0, 4, 11])] * 2
+
+
+def test_right_padded_prompt_runs_cupy_gqa_and_matches_eager_on_its_real_tokens(leftpads):
+    """A right-padded prompt (training batches): no real token sees a later key, so the causal
+    pattern alone gives eager's logits on the real tokens, and no cache_leftpad is needed."""
+    ids = torch.randint(1, 101, (3, 12), generator=torch.Generator().manual_seed(13))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    mask[2, 1:] = 0
+    ours, theirs = _model("llama", "cupy_gqa"), _model("llama", "eager")
+    with torch.no_grad():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            a = ours(ids, attention_mask=mask).logits
+        b = theirs(ids, attention_mask=mask).logits
+    assert leftpads == [((3, 4, 12, 16), (3, 2, 12, 16), None)] * 2
+    real = mask.bool().numpy()
+    np.testing.assert_allclose(a.numpy()[real], b.numpy()[real], rtol=0, atol=2e-5)
+
+
+def test_padding_inside_a_sequence_falls_back_once_with_a_warning_and_strict_raises(leftpads):
+    """Padding that a real token would see (here: between real tokens) is no cache_leftpad: the
+    call falls back to sdpa with the full mask, and strict raises."""
+    ids = torch.randint(1, 101, (2, 12), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    mask[1, 5:7] = 0  # a hole
+    ours, theirs = _model("llama", "cupy_gqa"), _model("llama", "eager")
+    with torch.no_grad():
+        with pytest.warns(UserWarning, match="calls with an attention mask .padding inside a sequence.* sdpa"):
+            a = ours(ids, attention_mask=mask).logits
+        b = theirs(ids, attention_mask=mask).logits
+        assert leftpads == []
+        real = mask.bool().numpy()
+        np.testing.assert_allclose(a.numpy()[real], b.numpy()[real], rtol=0, atol=2e-5)
         hf.register(strict=True)
         with pytest.raises(ValueError, match="cupy_gqa does not run calls with an attention mask"):
             ours(ids, attention_mask=mask)
+
+
+def test_left_padding_with_grad_falls_back_and_matches_sdpa_gradients(leftpads):
+    """cache_leftpad has no backward pass: a left-padded batch whose inputs need grad falls back
+    to sdpa with the full mask, and gives its gradients."""
+    ids, mask = _left_padded_batch(14)
+    labels = ids.masked_fill(mask == 0, -100)
+    ours, theirs = _model("llama", "cupy_gqa").train(), _model("llama", "sdpa").train()
+    with pytest.warns(UserWarning, match="left padding and inputs that require grad"):
+        loss_a = ours(ids, attention_mask=mask, labels=labels).loss
+    loss_b = theirs(ids, attention_mask=mask, labels=labels).loss
+    assert leftpads == []
+    loss_a.backward()
+    loss_b.backward()
+    np.testing.assert_allclose(loss_a.item(), loss_b.item(), rtol=1e-5)
+    for (name, pa), pb in zip(ours.named_parameters(), theirs.parameters()):
+        np.testing.assert_allclose(pa.grad.numpy(), pb.grad.numpy(), rtol=1e-3, atol=1e-5, err_msg=name)
+
+
+def _visible(padding, q_offset, q_length):
+    """transformers' rule, by brute force: visible[b, t, j] = j <= q_offset + t and padding[b, j]."""
+    kv = padding.shape[1]
+    pos = q_offset + np.arange(q_length)
+    return (np.arange(kv)[None, None, :] <= pos[None, :, None]) & padding[:, None, :]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_padded_batch_is_transformers_mask_on_every_real_token(seed):
+    """PaddedBatch.of against the brute-force mask on random padding (left, right, a static tail,
+    holes, rows of padding only): where it returns a PaddedBatch, every query whose own token is
+    real sees exactly cache_leftpad[b] <= j <= its position, j < num_keys; it returns None exactly
+    when some real token would see padding after its row's first real key."""
+    rng = np.random.default_rng(seed)
+
+    def cases():
+        # decode steps whose own tokens are padding, with a hole before them (expressible), or one real (not)
+        yield np.array([[1, 0, 1, 0, 0]], dtype=bool), 3, 2
+        yield np.array([[1, 0, 1, 0, 1]], dtype=bool), 3, 2
+        for _ in range(40):
+            batch, kv = int(rng.integers(1, 4)), int(rng.integers(1, 12))
+            q_length = int(rng.integers(1, kv + 1))
+            padding = np.zeros((batch, kv), dtype=bool)
+            for b in range(batch):
+                lo, hi = sorted(int(x) for x in rng.integers(0, kv + 1, 2))
+                padding[b, lo:hi] = True
+                if rng.random() < 0.3:
+                    padding[b, rng.integers(0, kv)] ^= True  # a hole, or an extra key
+            yield padding, int(rng.integers(0, kv - q_length + 1)), q_length
+
+    for padding, q_offset, q_length in cases():
+        batch, kv = padding.shape
+        torch_offset = torch.tensor([q_offset]) if rng.random() < 0.5 else q_offset  # (a static cache's: a tensor)
+        padded = hf.PaddedBatch.of(torch.from_numpy(padding), q_length, torch_offset, {})
+        vis = _visible(padding, q_offset, q_length)
+        pos = q_offset + np.arange(q_length)
+        real = padding[:, pos]  # (batch, q_length): the query's own token is real
+        j = np.arange(kv)
+        first = np.array([np.argmax(r[: q_offset + q_length]) if r[: q_offset + q_length].any() else q_offset + q_length
+                          for r in padding])  # fmt: skip
+        ours = (j[None, None, :] >= first[:, None, None]) & (j[None, None, :] <= pos[None, :, None])
+        expressible = bool(np.all((ours == vis)[real]))
+        assert (padded is not None) == expressible, (padding, q_offset, q_length)
+        if padded is not None:
+            assert padded.num_keys == q_offset + q_length
+            pads = np.zeros(batch, dtype=int) if padded.cache_leftpad is None else padded.cache_leftpad.numpy()
+            assert padded.cache_leftpad is None or padded.cache_leftpad.dtype == torch.int32
+            np.testing.assert_array_equal(pads, first)
 
 
 def test_training_with_grad_runs_cupy_gqa_and_matches_sdpa_gradients(calls):
@@ -129,6 +290,33 @@ def test_gpu_logits_match_sdpa(dtype):
     err_ours = float((a.double() - ref).norm() / ref.norm())
     err_theirs = float((b.double() - ref).norm() / ref.norm())
     assert err_theirs < (1e-5 if dt == torch.float32 else 2e-2), err_theirs  # the same model in every dtype
+    assert err_ours <= 1.5 * err_theirs + 1e-6, (err_ours, err_theirs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+def test_gpu_left_padded_batch_matches_eager_float64(leftpads):
+    """A left-padded bfloat16 batch on the kernels (cache_leftpad read on the device): the real
+    tokens' logits are as close to float64 eager attention as sdpa's, and generation runs cupy_gqa."""
+    ids, mask = _left_padded_batch(15)
+    ids, mask = ids.cuda(), mask.cuda()
+    ours, theirs = _model("llama", "cupy_gqa", "cuda", torch.bfloat16), _model("llama", "sdpa", "cuda", torch.bfloat16)
+    real = mask.bool()
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask).logits.double()[real]
+        b = theirs(ids, attention_mask=mask).logits.double()[real]
+        # float64 eager attention turns a left-padded batch into NaN (its softmax runs in float32, where
+        # the float64 mask value is -inf, so the padding's rows are NaN and then their keys): the
+        # reference is each prompt alone, its real tokens at the positions they have in the batch
+        m64 = _model("llama", "eager", "cuda", torch.float64)
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        ref = torch.cat([m64(ids[i : i + 1, real[i]], position_ids=pos[real[i]][None]).logits[0] for i in range(len(ids))])
+        assert leftpads and all(pad == [0, 4, 11] for _, _, pad in leftpads)
+        ours.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert len(leftpads) == 2 * (1 + 3)
+    err_ours = float((a - ref).norm() / ref.norm())
+    err_theirs = float((b - ref).norm() / ref.norm())
+    assert err_theirs < 2e-2, err_theirs  # the reference is the same model
     assert err_ours <= 1.5 * err_theirs + 1e-6, (err_ours, err_theirs)
 
 

@@ -11,9 +11,15 @@ that a sliding window alone does not make a mask (cupy_gqa applies it, from the
 pattern and its sliding window describe the call, as sdpa would for the causal
 pattern alone. (Registering the attention function alone would be silently
 wrong: transformers then passes no mask at all, padded batches included.)
+A causal batch with a padding mask (attention_mask) gets a
+:class:`PaddedBatch` instead of the full mask where its padding is left
+padding (transformers' batched generation), right padding of a prompt or a
+static cache's unwritten tail: cupy_gqa runs it with ``cache_leftpad`` and the
+keys cut after the last query (PaddedBatch says how, and which rows differ).
 
 cupy_gqa runs a call when:
-  - there is no mask;
+  - there is no mask, or a PaddedBatch (with left padding: no sliding window,
+    softcap or sinks, and no inputs that require grad);
   - no dropout is active;
   - it has no position bias;
   - inputs that require grad (or a torch.compile trace) have no sliding
@@ -26,7 +32,8 @@ Gemma 2 and gpt-oss), softcap (Gemma 2) and attention sinks (gpt-oss,
 float32). A prefill whose keys are a whole preallocated (static) cache is cut
 to the prefill's own keys, as transformers' sdpa does.
 
-Any other call falls back, with a warning the first time for each reason:
+Any other call (a padding mask with padding inside a sequence, say) falls
+back, with a warning the first time for each reason:
   - to transformers' sdpa;
   - to its eager attention when the call has a softcap or sinks, which sdpa
     would silently drop.
@@ -59,24 +66,152 @@ def register(*, strict: bool = False, name: str = NAME) -> None:
 def _mask(*args, local_size=None, **kwargs):
     """transformers' sdpa mask, but a sliding window alone makes none (cupy_gqa
     applies the window): with local_size dropped, a call without padding gets
-    None; one with padding still gets the full mask, window included."""
-    from transformers.masking_utils import sdpa_mask
+    None; one with padding still gets the full mask, window included.
 
-    return sdpa_mask(*args, **kwargs)
+    The plain causal mask of a batch with a 2D padding mask becomes a
+    :class:`PaddedBatch` where cupy_gqa can run it (see there), or None where
+    nothing is padded; not where the caller asks for the mask itself
+    (``allow_is_causal_skip=False``: models that combine it with other masks,
+    and a static cache's decode steps, whose mask transformers builds whole)."""
+    from transformers.masking_utils import causal_mask_function, is_tracing, prepare_padding_mask, sdpa_mask
+
+    padding, q_offset = kwargs.get("attention_mask"), kwargs.get("q_offset", 0)
+    if isinstance(padding, PaddedBatch):  # generate's premade mask, passed on by the model's forward
+        return padding if kwargs.get("mask_function") is causal_mask_function else padding.mask(**kwargs)
+    if (
+        args
+        or kwargs.get("mask_function") is not causal_mask_function  # a window, chunks, packed sequences, ...
+        # the mask itself asked for: models that combine it with others, a static cache's decode steps
+        or not kwargs.get("allow_is_causal_skip", True)
+        or kwargs.get("kv_offset", 0) != 0
+        or is_tracing(padding)
+        or (isinstance(q_offset, _torch().Tensor) and is_tracing(q_offset))
+    ):
+        return sdpa_mask(*args, **kwargs)
+    if padding is None:
+        # no padding: the keys up to the last query (a static cache's q_offset is a tensor, read here)
+        padded = PaddedBatch(None, int(q_offset) + kwargs["q_length"], kwargs)
+    else:
+        padding = prepare_padding_mask(padding, kwargs["kv_length"], 0)  # (batch, kv_length)
+        padded = PaddedBatch.of(padding, kwargs["q_length"], q_offset, kwargs)
+        if padded is None:  # padding inside a sequence, seen by its tokens: the full mask
+            return sdpa_mask(*args, **kwargs)
+    if padded.cache_leftpad is None and padded.num_keys == kwargs["kv_length"]:
+        return None  # nothing padded: the causal pattern alone, which cupy_gqa applies
+    return padded
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class PaddedBatch:
+    """The attention mask of a causal batch with padding, as cupy_gqa runs it.
+
+    transformers' mask for a batch with a 2D padding mask lets query position t
+    of row b see key j when j <= t (keys and queries numbered by position) and
+    the padding mask is 1 at j. cupy_gqa expresses that with ``cache_leftpad``
+    (each row's first unpadded key) and the call's keys cut to positions
+    ``[0, num_keys)`` (num_keys: one past the last query's position; a static
+    cache's unwritten keys are past it): query t then sees keys
+    ``cache_leftpad[b] <= j <= t``. That is transformers' mask for every query
+    whose own token is not padding, provided its row has no padding between its
+    first unpadded key and the query: left padding (transformers' layout for
+    batched generation), right padding of a prompt (its padding follows every
+    real token), a static cache. A padded row with padding inside (a
+    right-padded prompt that then generates) makes :func:`_mask` build the full
+    mask, and the calls fall back to sdpa; so do a static cache's decode steps
+    (transformers asks for their whole mask).
+
+    The rows of padding tokens are not transformers': each sees the keys from
+    its row's first unpadded one to itself (none for left padding: zeros),
+    where transformers lets it see the unpadded keys. Those rows are padding:
+    no real token attends to them (the causal pattern), and they give no loss
+    and, with left padding, no generated token. (A right-padded prompt that
+    generates takes its first token from a padding row, which transformers
+    warns about: that token is not transformers' either, and the steps after
+    it have padding inside the sequence, which falls back.)
+
+    Deciding this reads the padding mask's summary on the host: one transfer of
+    three integers per forward (the mask function runs once per forward, not
+    per layer; without a padding mask, only a static cache's query offset),
+    where transformers' own sdpa mask reads the padding mask on the host too
+    (``_ignore_causal_mask_sdpa``). cache_leftpad stays on the device, where
+    the kernels read it in place.
+    """
+
+    ndim = 4  # transformers passes a premade mask of 4 dimensions on to the mask function
+
+    def __init__(self, cache_leftpad, num_keys: int, mask_kwargs: dict):
+        self.cache_leftpad = cache_leftpad  # (batch,) int32 on the mask's device, or None: no left padding
+        self.num_keys = num_keys
+        self._mask_kwargs = mask_kwargs
+        self._full = None
+
+    @property
+    def shape(self):
+        k = self._mask_kwargs
+        return (k["batch_size"], 1, k["q_length"], k["kv_length"])
+
+    def mask(self, **kwargs):
+        """transformers' sdpa mask of the batch (for a fallback), with the mask
+        function of ``kwargs`` if given, else the causal one."""
+        from transformers.masking_utils import sdpa_mask
+
+        if kwargs:
+            return sdpa_mask(**{**kwargs, "attention_mask": self._mask_kwargs.get("attention_mask")})
+        if self._full is None:
+            self._full = sdpa_mask(**{**self._mask_kwargs, "allow_is_causal_skip": False})
+        return self._full
+
+    @classmethod
+    def of(cls, padding_mask, q_length: int, q_offset, mask_kwargs: dict):
+        """The PaddedBatch of a causal call with queries at positions
+        ``q_offset + [0, q_length)`` and the (batch, kv_length) bool padding
+        mask, or None when a row has padding where a real token sees it."""
+        torch = _torch()
+        device = padding_mask.device
+        j = torch.arange(padding_mask.shape[-1], device=device)
+        end = torch.as_tensor(q_offset, device=device).reshape(()) + q_length  # one past the last query
+        seen = padding_mask & (j < end)  # unpadded keys, up to the last query
+        first = torch.where(seen.any(-1), seen.to(torch.int32).argmax(-1), end).to(torch.int32)
+        # the last real query's position (-1: none), and whether the row's unpadded keys up to it are one run
+        last_real = torch.where(seen & (j >= end - q_length), j, -1).amax(-1)
+        ones = (seen & (j <= last_real[:, None])).sum(-1)
+        holes = ones != (last_real + 1 - first).clamp(min=0)
+        # one transfer: whether any row has a hole or left padding, and num_keys
+        summary = torch.stack([holes.any().to(torch.int64), (first > 0).any().to(torch.int64), end.to(torch.int64)])
+        any_hole, any_left, num_keys = summary.tolist()
+        if any_hole:
+            return None
+        return cls(first if any_left else None, int(num_keys), mask_kwargs)
 
 
 def _unsupported(module, query, key, value, attention_mask, dropout, kwargs) -> str | None:
     """Why cupy_gqa can't run this call of transformers' attention, or None."""
-    if attention_mask is not None:
-        return "an attention mask (padding, sliding window or a custom pattern)"
+    from cupy_gqa import api
+
+    modifiers = kwargs.get("sliding_window") or kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None
+    if isinstance(attention_mask, PaddedBatch):
+        if attention_mask.cache_leftpad is not None:
+            if modifiers:
+                return "left padding and a sliding window, softcap or sinks (cache_leftpad takes no modifiers)"
+            if api._torch_op_call(query, key, value):
+                return "left padding and inputs that require grad (or torch.compile): cache_leftpad has no backward"
+        if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
+            return "an attention mask (padding) on a non-causal call"
+    elif attention_mask is not None:
+        return (
+            "an attention mask (padding inside a sequence, a static cache's decode step, sliding window or a custom "
+            "pattern)"
+        )
     if dropout and module.training:
         return "attention dropout"
     if kwargs.get("position_bias") is not None:
         return "a position bias"
-    modifiers = kwargs.get("sliding_window") or kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None
     if modifiers:
-        from cupy_gqa import api
-
         if api._torch_op_call(query, key, value):
             return (
                 "a sliding window, softcap or attention sinks and inputs that require grad (or torch.compile): "
@@ -160,11 +295,19 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 
     reason = _unsupported(module, query, key, value, attention_mask, dropout, kwargs)
     if reason is not None:
+        if isinstance(attention_mask, PaddedBatch):
+            attention_mask = attention_mask.mask()
         return _fall_back(reason, module, query, key, value, attention_mask, dropout, scaling, kwargs)
     is_causal = kwargs.get("is_causal")
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
-    if causal and 1 < seqlen_q < seqlen_k:
+    cache_leftpad = None
+    if isinstance(attention_mask, PaddedBatch):
+        # padding (PaddedBatch): each row's keys from its first unpadded one, up to the last query
+        cache_leftpad = attention_mask.cache_leftpad
+        if attention_mask.num_keys < seqlen_k:
+            key, value = key[:, :, : attention_mask.num_keys], value[:, :, : attention_mask.num_keys]
+    elif causal and 1 < seqlen_q < seqlen_k:
         # no mask, more keys than queries: a prefill into an empty static cache, whose
         # keys past the prefill are unwritten (transformers' sdpa cuts them the same way)
         key, value = key[:, :, :seqlen_q], value[:, :, :seqlen_q]
@@ -174,5 +317,6 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         query, key, value, causal=causal, softmax_scale=scaling, layout="bhsd",
         window=(int(sliding_window) - 1, 0 if causal else int(sliding_window) - 1) if sliding_window else None,
         softcap=kwargs.get("softcap"), sinks=None if sinks is None else sinks.detach().float(),
+        cache_leftpad=cache_leftpad,
     )  # fmt: skip
     return out.transpose(1, 2), None  # (batch, seqlen_q, heads, head_dim), no copy

@@ -1,0 +1,288 @@
+"""Variable-length batches, paged KV caches and left padding on the GPU: each
+kernel family against the float64 references built sequence by sequence
+(tests/reference.py), outputs NaN-poisoned before every call, and each path
+captured into a CUDA graph and replayed after the lengths, offsets and page
+tables change in place."""
+import numpy as np
+import pytest
+
+import cupy_gqa
+from conftest import NP_DTYPES, TOLERANCE, assert_close, assert_lse_close, gpu_available
+from reference import reference_kvcache, reference_varlen
+
+pytestmark = pytest.mark.gpu
+if gpu_available():
+    import cupy
+
+KERNELS = ["auto", "rowwise", "tiled", "decode"]
+
+
+def _skip_unsupported(kernel, dtype, seqlen_q=1):
+    cc = int(cupy.cuda.Device().compute_capability)
+    if kernel in ("tiled", "decode") and dtype != "float32" and cc < 80:
+        pytest.skip("tensor-core kernels: compute capability 8.0 or newer")
+    if kernel == "decode" and seqlen_q > 16:
+        pytest.skip("decode: at most 16 query tokens")
+
+
+def _tolerance(kernel, dtype):
+    return TOLERANCE[dtype] if dtype != "float32" or kernel in ("rowwise", "decode") else 2e-6
+
+
+def _packed(lens, heads, head_dim, dtype, rng):
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    return rng.standard_normal((int(cu[-1]), heads, head_dim)).astype(NP_DTYPES[dtype]), cu
+
+
+def _pool(num_seqs, page_size, max_pages, heads, head_dim, dtype, rng, spare=5):
+    """A pool of pages and a block_table over it in shuffled order (some pages unused)."""
+    num_pages = num_seqs * max_pages + spare
+    k = rng.standard_normal((num_pages, page_size, heads, head_dim)).astype(NP_DTYPES[dtype])
+    v = rng.standard_normal((num_pages, page_size, heads, head_dim)).astype(NP_DTYPES[dtype])
+    table = rng.permutation(num_pages)[: num_seqs * max_pages].reshape(num_seqs, max_pages).astype(np.int32)
+    return k, v, table
+
+
+# --- varlen -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("lens_q,lens_k", [
+    ([1, 1, 1, 1], [1, 700, 0, 129]),            # decode: one key, many, none
+    ([5, 0, 16, 3], [40, 9, 300, 2]),            # a few queries; seqlen_q > seqlen_k in the last
+    ([130, 1, 64, 77], [130, 300, 64, 1000]),    # prefill, lengths not multiples of a tile
+])  # fmt: skip
+def test_varlen(kernel, dtype, lens_q, lens_k):
+    _skip_unsupported(kernel, dtype, max(lens_q))
+    rng = np.random.default_rng(sum(lens_q) + sum(lens_k))
+    q, cu_q = _packed(lens_q, 8, 128, dtype, rng)
+    k, cu_k = _packed(lens_k, 2, 128, dtype, rng)
+    v, _ = _packed(lens_k, 2, 128, dtype, rng)
+    ref, ref_lse = reference_varlen(q, k, v, cu_q, cu_k)
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    res, lse = cupy_gqa.attention_varlen(*(cupy.asarray(x) for x in (q, k, v)), cupy.asarray(cu_q), cupy.asarray(cu_k),
+                                         max(lens_q), max(lens_k), out=out, return_lse=True, kernel=kernel)  # fmt: skip
+    assert res is out
+    assert_close(cupy.asnumpy(res), ref, _tolerance(kernel, dtype), f"varlen {kernel} {dtype}")
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+
+
+def test_varlen_host_offsets_and_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    q, cu_q = _packed([3, 40], 4, 64, "float16", rng)
+    k, cu_k = _packed([50, 40], 1, 64, "float16", rng)
+    v, _ = _packed([50, 40], 1, 64, "float16", rng)
+    out = cupy_gqa.attention_varlen(*(torch.from_numpy(x).cuda() for x in (q, k, v)), cu_q, cu_k, 40, 50)
+    assert isinstance(out, torch.Tensor) and out.is_cuda
+    assert_close(out.cpu().numpy(), reference_varlen(q, k, v, cu_q, cu_k)[0], TOLERANCE["float16"])
+
+
+def test_hopper_refuses_per_sequence_calls():
+    rng = np.random.default_rng(2)
+    q, cu_q = _packed([3, 4], 4, 64, "bfloat16", rng)
+    with pytest.raises(ValueError, match=r"kernel: 'hopper' does not support this call: varlen \(per-sequence addressing\)"):
+        cupy_gqa.attention_varlen(*(cupy.asarray(x) for x in (q, q[:, :1], q[:, :1])), cu_q, cu_q, 4, 4, kernel="hopper")
+
+
+# --- paged ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("page_size", [16, 32, 256])
+@pytest.mark.parametrize("seqlen_q", [1, 5, 40])
+def test_paged(kernel, page_size, seqlen_q):
+    dtype = "bfloat16"
+    _skip_unsupported(kernel, dtype, seqlen_q)
+    rng = np.random.default_rng(page_size + seqlen_q)
+    max_pages = max(2, 600 // page_size)
+    cap = max_pages * page_size
+    seqlens = np.array([0, 1, page_size, page_size + 1, cap - 7, cap], dtype=np.int32)
+    k, v, table = _pool(len(seqlens), page_size, max_pages, 2, 128, dtype, rng)
+    q = rng.standard_normal((len(seqlens), seqlen_q, 8, 128)).astype(NP_DTYPES[dtype])
+    ref, ref_lse = reference_kvcache(q, k, v, seqlens_k=seqlens, block_table=table)
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    res, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), block_table=cupy.asarray(table),
+                                  seqlens_k=cupy.asarray(seqlens), out=out, return_lse=True, kernel=kernel)  # fmt: skip
+    assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype], f"paged {kernel} page {page_size}")
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_paged_decode_split(dtype):
+    """Few (batch, KV head) pairs against long paged caches: the decode kernel
+    splits the keys (a workspace) and the combine merges them."""
+    rng = np.random.default_rng(3)
+    k, v, table = _pool(2, 16, 300, 1, 64, dtype, rng)
+    seqlens = np.array([4800, 3001], dtype=np.int32)
+    q = rng.standard_normal((2, 1, 4, 64)).astype(NP_DTYPES[dtype])
+    args = [cupy.asarray(x) for x in (q, k, v)]
+    kw = {"block_table": cupy.asarray(table), "seqlens_k": cupy.asarray(seqlens), "kernel": "decode"}
+    assert cupy_gqa.decode_workspace_size(*args, **kw) > 0
+    res, lse = cupy_gqa.attention(*args, **kw, return_lse=True)
+    ref, ref_lse = reference_kvcache(q, k, v, seqlens_k=seqlens, block_table=table)
+    assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype])
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+
+
+@pytest.mark.parametrize("block_m", [16, 32, 64])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("addressing", ["varlen", "paged_leftpad"])
+def test_decode_row_layouts(monkeypatch, block_m, num_splits, addressing):
+    """Each tensor-core decode layout (16, 32 or 64 packed rows per CTA) with
+    per-sequence addressing, whole and split: 7 query heads per KV head and
+    ragged query counts end row blocks mid-CTA, and shorter sequences leave
+    whole row blocks idle."""
+    from cupy_gqa import _plan
+
+    dtype = "bfloat16"
+    _skip_unsupported("decode", dtype)
+    monkeypatch.setattr(_plan, "decode_dispatch", lambda *a: _plan.DecodeChoice("decode", block_m, num_splits, 0.0, 1.0))
+    _plan.plan_decode.cache_clear()
+    rng = np.random.default_rng(block_m + num_splits)
+    try:
+        if addressing == "varlen":
+            lens_q, lens_k = [8, 1, 5, 8], [700, 0, 129, 1500]
+            q, cu_q = _packed(lens_q, 14, 128, dtype, rng)
+            k, cu_k = _packed(lens_k, 2, 128, dtype, rng)
+            v, _ = _packed(lens_k, 2, 128, dtype, rng)
+            ref, ref_lse = reference_varlen(q, k, v, cu_q, cu_k)
+            out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+            res, lse = cupy_gqa.attention_varlen(*(cupy.asarray(x) for x in (q, k, v)), cupy.asarray(cu_q),
+                                                 cupy.asarray(cu_k), max(lens_q), max(lens_k), out=out,
+                                                 return_lse=True, kernel="decode")  # fmt: skip
+        else:
+            seqlens, leftpad = np.int32([900, 40, 1200]), np.int32([100, 40, 0])  # some padding, all, none
+            k, v, table = _pool(3, 32, 40, 2, 128, dtype, rng)
+            q = rng.standard_normal((3, 6, 14, 128)).astype(NP_DTYPES[dtype])
+            ref, ref_lse = reference_kvcache(q, k, v, seqlens_k=seqlens, block_table=table, cache_leftpad=leftpad)
+            out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+            res, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), block_table=cupy.asarray(table),
+                                          seqlens_k=cupy.asarray(seqlens), cache_leftpad=cupy.asarray(leftpad), out=out,
+                                          return_lse=True, kernel="decode")  # fmt: skip
+        assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype], f"{addressing} block_m={block_m} splits={num_splits}")
+        assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+    finally:
+        _plan.plan_decode.cache_clear()  # no forced plan outlives the test
+
+
+# --- left padding -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("seqlen_q", [1, 48])
+def test_leftpad(kernel, paged, seqlen_q):
+    dtype = "float16"
+    _skip_unsupported(kernel, dtype, seqlen_q)
+    rng = np.random.default_rng(seqlen_q + paged)
+    seqlens = np.array([96, 80, 33, 96], dtype=np.int32)
+    leftpad = np.array([0, 17, 33, 95], dtype=np.int32)  # none, some, all (no key), all but one
+    if paged:
+        k, v, table = _pool(4, 32, 3, 2, 64, dtype, rng)
+        kw = {"block_table": cupy.asarray(table)}
+    else:
+        k, v = (rng.standard_normal((4, 96, 2, 64)).astype(NP_DTYPES[dtype]) for _ in range(2))
+        kw = {}
+    q = rng.standard_normal((4, seqlen_q, 4, 64)).astype(NP_DTYPES[dtype])
+    ref, ref_lse = reference_kvcache(q, k, v, seqlens_k=seqlens, cache_leftpad=leftpad, block_table=table if paged else None)
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    res, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), seqlens_k=cupy.asarray(seqlens),
+                                  cache_leftpad=cupy.asarray(leftpad), out=out, return_lse=True, kernel=kernel, **kw)  # fmt: skip
+    assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype], f"leftpad {kernel}")
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+
+
+def test_bad_device_lengths_give_nan_rows():
+    """A device cache_leftpad past its sequence's end (not checked on the host)
+    gives NaN rows of that sequence, and the others stay right."""
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 1, 4, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((2, 64, 1, 64)).astype(np.float16) for _ in range(2))
+    res = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), seqlens_k=cupy.asarray(np.int32([64, 10])),
+                             cache_leftpad=cupy.asarray(np.int32([3, 11])))  # fmt: skip
+    res = cupy.asnumpy(res)
+    assert np.isnan(res[1]).all()
+    ref, _ = reference_kvcache(q[:1], k[:1], v[:1], seqlens_k=[64], cache_leftpad=[3])
+    assert_close(res[:1], ref, TOLERANCE["float16"])
+
+
+# --- CUDA graphs: captured once, replayed after the lengths change ---------------------
+
+
+def _capture(call):
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        call()  # compiles and plans outside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            call()
+        finally:
+            graph = stream.end_capture()
+    return stream, graph
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_graph_varlen(kernel):
+    dtype = "bfloat16"
+    _skip_unsupported(kernel, dtype, 16)
+    rng = np.random.default_rng(5)
+    max_q, max_k, total_q, total_k = 16, 900, 40, 1800
+    q = cupy.asarray(rng.standard_normal((total_q, 8, 128)).astype(NP_DTYPES[dtype]))
+    k = cupy.asarray(rng.standard_normal((total_k, 2, 128)).astype(NP_DTYPES[dtype]))
+    v = cupy.asarray(rng.standard_normal((total_k, 2, 128)).astype(NP_DTYPES[dtype]))
+    cu_q, cu_k = cupy.zeros(4, cupy.int32), cupy.zeros(4, cupy.int32)
+    out = cupy.empty_like(q)
+    steps = [([16, 8, 16], [900, 1, 899]), ([1, 16, 7], [0, 300, 17]), ([13, 13, 14], [600, 600, 600])]
+    cu_q[...] = cupy.asarray(np.concatenate([[0], np.cumsum(steps[0][0])]), dtype=cupy.int32)
+    cu_k[...] = cupy.asarray(np.concatenate([[0], np.cumsum(steps[0][1])]), dtype=cupy.int32)
+    ws = cupy_gqa.decode_workspace(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                                   kernel=kernel)  # fmt: skip
+
+    stream, graph = _capture(lambda: cupy_gqa.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, out=out, kernel=kernel,
+                                                               workspace=ws))  # fmt: skip
+    for lens_q, lens_k in steps[1:]:
+        cu_q[...] = cupy.asarray(np.concatenate([[0], np.cumsum(lens_q)]), dtype=cupy.int32)
+        cu_k[...] = cupy.asarray(np.concatenate([[0], np.cumsum(lens_k)]), dtype=cupy.int32)
+        out.fill(np.nan)
+        graph.launch(stream)
+        stream.synchronize()
+        hq, hk, hv, hcq, hck = (cupy.asnumpy(a) for a in (q, k, v, cu_q, cu_k))
+        ref, _ = reference_varlen(hq, hk, hv, hcq, hck)
+        rows = int(hcq[-1])
+        assert_close(cupy.asnumpy(out)[:rows], ref[:rows], TOLERANCE[dtype], f"graph varlen {kernel} {lens_q}")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("page_size", [16, 256])
+@pytest.mark.parametrize("leftpad", [False, True])
+def test_graph_paged(kernel, page_size, leftpad):
+    dtype = "float16"
+    _skip_unsupported(kernel, dtype, 4)
+    rng = np.random.default_rng(page_size + leftpad)
+    max_pages = 4096 // page_size
+    k, v, table = _pool(3, page_size, max_pages, 2, 128, dtype, rng)
+    q = cupy.asarray(rng.standard_normal((3, 4, 8, 128)).astype(NP_DTYPES[dtype]))
+    k, v, table_d = cupy.asarray(k), cupy.asarray(v), cupy.asarray(table)
+    seqlens = cupy.asarray(np.int32([4096, 1, 2000]))
+    pads = cupy.asarray(np.int32([0, 0, 0]))
+    out = cupy.empty_like(q)
+    kw = {"block_table": table_d, "seqlens_k": seqlens, "kernel": kernel, "out": out}
+    if leftpad:
+        kw["cache_leftpad"] = pads
+    kw["workspace"] = cupy_gqa.decode_workspace(q, k, v, **kw)
+
+    stream, graph = _capture(lambda: cupy_gqa.attention(q, k, v, **kw))
+    for lens, pad, perm in (([17, 4096, 300], [3, 4000, 0], False), ([2048, 0, 4095], [2047, 0, 1], True)):
+        seqlens[...] = cupy.asarray(np.int32(lens))
+        pads[...] = cupy.asarray(np.int32(pad))
+        if perm:  # the pages move: the same table slots point elsewhere
+            table_d[...] = table_d[:, ::-1].copy()
+        out.fill(np.nan)
+        graph.launch(stream)
+        stream.synchronize()
+        ref, _ = reference_kvcache(cupy.asnumpy(q), cupy.asnumpy(k), cupy.asnumpy(v), seqlens_k=lens,
+                                   block_table=cupy.asnumpy(table_d), cache_leftpad=pad if leftpad else None)  # fmt: skip
+        assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"graph paged {kernel} page {page_size}")
