@@ -135,16 +135,16 @@ class Entry:
     seqlens_k, returning the device array (kept until the launch is queued)."""
 
     __slots__ = (
-        "kind", "device", "packed", "return_lse", "out_shape", "lse_shape", "dtype", "aligned_out",
+        "kind", "device", "launch", "return_lse", "out_shape", "lse_shape", "dtype", "aligned_out",
         "q_ext", "k_ext", "v_ext", "out_ext", "lens_ext", "ws_bytes", "host_lens", "capture_message", "torch_device", "_stream",
         "_empty", "_float32", "_capturing", "_get_device", "_set_device",
     )  # fmt: skip
 
     def __init__(
-        self, *, kind, device, packed, return_lse, out_shape, lse_shape, dtype, aligned_out, extents, ws_bytes, host_lens,
+        self, *, kind, device, launch, return_lse, out_shape, lse_shape, dtype, aligned_out, extents, ws_bytes, host_lens,
         capture_message="",
     ):  # fmt: skip
-        self.kind, self.device, self.packed = kind, device, packed
+        self.kind, self.device, self.launch = kind, device, launch  # (stream, q, k, v, out, lse, seqlens_k, workspace)
         self.return_lse, self.out_shape, self.lse_shape, self.dtype = return_lse, out_shape, lse_shape, dtype
         self.aligned_out = aligned_out  # the plan needs a 16-byte aligned out (a new one is checked)
         self.q_ext, self.k_ext, self.v_ext, self.out_ext, self.lens_ext = extents
@@ -220,7 +220,7 @@ class Entry:
                     wp = work.data.ptr
             else:
                 wp = 0
-            self.packed(stream, qp, kp, vp, op, lsep, lp, wp)
+            self.launch(stream, qp, kp, vp, op, lsep, lp, wp)
         finally:
             if previous != self.device:
                 self._set_device(previous)

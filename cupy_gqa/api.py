@@ -744,10 +744,12 @@ def _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, backend, *
             with _interop.running_on(frame):
                 return _seqlens_k_backend(checked, frame)
 
+    # a plan whose launch adds per-call values (hopper: the tensor maps of this call's k
+    # and v) is launched through it; the others' argument buffers take the addresses alone
     _fast.remember(
         key,
         _fast.Entry(
-            kind=frame.kind, device=frame.device, packed=plan.packed(), return_lse=return_lse,
+            kind=frame.kind, device=frame.device, launch=plan.launch if plan.extra_args else plan.packed(), return_lse=return_lse,
             out_shape=tuple(q.shape), lse_shape=lse_shape, dtype=q.dtype, aligned_out=key[5],
             extents=(extent(qb), extent(kb), extent(vb), extent(outb), extent(lensb) if lens and lens[0] == "device" else 0),
             ws_bytes=plan.workspace_bytes, host_lens=host_lens,

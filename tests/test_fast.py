@@ -46,7 +46,7 @@ def make_entry(q, k, v, *, return_lse=False, ws_bytes=0, host_lens=None, out=Non
     out = torch.empty_like(q) if out is None else out
     ext = lambda t: (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()  # noqa: E731
     entry = _fast.Entry(
-        kind="torch", device=0, packed=Recorder(), return_lse=return_lse, out_shape=tuple(q.shape),
+        kind="torch", device=0, launch=Recorder(), return_lse=return_lse, out_shape=tuple(q.shape),
         lse_shape=(q.shape[0], q.shape[2], q.shape[1]), dtype=q.dtype, aligned_out=True,
         extents=(ext(q), ext(k), ext(v), ext(out), lens_ext), ws_bytes=ws_bytes, host_lens=host_lens,
         capture_message="workspace: expected a caller-owned buffer while a CUDA graph is being captured",
@@ -128,7 +128,7 @@ def test_repeat_call_launches_with_this_calls_addresses(fast):
     q2, k2, v2 = qkv()
     out, lse = cupy_gqa.attention(q2, k2, v2, return_lse=True)
     assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (2, 8, 1) and lse.dtype == torch.float32
-    [(stream, qp, kp, vp, op, lsep, lp, wp)] = entry.packed.calls
+    [(stream, qp, kp, vp, op, lsep, lp, wp)] = entry.launch.calls
     assert (stream, qp, kp, vp, op, lsep, lp, wp) == (7, q2.data_ptr(), k2.data_ptr(), v2.data_ptr(), out.data_ptr(), lse.data_ptr(), 0, 0)
 
 
@@ -138,7 +138,7 @@ def test_out_overlap_is_checked_on_every_call(fast):
     entry = make_entry(q, k, v, out=out)
     remember(q, k, v, entry, out=out)
     assert cupy_gqa.attention(q, k, v, out=out) is out  # the repeat path, no overlap
-    assert len(entry.packed.calls) == 1
+    assert len(entry.launch.calls) == 1
     buf = torch.zeros(2 * q.numel(), dtype=q.dtype)
     q_in, out_over_q = buf[: q.numel()].view(q.shape), buf[: q.numel()].view(q.shape)  # same signature as before
     with pytest.raises(ValueError, match=r"out: must not overlap the memory of q"):
@@ -146,7 +146,7 @@ def test_out_overlap_is_checked_on_every_call(fast):
     kbuf = torch.zeros(k.numel() + q.numel(), dtype=q.dtype)
     with pytest.raises(ValueError, match=r"out: must not overlap the memory of v"):
         cupy_gqa.attention(q, k, kbuf[: k.numel()].view(k.shape), out=kbuf[k.numel() - 64 :][: q.numel()].view(q.shape))
-    assert len(entry.packed.calls) == 1  # nothing launched after a refusal
+    assert len(entry.launch.calls) == 1  # nothing launched after a refusal
 
 
 def test_host_seqlens_k_values_are_checked_on_every_call(fast):
@@ -165,7 +165,7 @@ def test_host_seqlens_k_values_are_checked_on_every_call(fast):
     cupy_gqa.attention(q, k, v, seqlens_k=[10, 20])
     with pytest.raises(ValueError, match=r"seqlens_k: expected values in \[0, 64\]"):
         cupy_gqa.attention(q, k, v, seqlens_k=[10, 65])
-    assert seen == [[10, 20]] and entry.packed.calls[0][6] == 4096
+    assert seen == [[10, 20]] and entry.launch.calls[0][6] == 4096
 
 
 def test_device_seqlens_k_is_read_by_address(fast):
@@ -174,7 +174,7 @@ def test_device_seqlens_k_is_read_by_address(fast):
     fast._types[DeviceLens] = "cupy"  # CPU int32 tensors are host arrays: a device-like one
     remember(q, k, v, entry, seqlens_k=DeviceLens(512))
     cupy_gqa.attention(q, k, v, seqlens_k=DeviceLens(1024))
-    assert entry.packed.calls[0][6] == 1024
+    assert entry.launch.calls[0][6] == 1024
 
 
 class DeviceLens:
@@ -192,7 +192,7 @@ def test_workspace_overlap_and_alignment_on_every_call(fast):
     ws = torch.empty(64)
     remember(q, k, v, entry, workspace=ws)
     cupy_gqa.attention(q, k, v, workspace=ws)
-    assert entry.packed.calls[-1][7] == ws.data_ptr()
+    assert entry.launch.calls[-1][7] == ws.data_ptr()
     big = torch.empty(200)
     with pytest.raises(ValueError, match=r"workspace: expected a 16-byte aligned address"):
         cupy_gqa.attention(q, k, v, workspace=big[1:65])
@@ -201,7 +201,7 @@ def test_workspace_overlap_and_alignment_on_every_call(fast):
     over = qbuf.view(torch.float32)[: 64]  # same dtype, shape and strides as ws, inside q
     with pytest.raises(ValueError, match=r"workspace: must not overlap the memory of q"):
         cupy_gqa.attention(q_in, k, v, workspace=over)
-    assert len(entry.packed.calls) == 1
+    assert len(entry.launch.calls) == 1
 
 
 def test_torch_workspace_comes_from_torch_when_not_given(fast):
@@ -209,7 +209,7 @@ def test_torch_workspace_comes_from_torch_when_not_given(fast):
     entry = make_entry(q, k, v, ws_bytes=1024)
     remember(q, k, v, entry)
     cupy_gqa.attention(q, k, v)
-    assert entry.packed.calls[0][7] != 0
+    assert entry.launch.calls[0][7] != 0
 
 
 def test_cpu_calls_make_no_entries(monkeypatch):

@@ -82,6 +82,22 @@ def test_heads_and_lengths(kernel, dtype, heads, seqlen_q, seqlen_k, causal):
 
 
 @pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+@pytest.mark.parametrize("head_dim", [16, 128])
+def test_repeat_calls_on_new_arrays(kernel, head_dim):
+    """Calls of one signature on different arrays (the repeat-call path: a model's
+    layers): each reads its own q, k and v (hopper: its own tensor maps)."""
+    dims = (2, 40, 300, 4, 2, head_dim)
+    if not expected_to_run(kernel, "bfloat16", head_dim, seqlen_q=dims[1]):
+        return
+    held = []  # every call's arrays stay alive, so no address repeats
+    for seed in range(4):
+        q, k, v = random_qkv(*dims, "bfloat16", seed=seed)
+        held.append(tuple(cupy.asarray(x) for x in (q, k, v)))
+        out = cupy_gqa.attention(*held[-1], kernel=kernel)
+        assert_close(cupy.asnumpy(out), reference_attention(q, k, v)[0], TOLERANCE["bfloat16"], f"{kernel} call {seed}")
+
+
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("head_dim", [16, 64])
 def test_mixed_layouts_as_transformers_passes_them(kernel, dtype, head_dim):
