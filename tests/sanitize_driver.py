@@ -1,7 +1,8 @@
 """Small calls of every kernel family, to run under compute-sanitizer (tests/sanitize.sh).
 
 Every dtype, causal and non-causal, odd head dims and lengths, strided views,
-ragged seqlens_k, lse, the modifiers; each kernel family through the same list
+ragged seqlens_k, lse, the modifiers, variable lengths, paged caches and left
+padding; each kernel family through the same list
 (``python3 sanitize_driver.py [kernel ...]`` limits the families; "backward" is
 attention_backward's kernels). Checks results too, so a
 sanitizer run that silently computes garbage still fails.
@@ -13,7 +14,7 @@ import numpy as np
 import cupy
 import cupy_gqa
 from conftest import TOLERANCE, random_qkv, relative_error
-from reference import reference_attention, reference_attention_backward
+from reference import reference_attention, reference_attention_backward, reference_kvcache, reference_varlen
 from test_modifiers import modifier_kwargs
 
 CASES = [
@@ -93,6 +94,53 @@ def modifiers(kernel, failures: int, runs: int) -> tuple[int, int]:
     return failures, runs
 
 
+def per_sequence(kernel, failures: int, runs: int) -> tuple[int, int]:
+    """The family's per-sequence kernels (*_seq): packed variable lengths, a paged
+    cache in shuffled pages of 16 and 32 keys, left padding; prefill and decode."""
+    rng = np.random.default_rng(5)
+    for dtype in ("float16", "bfloat16", "float32"):
+        for seqlen_q, head_dim in ((1, 128), (3, 64), (70, 64)):
+            calls = []
+            lens_q = [seqlen_q, 0, seqlen_q, 1]
+            lens_k = [seqlen_q + 90, 5, seqlen_q, 300]
+            cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+            cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+            q = rng.standard_normal((int(cu_q[-1]), 4, head_dim)).astype(dtype)
+            k, v = (rng.standard_normal((int(cu_k[-1]), 2, head_dim)).astype(dtype) for _ in range(2))
+            calls.append(("varlen", (q, k, v), {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "max_seqlen_q": max(lens_q),
+                                                "max_seqlen_k": max(lens_k)}, reference_varlen(q, k, v, cu_q, cu_k)[0]))  # fmt: skip
+            for page in (16, 32):
+                max_pages = 320 // page
+                pool = lambda: rng.standard_normal((4 * max_pages + 3, page, 2, head_dim)).astype(dtype)  # noqa: E731
+                kc, vc = pool(), pool()
+                table = rng.permutation(len(kc))[: 4 * max_pages].reshape(4, max_pages).astype(np.int32)
+                seqlens = np.array([0, page + 1, 200, 320], dtype=np.int32)
+                leftpad = np.array([0, 3, 17, 100], dtype=np.int32) if page == 32 else None
+                qb = rng.standard_normal((4, seqlen_q, 4, head_dim)).astype(dtype)
+                ref = reference_kvcache(qb, kc, vc, seqlens_k=seqlens, block_table=table, cache_leftpad=leftpad)[0]
+                calls.append((f"paged {page}", (qb, kc, vc), {"block_table": table, "seqlens_k": seqlens, "cache_leftpad": leftpad}, ref))
+            for name, arrays, kw, ref in calls:
+                dev = [cupy.asarray(x) for x in arrays]
+                kwd = {n: (cupy.asarray(x) if isinstance(x, np.ndarray) else x) for n, x in kw.items() if x is not None}
+                out = cupy.full(arrays[0].shape, np.nan, dtype=arrays[0].dtype)
+                try:
+                    if name == "varlen":
+                        cupy_gqa.attention_varlen(*dev, kwd.pop("cu_seqlens_q"), kwd.pop("cu_seqlens_k"), kwd.pop("max_seqlen_q"),
+                                                  kwd.pop("max_seqlen_k"), out=out, kernel=kernel)  # fmt: skip
+                    else:
+                        cupy_gqa.attention(*dev, out=out, kernel=kernel, **kwd)
+                except ValueError as e:
+                    if "does not support" in str(e):
+                        continue
+                    raise
+                runs += 1
+                err = relative_error(cupy.asnumpy(out), ref)
+                if not err <= TOLERANCE[dtype]:
+                    failures += 1
+                    print(f"FAIL {kernel} {name} seqlen_q={seqlen_q} D{head_dim} {dtype}: error {err:.2e}")
+    return failures, runs
+
+
 def main(kernels) -> int:
     failures = runs = 0
     for kernel in kernels:
@@ -100,6 +148,7 @@ def main(kernels) -> int:
             failures, runs = backward(failures, runs)
             continue
         failures, runs = modifiers(kernel, failures, runs)
+        failures, runs = per_sequence(kernel, failures, runs)
         for case in CASES:
             for dtype in DTYPES:
                 for causal in (True, False):
