@@ -98,14 +98,22 @@ def with_mods(spec: Spec, flags: int, user_code: str = "") -> Spec:
     if not flags:
         return spec
     assert spec.family in MODS_FAMILIES, spec.family
+    kernel, args, spec = _sixteen_rows_per_warp(spec)
+    return replace(spec, name=f"{kernel}_mods<{args[:-1]}, {flags}>", mods=flags, user_code=user_code)
+
+
+def _sixteen_rows_per_warp(spec: Spec) -> tuple:
+    """(kernel name, template arguments, spec) of ``spec`` for an instantiation
+    that adds registers (modifiers, per-sequence addressing): the tiled kernel
+    at head_dim 96 and up with 32 rows per warp takes 16 (twice the warps, same
+    tile), where the extra registers fit."""
     kernel, args = spec.name.split("<", 1)
     if spec.source == "tiled.cu" and spec.head_dim >= 96 and spec.block_m // (spec.threads // 32) > 16:
-        # the modifiers' registers don't fit beside 32 rows per warp: 16 (twice the warps, same tile)
         warps = spec.block_m // 16
         parts = args[:-1].split(", ")
         parts[4] = str(warps)  # T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES
         args, spec = ", ".join(parts) + ">", replace(spec, threads=warps * 32)
-    return replace(spec, name=f"{kernel}_mods<{args[:-1]}, {flags}>", mods=flags, user_code=user_code)
+    return kernel, args, spec
 
 
 SEQ_FAMILIES = ("rowwise", "tiled", "decode")  # the kernel families with per-sequence addressing (hopper: not yet)
@@ -122,13 +130,7 @@ def with_seq(spec: Spec, addr: int) -> Spec:
     if not addr:
         return spec
     assert spec.family in SEQ_FAMILIES and not spec.mods, (spec.family, spec.mods)
-    kernel, args = spec.name.split("<", 1)
-    if spec.source == "tiled.cu" and spec.head_dim >= 96 and spec.block_m // (spec.threads // 32) > 16:
-        # the addressing's registers don't fit beside 32 rows per warp: 16 (twice the warps, same tile), as with_mods
-        warps = spec.block_m // 16
-        parts = args[:-1].split(", ")
-        parts[4] = str(warps)  # T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES
-        args, spec = ", ".join(parts) + ">", replace(spec, threads=warps * 32)
+    kernel, args, spec = _sixteen_rows_per_warp(spec)
     return replace(spec, name=f"{kernel}_seq<{args[:-1]}, {addr}>")
 
 

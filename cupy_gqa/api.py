@@ -409,12 +409,8 @@ def _check_dtypes(q, k, v) -> str:
     return dtype
 
 
-def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, layout, workspace,
-                   varlen=None, seqlens_k=None, block_table=None, cache_leftpad=None, plan_only=False):  # fmt: skip
-    """The per-sequence calls (_seq): attention_varlen (``varlen``: the cu_seqlens
-    and max_seqlen arguments) and attention with block_table or cache_leftpad.
-    Every call takes this full path (no repeat-call entry: the plan holds the
-    index arrays' addresses)."""
+def _check_options(kernel, precision, layout, causal, return_lse) -> None:
+    """The options every forward call checks first, by the same rules."""
     if kernel not in _KERNEL_CHOICES:
         raise ValueError(f"kernel: expected one of {_KERNEL_CHOICES}, got {kernel!r}")
     if precision not in PRECISIONS:
@@ -424,6 +420,15 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
     for name, flag in (("causal", causal), ("return_lse", return_lse)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name}: expected a bool, got {type(flag).__name__} {flag!r}")
+
+
+def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, layout, workspace,
+                   varlen=None, seqlens_k=None, block_table=None, cache_leftpad=None, plan_only=False):  # fmt: skip
+    """The per-sequence calls (_seq): attention_varlen (``varlen``: the cu_seqlens
+    and max_seqlen arguments) and attention with block_table or cache_leftpad.
+    Every call takes this full path (no repeat-call entry: the plan holds the
+    index arrays' addresses)."""
+    _check_options(kernel, precision, layout, causal, return_lse)
     if _torch_op_call(q, k, v):
         what = "attention_varlen" if varlen is not None else "block_table and cache_leftpad"
         raise ValueError(
@@ -603,15 +608,7 @@ def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, preci
     float64 lse for float64 inputs on the CPU (the NumPy backend computes it in
     float64; the CUDA kernels write float32), for callers that merge partial
     results by their lse (cupy_gqa.distributed)."""
-    if kernel not in _KERNEL_CHOICES:
-        raise ValueError(f"kernel: expected one of {_KERNEL_CHOICES}, got {kernel!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    for name, flag in (("causal", causal), ("return_lse", return_lse)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__} {flag!r}")
+    _check_options(kernel, precision, layout, causal, return_lse)
 
     named = {"q": q, "k": k, "v": v}
     if out is not None:
