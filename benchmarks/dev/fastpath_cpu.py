@@ -44,7 +44,7 @@ def entry_for(q, k, v, plan, *, out=None, return_lse=False, workspace=None, seql
     )
     ext = lambda t: (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()  # noqa: E731
     entry = _fast.Entry(
-        kind="torch", device=0, packed=packed, return_lse=return_lse, out_shape=tuple(q.shape),
+        kind="torch", device=0, launch=packed, return_lse=return_lse, out_shape=tuple(q.shape),
         lse_shape=(q.shape[0], q.shape[2], q.shape[1]), dtype=q.dtype, aligned_out=True,
         extents=(ext(q), ext(k), ext(v), ext(q), 0), ws_bytes=0, host_lens=None,
     )  # fmt: skip
@@ -84,7 +84,7 @@ def main():
         "  q.stride()": lambda: q.stride(),
     }
     global entry_packed
-    entry_packed = next(iter(_fast._entries.values())).packed
+    entry_packed = next(iter(_fast._entries.values())).launch
     print(f"torch {torch.__version__}, numpy {np.__version__}, Python {sys.version.split()[0]}")
     for name, fn in steps.items():
         fn()
