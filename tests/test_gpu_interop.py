@@ -170,3 +170,19 @@ def test_threads_first_calls_compile_once(monkeypatch):
     assert sorted(built) == sorted(specs)  # each exactly once
     for (dt, _), x, res in zip(cases, inputs, results):
         assert_close(res, reference_attention(*x)[0], TOLERANCE[dt], dt)
+
+
+@pytest.mark.parametrize("head_dim", [16, 128])
+def test_torch_repeat_calls_on_new_tensors(head_dim):
+    """torch calls of one signature on different tensors, all alive (a model's
+    layers): the repeat path reads each call's own q, k and v (hopper: its own
+    tensor maps), in the layout a transformers layer passes."""
+    dims = (2, 40, 300, 4, 2, head_dim)
+    held = []
+    for seed in range(4):
+        q, k, v = random_qkv(*dims, "float16", seed=seed)
+        t = [torch.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 1, 3))).cuda() for x in (q, k, v)]  # (B, H, S, D)
+        held.append(t)
+        out = cupy_gqa.attention(*t, layout="bhsd")
+        got = out.transpose(1, 2).cpu().numpy()
+        assert_close(got, reference_attention(q, k, v)[0], TOLERANCE["float16"], f"call {seed}")
