@@ -149,6 +149,31 @@ def to_backend(x, frame: Frame):
     return x.numpy()
 
 
+def cuda_view(a, device: int):
+    """A zero-copy cupy.ndarray of a CUDA array the caller passes beside q (an
+    index, length or modifier array: torch, CuPy or any DLPack exporter)."""
+    import cupy
+
+    if _kind(a) == "torch":
+        return to_backend(a, Frame("torch", device))
+    return a if isinstance(a, cupy.ndarray) else cupy.from_dlpack(a)
+
+
+def host_to_device(name: str, a: np.ndarray, dtype):
+    """A host array copied to the current device as ``dtype``, on the current
+    stream (CuPy stages it in pinned memory); refused while a CUDA graph is being
+    captured, where the copy would be captured with this call's values and every
+    replay would reuse them."""
+    import cupy
+
+    if cupy.cuda.get_current_stream().is_capturing():
+        raise ValueError(
+            f"{name}: expected a CUDA {np.dtype(dtype).name} array while a CUDA graph is being captured "
+            f"(a host array is copied at each call, and the graph would replay this call's values), got a host array"
+        )
+    return cupy.asarray(a.astype(dtype, copy=False))
+
+
 def empty(shape, dtype_like, frame: Frame, *, float32: bool = False):
     """A new array in the caller's framework: (framework object, backend view)."""
     if frame.kind == "torch":

@@ -130,17 +130,9 @@ def index_backend(name: str, checked, frame: _interop.Frame):
     where, a = checked
     if not frame.on_gpu:
         return a
-    import cupy
-
     if where == "host":
-        if cupy.cuda.get_current_stream().is_capturing():
-            raise ValueError(
-                f"{name}: expected a CUDA int32 array while a CUDA graph is being captured "
-                f"(a host array is copied at each call, and the graph would replay this call's values), got a host array"
-            )
-        return cupy.asarray(a.astype(np.int32))
-    b = _interop.to_backend(a, _interop.Frame("torch", frame.device)) if _interop._kind(a) == "torch" else (
-        a if isinstance(a, cupy.ndarray) else cupy.from_dlpack(a))  # fmt: skip
+        return _interop.host_to_device(name, a, np.int32)
+    b = _interop.cuda_view(a, frame.device)
     if b.ndim and b.shape[-1] > 1 and b.strides[-1] != b.itemsize:
         raise ValueError(f"{name}: expected a unit-stride last axis (it is read in place), got strides {b.strides} bytes")
     if b.ndim == 2 and b.shape[0] > 1 and b.strides[0] < 0:

@@ -409,6 +409,23 @@ def _check_dtypes(q, k, v) -> str:
     return dtype
 
 
+def _backend_arrays(q, k, v, out, workspace, frame: _interop.Frame, dtype: str) -> tuple:
+    """(qb, kb, vb, out, outb, wsb): the backend views of q, k, v with their strides
+    checked, out (a new one, contiguous in the caller's layout, or the caller's,
+    checked) and its view, and a caller's workspace checked (GPU only: CPU inputs
+    need none, a given one is ignored). Inside running_on(frame)."""
+    qb, kb, vb = (_interop.to_backend(x, frame) for x in (q, k, v))
+    for name, a in (("q", qb), ("k", kb), ("v", vb)):
+        _check_strides(name, a)
+    wsb = _check_workspace(workspace, frame) if workspace is not None and frame.on_gpu else None
+    if out is None:
+        out, outb = _interop.empty(tuple(q.shape), q, frame)
+    else:
+        outb = _interop.to_backend(out, frame)
+        _check_out(out, outb, tuple(q.shape), qb, kb, vb, dtype)
+    return qb, kb, vb, out, outb, wsb
+
+
 def _check_options(kernel, precision, layout, causal, return_lse) -> None:
     """The options every forward call checks first, by the same rules."""
     if kernel not in _KERNEL_CHOICES:
@@ -531,17 +548,7 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
         raise ValueError(f"kernel: {kernel!r} runs on CUDA arrays; CPU inputs use the NumPy backend, kernel='auto'")
 
     with _interop.running_on(frame):
-        qb, kb, vb = (_interop.to_backend(x, frame) for x in (q, k, v))
-        for name, a in (("q", qb), ("k", kb), ("v", vb)):
-            _check_strides(name, a)
-        wsb = None
-        if workspace is not None and frame.on_gpu:
-            wsb = _check_workspace(workspace, frame)
-        if out is None:
-            out, outb = _interop.empty(tuple(q.shape), q, frame)
-        else:
-            outb = _interop.to_backend(out, frame)
-            _check_out(out, outb, tuple(q.shape), qb, kb, vb, dtype)
+        qb, kb, vb, out, outb, wsb = _backend_arrays(q, k, v, out, workspace, frame, dtype)
         if bhsd:
             qb, kb, vb, outb = (a.transpose(_BHSD_TO_BSHD) for a in (qb, kb, vb, outb))
         if varlen is not None:  # (1, total, heads, head_dim) views: the kernels' axis 0 has stride 0 (_plan.make_params)
@@ -639,17 +646,7 @@ def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, preci
         raise ValueError(f"kernel: {kernel!r} runs on CUDA arrays; CPU inputs use the NumPy backend, kernel='auto'")
 
     with _interop.running_on(frame):
-        qb, kb, vb = (_interop.to_backend(x, frame) for x in (q, k, v))
-        for name, a in (("q", qb), ("k", kb), ("v", vb)):
-            _check_strides(name, a)
-        wsb = None
-        if workspace is not None and frame.on_gpu:  # CPU inputs need none: a given one is ignored
-            wsb = _check_workspace(workspace, frame)
-        if out is None:
-            out, outb = _interop.empty(tuple(q.shape), q, frame)  # contiguous in the caller's layout
-        else:
-            outb = _interop.to_backend(out, frame)
-            _check_out(out, outb, tuple(q.shape), qb, kb, vb, dtype)
+        qb, kb, vb, out, outb, wsb = _backend_arrays(q, k, v, out, workspace, frame, dtype)
         if bhsd:  # from here on (batch, seqlen, heads, head_dim): transposed views, nothing copied
             qb, kb, vb, outb = (a.transpose(_BHSD_TO_BSHD) for a in (qb, kb, vb, outb))
         mods = sinks_b = alibi_b = None
@@ -970,20 +967,9 @@ def _seqlens_k_backend(lens, frame: _interop.Frame):
     where, a = lens
     if not frame.on_gpu:
         return a
-    import cupy
-
     if where == "host":
-        if cupy.cuda.get_current_stream().is_capturing():
-            # the copy would be captured with this call's values, and every replay would reuse them
-            raise ValueError(
-                "seqlens_k: expected a CUDA int32 array while a CUDA graph is being captured "
-                "(a host array is copied at each call, and the graph would replay this call's values), got a host array"
-            )
-        return cupy.asarray(a.astype(np.int32))  # async: CuPy stages it in pinned memory on the current stream
-    if _interop._kind(a) == "torch":
-        a = _interop.to_backend(a, _interop.Frame("torch", frame.device))
-    elif not isinstance(a, cupy.ndarray):
-        a = cupy.from_dlpack(a)
+        return _interop.host_to_device("seqlens_k", a, np.int32)
+    a = _interop.cuda_view(a, frame.device)
     if a.size > 1 and a.strides[0] != a.itemsize:
         raise ValueError(f"seqlens_k: expected a unit-stride CUDA array (it is read in place), got strides {a.strides} bytes")
     return a
@@ -1029,15 +1015,8 @@ def _mod_array_backend(name: str, checked, frame: _interop.Frame):
     where, a = checked
     if not frame.on_gpu:
         return a
-    import cupy
-
     if where == "host":
-        if cupy.cuda.get_current_stream().is_capturing():
-            raise ValueError(
-                f"{name}: expected a CUDA float32 array while a CUDA graph is being captured "
-                f"(a host array is copied at each call), got a host array"
-            )
-        return cupy.asarray(a)
+        return _interop.host_to_device(name, a, np.float32)
     b = _interop.to_backend(a, frame)
     if not b.flags.c_contiguous:
         raise ValueError(f"{name}: expected a contiguous CUDA array (it is read in place), got strides {b.strides} bytes")
