@@ -127,6 +127,8 @@ class _PackedPerDevice:
     the plan's ``_pack`` at its first launch there (which compiles or loads its
     kernels)."""
 
+    extra_args = ()  # per-launch values after the parameter struct (_launch.BLOBS): repeat calls launch through the plan
+
     def packed(self) -> PackedLaunch:
         packs = self.__dict__.setdefault("_packs", {})  # device -> PackedLaunch
         device = _current_device()
@@ -149,7 +151,6 @@ class Launch(_PackedPerDevice):
     problem: Problem | None = None  # for the modifiers' ModParams (spec.mods), built per device
 
     workspace_bytes = 0  # the prefill and rowwise kernels take no workspace
-    extra_args = ()  # per-launch values after the parameter struct (_launch.BLOBS)
 
     def _pack(self, device: int) -> PackedLaunch:
         kernel = get_kernel(self.spec)

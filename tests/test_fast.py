@@ -259,3 +259,20 @@ def test_packed_launch_writes_addresses_and_fixed_values(monkeypatch):
     assert combine == [24, 32, 40, offsets[6], 48, 56, offsets[9]]  # shares the slots and the values
     packed(99, 1, 2, 3, 4, 5, 6)  # no workspace: null partial pointers
     assert struct.unpack_from("<8Q", launched[-1][1])[6:] == (0, 0)
+
+
+def test_every_forward_plan_tells_the_repeat_path_how_to_launch():
+    """The repeat-call entry keeps a plan's packed launch, or the plan's own
+    launch where it adds per-call values (extra_args): every forward plan class
+    (not only those a CPU test builds) answers both questions."""
+    classes, todo = [], [_plan._PackedPerDevice]
+    while todo:
+        cls = todo.pop()
+        classes.append(cls)
+        todo.extend(cls.__subclasses__())
+    assert {"Launch", "HopperLaunch", "DecodeLaunch"} <= {c.__name__ for c in classes}
+    for cls in classes:
+        assert isinstance(cls.extra_args, tuple), cls.__name__
+        assert callable(cls.packed), cls.__name__
+        if cls.extra_args:
+            assert callable(getattr(cls, "launch", None)), cls.__name__

@@ -212,6 +212,10 @@ def test_bad_device_lengths_give_nan_rows():
 
 
 def _capture(call):
+    """Capture ``call`` on a non-blocking stream, which does not wait for the
+    legacy default stream: the caller's writes are finished first, and a
+    test's later writes go on the returned stream (``with stream:``)."""
+    cupy.cuda.Device().synchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         call()  # compiles and plans outside the capture
@@ -244,9 +248,10 @@ def test_graph_varlen(kernel):
     stream, graph = _capture(lambda: cupy_gqa.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, out=out, kernel=kernel,
                                                                workspace=ws))  # fmt: skip
     for lens_q, lens_k in steps[1:]:
-        cu_q[...] = cupy.asarray(np.concatenate([[0], np.cumsum(lens_q)]), dtype=cupy.int32)
-        cu_k[...] = cupy.asarray(np.concatenate([[0], np.cumsum(lens_k)]), dtype=cupy.int32)
-        out.fill(np.nan)
+        with stream:
+            cu_q[...] = cupy.asarray(np.concatenate([[0], np.cumsum(lens_q)]), dtype=cupy.int32)
+            cu_k[...] = cupy.asarray(np.concatenate([[0], np.cumsum(lens_k)]), dtype=cupy.int32)
+            out.fill(np.nan)
         graph.launch(stream)
         stream.synchronize()
         hq, hk, hv, hcq, hck = (cupy.asnumpy(a) for a in (q, k, v, cu_q, cu_k))
@@ -276,11 +281,12 @@ def test_graph_paged(kernel, page_size, leftpad):
 
     stream, graph = _capture(lambda: cupy_gqa.attention(q, k, v, **kw))
     for lens, pad, perm in (([17, 4096, 300], [3, 4000, 0], False), ([2048, 0, 4095], [2047, 0, 1], True)):
-        seqlens[...] = cupy.asarray(np.int32(lens))
-        pads[...] = cupy.asarray(np.int32(pad))
-        if perm:  # the pages move: the same table slots point elsewhere
-            table_d[...] = table_d[:, ::-1].copy()
-        out.fill(np.nan)
+        with stream:
+            seqlens[...] = cupy.asarray(np.int32(lens))
+            pads[...] = cupy.asarray(np.int32(pad))
+            if perm:  # the pages move: the same table slots point elsewhere
+                table_d[...] = table_d[:, ::-1].copy()
+            out.fill(np.nan)
         graph.launch(stream)
         stream.synchronize()
         ref, _ = reference_kvcache(cupy.asnumpy(q), cupy.asnumpy(k), cupy.asnumpy(v), seqlens_k=lens,
