@@ -28,7 +28,8 @@
  * shared memory serves all heads of the group.
  *
  * Grid and roles.  1-D grid of num_m_tiles * batch * num_kv_heads CTAs, mapped
- * by prefill_tile (common.cuh: causal tiles heaviest first). A CTA has
+ * by prefill_tile (common.cuh: causal tiles heaviest first; with per-sequence
+ * addressing, below, num_m_tiles is that of max_seqlen_q). A CTA has
  * two consumer warpgroups (BLOCK_M = 128) and one producer warpgroup (the last),
  * 128 threads each:
  *   producer   (setmaxnreg down to PRODUCER_REGS): cp.async of the Q tile;
@@ -36,8 +37,11 @@
  *              tensor copies (TMA: one thread, tensor maps from the host) that
  *              complete on the stage's "full" mbarrier; it waits only for the
  *              stage's "empty" mbarrier. The tile that holds the end of a
- *              sequence shorter than the array (seqlens_k) goes by cp.async,
- *              which zero-fills the keys past the end;
+ *              sequence that ends before the array's rows do (seqlens_k;
+ *              varlen: any but the sequence that ends the packed keys; left
+ *              padding) goes by cp.async, which zero-fills the keys past the
+ *              end: keys of another sequence or stale cache rows never meet
+ *              a zero weight in P V (0 * NaN = NaN);
  *   consumer w (setmaxnreg up to CONSUMER_REGS): packed rows [64 w, 64 w + 64)
  *              of the tile, both matrix products and the softmax for them.
  *
@@ -45,6 +49,17 @@
  * left side moves the first key tile up (KeyRange.start); the scores are
  * changed and masked on each tile by the same rules as tiled.cu
  * (softmax.cuh: frag_mods), and a sink joins the denominator in the epilogue.
+ *
+ * Per-sequence addressing (hopper_attention_seq<..., ADDR>; common.cuh:
+ * Sequence, SEQ_*): varlen (SEQ_VARLEN) and left padding (SEQ_LEFTPAD), not
+ * paged K/V (the bulk copies read one strided array, not pages). The CTA's
+ * sequence (prefill_tile_seq) gives its queries' rows (Q loads, out and lse
+ * stores), its key count and its first key k0: a CTA past its sequence's
+ * packed rows returns before any copy. The tensor maps are those of k and v as the
+ * call passes them -- (1, total_k, heads, head_dim) for varlen -- so key tile
+ * j of the sequence is the box at row k0 + j * BLOCK_N (batch coordinate 0
+ * for varlen, b for left padding); the cp.async path reads from the same
+ * first key. The contiguous kernels are this body with ADDR 0, unchanged.
  *
  * Head dims.  Any head_dim that is a multiple of 8 up to HEAD_DIM_PAD runs;
  * the columns past head_dim are zero in shared memory (Q and K: they add
