@@ -313,8 +313,9 @@ def _scale_issue(problem: Problem) -> str | None:
 
 def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
     """Why kernels/hopper.cu cannot run this call, or None if it can."""
-    if problem.seq is not None:
-        return f"{problem.seq.describe()} (per-sequence addressing), which it does not take yet"
+    if problem.seq is not None and problem.seq.flags not in _specs.seq_addrs("hopper"):
+        # its bulk copies read K and V as one strided array (varlen, left padding), not through pages
+        return f"{problem.seq.describe()} (paged K/V, which its bulk tensor copies don't read)"
     if problem.dtype not in _specs.HOPPER_DTYPES:
         return f"dtype {problem.dtype} (it takes {', '.join(_specs.HOPPER_DTYPES)})"
     if problem.head_dim % 8:
@@ -733,7 +734,7 @@ def choose_kernel(problem: Problem, q, k, v, out) -> str:
     the prefill kernel (a few query tokens against a cache, for any number of
     query heads per KV head), else the Hopper kernel on sm_90 where it is
     the faster tensor-core kernel (_specs.HOPPER_AUTO_MIN_KEYS keys or
-    more) or the only
+    more; varlen: max_seqlen_k) or the only
     one, else the mma.sync tensor-core kernel, each when it supports the
     call, else the rowwise kernel, which runs anything."""
     if decode_unsupported(problem, q, k, v, out) is None:

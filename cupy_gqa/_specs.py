@@ -116,11 +116,21 @@ def _sixteen_rows_per_warp(spec: Spec) -> tuple:
     return kernel, args, spec
 
 
-SEQ_FAMILIES = ("rowwise", "tiled", "decode")  # the kernel families with per-sequence addressing (hopper: not yet)
+SEQ_FAMILIES = ("rowwise", "tiled", "hopper", "decode")  # the kernel families with per-sequence addressing
 # The float32 tiled kernel's head dims with per-sequence addressing: at 256 its
 # registers spill (the calls run rowwise).
 TILED_F32_SEQ_HEAD_DIMS = (32, 64, 96, 128)
 SEQ_ADDRS = (1, 2, 4, 6)  # the SEQ_* sums the API makes (_seq.py): varlen; paged; left padding; paged and left padding
+# The hopper kernel's: its bulk copies read K and V as one strided array, so no
+# pages (kernels/hopper.cu; paged calls run tiled or decode).
+HOPPER_SEQ_ADDRS = (1, 4)
+
+
+def seq_addrs(family: str) -> tuple:
+    """The SEQ_* sums kernel family ``family`` takes (SEQ_ADDRS, or fewer)."""
+    if family not in SEQ_FAMILIES:
+        return ()
+    return HOPPER_SEQ_ADDRS if family == "hopper" else SEQ_ADDRS
 
 
 def with_seq(spec: Spec, addr: int) -> Spec:
@@ -129,7 +139,7 @@ def with_seq(spec: Spec, addr: int) -> Spec:
     or ``spec`` itself for 0."""
     if not addr:
         return spec
-    assert spec.family in SEQ_FAMILIES and not spec.mods, (spec.family, spec.mods)
+    assert addr in seq_addrs(spec.family) and not spec.mods, (spec.family, addr, spec.mods)
     kernel, args, spec = _sixteen_rows_per_warp(spec)
     return replace(spec, name=f"{kernel}_seq<{args[:-1]}, {addr}>")
 
@@ -142,7 +152,7 @@ def seq_check_specs(arch: "Arch") -> tuple:
         if spec.source == "tiled_tf32.cu" and spec.head_dim not in TILED_F32_SEQ_HEAD_DIMS:
             continue
         if spec.family in SEQ_FAMILIES:
-            for addr in SEQ_ADDRS:
+            for addr in seq_addrs(spec.family):
                 s = with_seq(spec, addr)
                 if s is not spec:
                     picked.setdefault(s.name, s)

@@ -193,6 +193,8 @@ def attention(
         seqlens_k[b])`` (at most ``max_pages_per_seq * page_size``). Works for
         decode and for chunked prefill (several new queries per sequence,
         bottom-right causal as above). Pages may be shared and in any order.
+        ``kernel="hopper"`` takes no block_table (its bulk copies read one
+        strided array): auto runs decode, tiled or rowwise.
     cache_leftpad : (batch,) integer array, optional
         Left padding (FlashAttention's ``cache_leftpad``): the keys of sequence
         ``b`` are ``[cache_leftpad[b], seqlens_k[b])`` (seqlens_k default:
@@ -359,8 +361,9 @@ def attention_varlen(
         Also return lse, float32 ``(num_q_heads, total_q)`` (FlashAttention's
         varlen layout): ``lse[h, cu_seqlens_q[b] + t]``.
     softmax_scale, out, kernel, precision, workspace
-        As for :func:`attention` (out like q; ``kernel="hopper"`` refuses
-        these calls, "auto" runs decode, tiled or rowwise).
+        As for :func:`attention` (out like q; "auto" runs decode, hopper,
+        tiled or rowwise by the same rules, with max_seqlen_q and
+        max_seqlen_k as the lengths).
 
     Returns
     -------

@@ -28,7 +28,8 @@
  * shared memory serves all heads of the group.
  *
  * Grid and roles.  1-D grid of num_m_tiles * batch * num_kv_heads CTAs, mapped
- * by prefill_tile (common.cuh: causal tiles heaviest first). A CTA has
+ * by prefill_tile (common.cuh: causal tiles heaviest first; with per-sequence
+ * addressing, below, num_m_tiles is that of max_seqlen_q). A CTA has
  * two consumer warpgroups (BLOCK_M = 128) and one producer warpgroup (the last),
  * 128 threads each:
  *   producer   (setmaxnreg down to PRODUCER_REGS): cp.async of the Q tile;
@@ -36,8 +37,11 @@
  *              tensor copies (TMA: one thread, tensor maps from the host) that
  *              complete on the stage's "full" mbarrier; it waits only for the
  *              stage's "empty" mbarrier. The tile that holds the end of a
- *              sequence shorter than the array (seqlens_k) goes by cp.async,
- *              which zero-fills the keys past the end;
+ *              sequence that ends before the array's rows do (seqlens_k;
+ *              varlen: any but the sequence that ends the packed keys; left
+ *              padding) goes by cp.async, which zero-fills the keys past the
+ *              end: keys of another sequence or stale cache rows never meet
+ *              a zero weight in P V (0 * NaN = NaN);
  *   consumer w (setmaxnreg up to CONSUMER_REGS): packed rows [64 w, 64 w + 64)
  *              of the tile, both matrix products and the softmax for them.
  *
@@ -45,6 +49,17 @@
  * left side moves the first key tile up (KeyRange.start); the scores are
  * changed and masked on each tile by the same rules as tiled.cu
  * (softmax.cuh: frag_mods), and a sink joins the denominator in the epilogue.
+ *
+ * Per-sequence addressing (hopper_attention_seq<..., ADDR>; common.cuh:
+ * Sequence, SEQ_*): varlen (SEQ_VARLEN) and left padding (SEQ_LEFTPAD), not
+ * paged K/V (the bulk copies read one strided array, not pages). The CTA's
+ * sequence (prefill_tile_seq) gives its queries' rows (Q loads, out and lse
+ * stores), its key count and its first key k0: a CTA past its sequence's
+ * packed rows returns before any copy. The tensor maps are those of k and v as the
+ * call passes them -- (1, total_k, heads, head_dim) for varlen -- so key tile
+ * j of the sequence is the box at row k0 + j * BLOCK_N (batch coordinate 0
+ * for varlen, b for left padding); the cp.async path reads from the same
+ * first key. The contiguous kernels are this body with ADDR 0, unchanged.
  *
  * Head dims.  Any head_dim that is a multiple of 8 up to HEAD_DIM_PAD runs;
  * the columns past head_dim are zero in shared memory (Q and K: they add
@@ -186,20 +201,23 @@ struct HopperSmem {
 };
 
 // The kernel's body, for the kernel without modifiers (M = NoMods, MP =
-// NoModParams) and the one with them (hopper_attention_mods; common.cuh: modifiers).
+// NoModParams), the one with them (hopper_attention_mods; common.cuh: modifiers)
+// and the one with per-sequence addressing ADDR (hopper_attention_seq; common.cuh:
+// Sequence; 0: contiguous), described by sp.
 template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES, class M,
-          class MP>
+          class MP, int ADDR = 0>
 __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                             T* __restrict__ out, float* __restrict__ lse,
                                             const int* __restrict__ seqlens_k, const AttnParams& p, const MP& mp,
                                             const hopper_detail::TensorMap& k_map,
-                                            const hopper_detail::TensorMap& v_map) {
+                                            const hopper_detail::TensorMap& v_map, const SeqParams* sp = nullptr) {
     using namespace hopper_detail;
     static_assert(HEAD_DIM_PAD % 64 == 0 && HEAD_DIM_PAD <= 256, "head dims are padded to 64, 128, 192 or 256");
     static_assert(BLOCK_M == 128 && BLOCK_N % 16 == 0, "two consumer warpgroups of 64 rows; 16 keys per step");
     using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES>;
     static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout (HopperSmem)");
     static_assert(STAGES >= 2, "the consumers hold V_{j-1} (P V) while V_j arrives");
+    static_assert((ADDR & SEQ_PAGED) == 0, "paged K/V: the bulk copies take no pages");
     constexpr int CHP = HEAD_DIM_PAD / 8;      // 16-byte chunks per padded row
     constexpr int KD = HEAD_DIM_PAD / 16;      // k-steps of Q K^T
     constexpr int NT = BLOCK_N / 8;            // n8 tiles of S (keys)
@@ -238,8 +256,12 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
 
     int left = -1, right = -1;  // the window modifier's sides (common.cuh: KeyRange)
     if constexpr (M::WINDOW) left = mp.window_left, right = mp.window_right;
-    const PrefillTile<CAUSAL, M::WINDOW> tile =
-        prefill_tile_mods<CAUSAL, BLOCK_M, M::WINDOW>(p, seqlens_k, p.num_q_heads / p.num_kv_heads, left, right);
+    Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
+    const PrefillTile<CAUSAL, M::WINDOW> tile = prefill_tile_seq<CAUSAL, BLOCK_M, M::WINDOW, ADDR>(
+        p, seqlens_k, sp, p.num_q_heads / p.num_kv_heads, left, right, sqn);
+    if constexpr (ADDR != 0) {
+        if (tile.row0 >= tile.packed_rows) return;  // past its sequence's rows (the whole CTA)
+    }
     const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
     const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
     const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;
@@ -264,7 +286,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             const int pr = row0 + r;
             const bool ok = pr < packed_rows && ch < ch_used;
             const int t = pr / group, g = pr - (pr / group) * group;
-            const T* src = ok ? q + (index_t)b * p.q_stride[0] + (index_t)t * p.q_stride[1] +
+            const T* src = ok ? q + (index_t)b * p.q_stride[0] + (index_t)(sqn.q0() + t) * p.q_stride[1] +
                                     (index_t)q_head_of(kvh, g, group) * p.q_stride[2] + ch * 8
                               : q;
             cp_async_16(sQ + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
@@ -277,8 +299,10 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             fence_proxy_async();
             mbar_arrive(q_full);
         };
-        const T* const kbase = k + (index_t)b * p.k_stride[0] + (index_t)kvh * p.k_stride[2];
-        const T* const vbase = v + (index_t)b * p.v_stride[0] + (index_t)kvh * p.v_stride[2];
+        const T* const kbase =
+            k + (index_t)sqn.k_batch() * p.k_stride[0] + (index_t)sqn.k0() * p.k_stride[1] + (index_t)kvh * p.k_stride[2];
+        const T* const vbase =
+            v + (index_t)sqn.k_batch() * p.v_stride[0] + (index_t)sqn.k0() * p.v_stride[1] + (index_t)kvh * p.v_stride[2];
         const index_t k_stride_s = p.k_stride[1], v_stride_s = p.v_stride[1];
         // one tile of K or V: chunk c is row c / CHP (key j * BLOCK_N + row), column chunk c % CHP
         auto load_tile = [&](unsigned dst, const T* base_ptr, index_t stride_s, const T* dummy, int j) {
@@ -311,17 +335,26 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         // Tile j of K or V into a stage. A tile inside the sequence's keys, or
         // inside the array (the copy engine zero-fills rows past its end), goes
         // by bulk tensor copies, one per slab, issued by one thread; the tile
-        // that holds the end of a shorter sequence (seqlens_k) goes by the
-        // warpgroup's cp.async, which zero-fills the keys past it: they are
-        // never read, so a NaN there can't reach P V.
+        // that holds the end of a sequence that ends before the array does
+        // (seqlens_k; varlen: every sequence but the one that ends the packed
+        // keys; left padding) goes by the warpgroup's cp.async, which zero-fills
+        // the keys past it: they are never read (another sequence's keys, an
+        // unused slot of a cache), so a NaN there can't reach P V. The tensor
+        // maps see k and v as they are: (1, total_k, ...) for varlen, key j of
+        // the sequence at row k0 + j, batch 0.
+        auto ends_array = [&] {  // the sequence's keys end where the array's rows do
+            if constexpr (ADDR == 0) return seqlen_k == p.seqlen_k;
+            else return sqn.k0() + seqlen_k == (Sequence<ADDR>::VARLEN ? sp->total_k : p.seqlen_k);
+        };
+        const int map_b = Sequence<ADDR>::VARLEN ? 0 : b, map_k0 = sqn.k0();
         auto fill = [&](unsigned full, unsigned dst, const TensorMap& map, const T* base_ptr, index_t stride_s,
                         const T* dummy, int j) {
-            if (j * BLOCK_N + BLOCK_N <= seqlen_k || seqlen_k == p.seqlen_k) {
+            if (j * BLOCK_N + BLOCK_N <= seqlen_k || ends_array()) {
                 if (pt == 0) {
                     mbar_expect_tx(full, L::KV_BYTES);
 #pragma unroll
                     for (int sl = 0; sl < L::SLABS; ++sl)
-                        tma_load_4d(dst + sl * L::KV_SLAB, map, full, sl * 64, j * BLOCK_N, kvh, b);
+                        tma_load_4d(dst + sl * L::KV_SLAB, map, full, sl * 64, map_k0 + j * BLOCK_N, kvh, map_b);
                 }
             } else {
                 load_tile(dst, base_ptr, stride_s, dummy, j);
@@ -363,7 +396,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     unsigned pa[BLOCK_N / 16][4];              // P of the last tile as wgmma A fragments
 
     // the modifiers' view of the lane's rows (common.cuh: mods)
-    const mods::Seq sq = mods::seq(b, seqlen_q, seqlen_k);
+    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(seqlen_q), seqlen_k);
     mods::Diag mrow[2];
     if constexpr (M::ANY) {
 #pragma unroll
@@ -518,7 +551,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             const int pr = row0 + r;
             if (pr < packed_rows) {
                 const int t = pr / group, g = pr - (pr / group) * group;
-                lse[((index_t)b * num_q_heads + q_head_of(kvh, g, group)) * seqlen_q + t] = softmax::lse(m_run[hf], l, len < 0);
+                lse[sqn.lse_at(kvh, g, group, t, num_q_heads, seqlen_q)] = softmax::lse(m_run[hf], l, len < 0);
             }
         }
     }
@@ -529,7 +562,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         const int pr = row0 + r;
         if (pr < packed_rows) {
             const int t = pr / group, g = pr - (pr / group) * group;
-            T* dst = out + (index_t)b * p.o_stride[0] + (index_t)t * p.o_stride[1] +
+            T* dst = out + (index_t)b * p.o_stride[0] + (index_t)(sqn.q0() + t) * p.o_stride[1] +
                      (index_t)q_head_of(kvh, g, group) * p.o_stride[2] + ch * 8;
             *reinterpret_cast<uint4*>(dst) =
                 *reinterpret_cast<const uint4*>(smem + (sQ - base) + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8));
@@ -556,4 +589,16 @@ hopper_attention_mods(const T* __restrict__ q, const T* __restrict__ k, const T*
                       const __grid_constant__ hopper_detail::TensorMap v_map) {
     hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k,
                                                                                             p, mp, k_map, v_map);
+}
+
+// The same with per-sequence addressing ADDR (common.cuh: SEQ_*: varlen, left
+// padding; not paged K/V), described by sp, its SeqParams after the AttnParams.
+template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES, int ADDR>
+__global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
+hopper_attention_seq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                     float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p, const SeqParams sp,
+                     const __grid_constant__ hopper_detail::TensorMap k_map,
+                     const __grid_constant__ hopper_detail::TensorMap v_map) {
+    hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, NoMods, NoModParams, ADDR>(
+        q, k, v, out, lse, seqlens_k, p, NoModParams{}, k_map, v_map, &sp);
 }

@@ -188,6 +188,39 @@ def test_seq_kernels_compile_without_spills(spec):
     assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
 
 
+def _hopper_seq_specs():
+    from cupy_gqa import _specs
+
+    return [s for s in _specs.seq_check_specs(ARCHS["sm_90"]) if s.family == "hopper"]
+
+
+@pytest.mark.parametrize("spec", _hopper_seq_specs(), ids=lambda s: s.name)
+def test_hopper_seq_kernels_have_no_spills(spec):
+    """hopper_attention_seq (varlen, left padding) at every tile, dtype and mask: no
+    spills, no stack, the 168 registers that setmaxnreg divides, and no serialized wgmma."""
+    report = compile_offline(spec, "sm_90")
+    assert report.ok, report.log
+    assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+    assert report.registers == 168, report.log
+    assert "Potential Performance Loss" not in report.log, report.log
+
+
+def test_hopper_seq_instantiations_cover_varlen_and_left_padding():
+    """seq_check_specs (compile --seq) holds hopper's varlen and left-padded kernels
+    of every table entry, and no paged one (the bulk copies take no pages)."""
+    from cupy_gqa import _specs
+
+    hopper = [s for s in specs_for(ARCHS["sm_90"]) if s.family == "hopper"]
+    names = {s.name for s in _hopper_seq_specs()}
+    assert len(names) == 2 * len(hopper)
+    for spec in hopper:
+        for addr in (1, 4):
+            assert spec.name.replace("hopper_attention<", "hopper_attention_seq<")[:-1] + f", {addr}>" in names
+    assert not any(n.endswith((", 2>", ", 6>")) for n in names)
+    with pytest.raises(AssertionError):
+        _specs.with_seq(hopper[0], 2)
+
+
 def test_compile_command_takes_the_seq_instantiations(capsys, monkeypatch):
     """compile --seq compiles _specs.seq_check_specs, not the table."""
     from cupy_gqa import __main__ as cli
@@ -214,6 +247,8 @@ def test_seq_instantiation_names():
     assert combine.name == "decode_combine_seq<__half, 1>"
     decode = _specs.with_seq(_specs.decode_spec("bfloat16", 128, 64, arch), 6)  # the 64-row layout
     assert decode.name == "decode_mma_attention_seq<__nv_bfloat16, 128, 4, 9, 91136, 6>" and decode.block_m == 64
+    hopper = _specs.with_seq(_specs.hopper_spec("bfloat16", 128, True, arch), 1)  # the same tile and threads
+    assert hopper.name == "hopper_attention_seq<__nv_bfloat16, 128, 128, 128, 3, true, 230504, 1>" and hopper.threads == 384
 
 
 def _decode_specs():

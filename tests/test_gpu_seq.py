@@ -14,15 +14,19 @@ pytestmark = pytest.mark.gpu
 if gpu_available():
     import cupy
 
-KERNELS = ["auto", "rowwise", "tiled", "decode"]
+KERNELS = ["auto", "rowwise", "tiled", "hopper", "decode"]
 
 
-def _skip_unsupported(kernel, dtype, seqlen_q=1):
+def _skip_unsupported(kernel, dtype, seqlen_q=1, paged=False):
     cc = int(cupy.cuda.Device().compute_capability)
     if kernel in ("tiled", "decode") and dtype != "float32" and cc < 80:
         pytest.skip("tensor-core kernels: compute capability 8.0 or newer")
     if kernel == "decode" and seqlen_q > 16:
         pytest.skip("decode: at most 16 query tokens")
+    if kernel == "hopper" and (cc != 90 or dtype not in ("float16", "bfloat16")):
+        pytest.skip("hopper: compute capability 9.0, fp16 / bf16")
+    if kernel == "hopper" and paged:
+        pytest.skip("hopper: no paged K/V (test_hopper_refuses_paged_calls)")
 
 
 def _tolerance(kernel, dtype):
@@ -79,11 +83,66 @@ def test_varlen_host_offsets_and_torch():
     assert_close(out.cpu().numpy(), reference_varlen(q, k, v, cu_q, cu_k)[0], TOLERANCE["float16"])
 
 
-def test_hopper_refuses_per_sequence_calls():
+def test_hopper_refuses_paged_calls():
+    _skip_unsupported("hopper", "bfloat16")
     rng = np.random.default_rng(2)
-    q, cu_q = _packed([3, 4], 4, 64, "bfloat16", rng)
-    with pytest.raises(ValueError, match=r"kernel: 'hopper' does not support this call: varlen \(per-sequence addressing\)"):
-        cupy_gqa.attention_varlen(*(cupy.asarray(x) for x in (q, q[:, :1], q[:, :1])), cu_q, cu_q, 4, 4, kernel="hopper")
+    k, v, table = _pool(2, 16, 2, 1, 64, "bfloat16", rng)
+    q = rng.standard_normal((2, 3, 4, 64)).astype(NP_DTYPES["bfloat16"])
+    with pytest.raises(ValueError, match=r"kernel: 'hopper' does not support this call: block_table \(paged K/V"):
+        cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), block_table=cupy.asarray(table),
+                           seqlens_k=cupy.asarray(np.int32([5, 20])), kernel="hopper")  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", ["auto", "hopper", "tiled"])
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
+@pytest.mark.parametrize("causal", [True, False])
+def test_varlen_long(kernel, head_dim, causal):
+    """Prefill lengths around and past the tiles of hopper (128, 96 or 64 keys):
+    every sequence but the last ends inside a key tile that holds the next
+    one's keys, the last ends before the packed array (padding rows after it),
+    and seqlen_q differs from seqlen_k in some; auto takes hopper from
+    max_seqlen_k 1024 on (on 9.0)."""
+    dtype = "bfloat16"
+    _skip_unsupported(kernel, dtype, 2000)
+    if kernel == "tiled" and head_dim == 80:
+        pytest.skip("tiled: no head_dim 80")
+    lens_q = [1100, 1, 130, 700, 257]
+    lens_k = [1100, 129, 130, 1500, 1023]
+    rng = np.random.default_rng(head_dim + causal)
+    q, cu_q = _packed(lens_q, 16, head_dim, dtype, rng)
+    k, cu_k = _packed(lens_k + [37], 4, head_dim, dtype, rng)  # 37 padding rows past the last sequence
+    v, _ = _packed(lens_k + [37], 4, head_dim, dtype, rng)
+    k[cu_k[-2]:], v[cu_k[-2]:] = np.nan, np.nan  # never read
+    cu_k = cu_k[:-1]
+    ref, ref_lse = reference_varlen(q, k[: cu_k[-1]], v[: cu_k[-1]], cu_q, cu_k, causal=causal)
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    res, lse = cupy_gqa.attention_varlen(*(cupy.asarray(x) for x in (q, k, v)), cupy.asarray(cu_q), cupy.asarray(cu_k),
+                                         max(lens_q), max(lens_k), causal=causal, out=out, return_lse=True,
+                                         kernel=kernel)  # fmt: skip
+    assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype], f"varlen {kernel} D{head_dim} causal {causal}")
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["hopper", "tiled", "rowwise"])
+def test_varlen_nan_stays_in_its_sequence(kernel):
+    """A NaN in one sequence's keys and values (its own rows then NaN) never
+    reaches the sequences beside it: the key tile that holds a sequence's end
+    also holds the next one's first keys, which must not enter P V (0 * NaN)."""
+    dtype = "bfloat16"
+    _skip_unsupported(kernel, dtype, 300)
+    lens = [200, 300, 150]
+    rng = np.random.default_rng(11)
+    q, cu = _packed(lens, 8, 128, dtype, rng)
+    k, _ = _packed(lens, 2, 128, dtype, rng)
+    v, _ = _packed(lens, 2, 128, dtype, rng)
+    k[cu[1] : cu[1] + 5], v[cu[1] : cu[1] + 5] = np.nan, np.inf  # sequence 1's first keys
+    k[cu[2] - 1], v[cu[2] - 1] = np.inf, np.nan  # ... and its last
+    res = cupy.asnumpy(cupy_gqa.attention_varlen(*(cupy.asarray(x) for x in (q, k, v)), cupy.asarray(cu),
+                                                 cupy.asarray(cu), 300, 300, kernel=kernel))  # fmt: skip
+    for b in (0, 2):
+        rows = slice(cu[b], cu[b + 1])
+        ref, _ = reference_varlen(q[rows], k[rows], v[rows], cu[b : b + 2] - cu[b], cu[b : b + 2] - cu[b])
+        assert_close(res[rows], ref, TOLERANCE[dtype], f"sequence {b} beside a NaN one, {kernel}")
 
 
 # --- paged ------------------------------------------------------------------------
@@ -94,7 +153,7 @@ def test_hopper_refuses_per_sequence_calls():
 @pytest.mark.parametrize("seqlen_q", [1, 5, 40])
 def test_paged(kernel, page_size, seqlen_q):
     dtype = "bfloat16"
-    _skip_unsupported(kernel, dtype, seqlen_q)
+    _skip_unsupported(kernel, dtype, seqlen_q, paged=True)
     rng = np.random.default_rng(page_size + seqlen_q)
     max_pages = max(2, 600 // page_size)
     cap = max_pages * page_size
@@ -175,7 +234,7 @@ def test_decode_row_layouts(monkeypatch, block_m, num_splits, addressing):
 @pytest.mark.parametrize("seqlen_q", [1, 48])
 def test_leftpad(kernel, paged, seqlen_q):
     dtype = "float16"
-    _skip_unsupported(kernel, dtype, seqlen_q)
+    _skip_unsupported(kernel, dtype, seqlen_q, paged)
     rng = np.random.default_rng(seqlen_q + paged)
     seqlens = np.array([96, 80, 33, 96], dtype=np.int32)
     leftpad = np.array([0, 17, 33, 95], dtype=np.int32)  # none, some, all (no key), all but one
@@ -265,7 +324,7 @@ def test_graph_varlen(kernel):
 @pytest.mark.parametrize("leftpad", [False, True])
 def test_graph_paged(kernel, page_size, leftpad):
     dtype = "float16"
-    _skip_unsupported(kernel, dtype, 4)
+    _skip_unsupported(kernel, dtype, 4, paged=True)
     rng = np.random.default_rng(page_size + leftpad)
     max_pages = 4096 // page_size
     k, v, table = _pool(3, page_size, max_pages, 2, 128, dtype, rng)

@@ -362,3 +362,92 @@ def test_backward_tensor_cores_need_a_positive_scale():
     a = _specs.ARCHS["sm_90"]
     assert _plan.backward_mma_unsupported(_plan.Problem(1, 4, 4, 2, 1, 64, "float16", True, -0.5), a) is not None
     assert _plan.backward_mma_unsupported(_plan.Problem(1, 4, 4, 2, 1, 64, "float16", True, 0.5), a) is None
+
+
+# --- hopper with per-sequence addressing (kernels/hopper.cu: hopper_attention_seq) --------------
+
+
+def _seq_problem(flags, max_q, max_k, head_dim=128, causal=True, dtype="bfloat16", batch=16, total_q=0, total_k=0):
+    from cupy_gqa import _seq
+
+    seq = _seq.SeqLayout(flags=flags, page_size=32 if flags & _seq.SEQ_PAGED else 0, total_q=total_q, total_k=total_k,
+                         cu_seqlens_q=0x1000, cu_seqlens_k=0x2000)  # fmt: skip
+    return _plan.Problem(batch, max_q, max_k, 32, 8, head_dim, dtype, causal, head_dim**-0.5, "highest", None, seq)
+
+
+def _varlen_arrays(total_q, total_k, head_dim=128, itemsize=2):
+    """(1, total, heads, head_dim) views of packed q, k, v, out, axis 0 of stride 0 (as the API makes them)."""
+    def view(total, heads):
+        return _FakeDeviceArray(((1, total, heads, head_dim), (0, heads * head_dim * itemsize, head_dim * itemsize, itemsize), itemsize))
+    return view(total_q, 32), view(total_k, 8), view(total_k, 8), view(total_q, 32)
+
+
+@pytest.mark.parametrize("flags, ok", [(1, True), (4, True), (2, False), (6, False)])
+def test_hopper_takes_varlen_and_left_padding_not_pages(monkeypatch, flags, ok):
+    """hopper runs varlen and left-padded calls (its bulk copies read K and V as one
+    strided array); paged K/V it refuses, and those calls run tiled."""
+    monkeypatch.setattr(_plan, "compute_capability", lambda device: (9, 0))
+    monkeypatch.setattr(_tma, "available", lambda: True)
+    problem = _seq_problem(flags, 4096, 4096, total_q=42052, total_k=42052)
+    arrays = _varlen_arrays(42052, 42052)
+    reason = _plan.hopper_unsupported(problem, *arrays)
+    if ok:
+        assert reason is None
+        assert _plan.choose_kernel(problem, *arrays) == "hopper"
+    else:
+        assert reason is not None and "paged K/V" in reason and "block_table" in reason
+        assert _plan.choose_kernel(problem, *arrays) == "tiled"
+
+
+def test_auto_takes_hopper_for_varlen_from_max_seqlen_k(monkeypatch):
+    """auto on 9.0 takes hopper for a varlen prefill by the contiguous rule, with
+    max_seqlen_k as the keys (HOPPER_AUTO_MIN_KEYS); tiled below it, and hopper
+    at any length where tiled has no kernel (head_dim 80)."""
+    monkeypatch.setattr(_plan, "compute_capability", lambda device: (9, 0))
+    monkeypatch.setattr(_tma, "available", lambda: True)
+    for max_k, expected in ((_specs.HOPPER_AUTO_MIN_KEYS, "hopper"), (_specs.HOPPER_AUTO_MIN_KEYS - 1, "tiled")):
+        problem = _seq_problem(1, 4096, max_k, total_q=9000, total_k=9000)
+        assert _plan.choose_kernel(problem, *_varlen_arrays(9000, 9000)) == expected, max_k
+    problem = _seq_problem(1, 300, 300, head_dim=80, total_q=900, total_k=900)
+    assert _plan.choose_kernel(problem, *_varlen_arrays(900, 900, head_dim=80)) == "hopper"
+    # not on other architectures
+    monkeypatch.setattr(_plan, "compute_capability", lambda device: (8, 0))
+    problem = _seq_problem(1, 4096, 4096, total_q=9000, total_k=9000)
+    assert _plan.choose_kernel(problem, *_varlen_arrays(9000, 9000)) == "tiled"
+
+
+def test_hopper_varlen_plan_passes_seq_params_and_packed_tensor_maps(monkeypatch):
+    """A varlen hopper plan launches hopper_attention_seq<..., 1> on the prefill
+    grid of max_seqlen_q, with the SeqParams between the parameter struct and
+    the tensor maps, which are encoded for the packed (1, total_k, ...) k and v."""
+    launched, encoded = [], []
+
+    class _Kernel:
+        kernel = type("Function", (), {"ptr": 77})()
+
+    monkeypatch.setattr(_plan, "get_kernel", lambda spec: _Kernel())
+    monkeypatch.setattr(_plan, "_current_device", lambda: 0)
+    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, plan.packed().values())))
+    _launch._bound.__dict__[0] = True
+
+    def tile_map(ptr, *rest):
+        encoded.append((ptr, *rest))
+        return np.full(1, bytes([len(encoded)]) * 128, _tma.TENSOR_MAP_DTYPE)
+
+    monkeypatch.setattr(_tma, "tile_map", tile_map)
+    problem = _seq_problem(1, 300, 500, batch=3, total_q=700, total_k=1100)
+    layout = _plan._layout(*_varlen_arrays(700, 1100))
+    plan = _plan.plan_hopper(problem, layout)
+    base = _specs.HOPPER["bfloat16", 128, True]
+    assert plan.spec.name == base.name.replace("hopper_attention<", "hopper_attention_seq<")[:-1] + ", 1>"
+    assert (plan.spec.threads, plan.spec.smem, plan.spec.block_n) == (base.threads, base.smem, base.block_n)
+    assert plan.grid == (math.ceil(300 * 4 / 128) * 3 * 8,)
+    assert plan.params[0]["k_stride"][0] == 0 and plan.params[0]["q_stride"][0] == 0  # sequences found by cu_seqlens
+    plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
+    assert encoded == [(4096, *layout[1], 128), (8192, *layout[2], 128)]
+    assert encoded[0][1] == (1, 1100, 8, 128)
+    args = plan.packed().arg_addresses(0)
+    assert len(args) == 10  # q k v out lse seqlens_k, params, SeqParams, k_map, v_map
+    (_, buf), = launched
+    assert buf[args[7] : args[7] + 56] == problem.seq.params()
+    assert buf[args[8] : args[8] + 128] == bytes([1]) * 128 and buf[args[9] : args[9] + 128] == bytes([2]) * 128

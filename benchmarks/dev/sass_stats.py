@@ -6,9 +6,10 @@ family also the exponentials (MUFU.EX2) between the wait for S
 the softmax that overlaps P V. ptxas reorders within a basic block, so this
 is the number to check after touching the consumer loop.
 
-    python benchmarks/dev/sass_stats.py hopper [--arch sm_90] [--dump NAME_SUBSTRING] [--mods FLAGS]
+    python benchmarks/dev/sass_stats.py hopper [--arch sm_90] [--dump NAME_SUBSTRING] [--mods FLAGS] [--seq ADDR]
 
-(--mods: the specializations' modifier kernels with those MOD_* flags, e.g. 2: softcap.)
+(--mods: the specializations' modifier kernels with those MOD_* flags, e.g. 2: softcap;
+--seq: their per-sequence kernels with that SEQ_* sum, e.g. 1: varlen.)
 """
 import argparse
 import collections
@@ -21,7 +22,7 @@ import tempfile
 from cupy.cuda import nvrtc
 
 from cupy_gqa._compile import compile_options, source
-from cupy_gqa._specs import SPECS, with_mods
+from cupy_gqa._specs import SPECS, with_mods, with_seq
 
 
 def cubin(spec, arch):
@@ -61,12 +62,15 @@ def main():
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--dump", default=None)
     ap.add_argument("--mods", type=int, default=0)
+    ap.add_argument("--seq", type=int, default=0)
     args = ap.parse_args()
     for spec in SPECS:
         if spec.family != args.family or (spec.arch and spec.arch.rstrip("a") != args.arch):
             continue
         if args.mods:
             spec = with_mods(spec, args.mods, "")
+        if args.seq:
+            spec = with_seq(spec, args.seq)
         text = sass(cubin(spec, args.arch))
         ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", text, re.M))
         total = sum(ops.values())
