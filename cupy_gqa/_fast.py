@@ -51,11 +51,14 @@ def remember(key, entry) -> None:
     _entries[key] = entry
 
 
-def signature(q, k, v, out, seqlens_k, workspace, flags: tuple):
+def signature(q, k, v, out, seqlens_k, workspace, flags: tuple, index: tuple = ()):
     """(key, addresses) of a CUDA call, or None where only the full path applies.
 
     addresses: q, k, v, out (0: none given), seqlens_k (0: none, None: on the
-    host), workspace (0: none given)."""
+    host), workspace (0: none given), and the per-sequence index arrays'
+    (``index``: cu_seqlens_q, cu_seqlens_k, block_table, cache_leftpad, each
+    None or a CUDA array; a host one takes the full path, which checks its
+    values), () for a call without them."""
     t = type(q)
     kind = _types.get(t)
     if kind == "torch":
@@ -114,9 +117,37 @@ def signature(q, k, v, out, seqlens_k, workspace, flags: tuple):
             lens_sig, lp = (lt, "host"), None
         else:
             return None
+    index_sig, sp = (), ()
+    if index:
+        index_sig, sp = _index_signature(index)
+        if index_sig is None:
+            return None
     aligned = not (qp | kp | vp | op) & 15
-    key = (t, arrays, out_sig, ws_sig, lens_sig, aligned, flags)
-    return key, (qp, kp, vp, op, lp, wp)
+    key = (t, arrays, out_sig, ws_sig, lens_sig, aligned, flags, index_sig)
+    return key, (qp, kp, vp, op, lp, wp, sp)
+
+
+def _index_signature(index: tuple):
+    """(signature, addresses) of the per-sequence index arrays, (None, ()) if one
+    is not a CUDA array of a registered type."""
+    sigs, addresses = [], []
+    for a in index:
+        if a is None:
+            sigs.append(None)
+            addresses.append(0)
+            continue
+        t = type(a)
+        kind = _types.get(t)
+        if kind == "torch" and a.get_device() >= 0:
+            sigs.append((t, a.dtype, a.shape, a.stride(), a.get_device()))
+            addresses.append(a.data_ptr())
+        elif kind == "cupy":
+            d = a.data
+            sigs.append((t, a.dtype, a.shape, a.strides, d.device_id))
+            addresses.append(d.ptr)
+        else:
+            return None, ()
+    return tuple(sigs), tuple(addresses)
 
 
 def lookup(key):
@@ -179,7 +210,7 @@ class Entry:
 
     def __call__(self, q, k, v, out, seqlens_k, workspace, addresses):
         """The result, or None when this call must take the full path after all."""
-        qp, kp, vp, op, lp, wp = addresses
+        qp, kp, vp, op, lp, wp, sp = addresses
         previous = self._get_device()
         if previous != self.device:
             self._set_device(self.device)
@@ -220,7 +251,10 @@ class Entry:
                     wp = work.data.ptr
             else:
                 wp = 0
-            self.launch(stream, qp, kp, vp, op, lsep, lp, wp)
+            if sp:  # a per-sequence call: its index arrays' addresses too
+                self.launch(stream, qp, kp, vp, op, lsep, lp, wp, seq=sp)
+            else:
+                self.launch(stream, qp, kp, vp, op, lsep, lp, wp)
         finally:
             if previous != self.device:
                 self._set_device(previous)

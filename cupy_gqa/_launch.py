@@ -30,6 +30,14 @@ _ADDRESSES = struct.Struct(f"<{len(SLOTS)}Q")
 # kernel's tensor maps of K and V (_tma.py), which hold the arrays' addresses.
 BLOBS = ("k_map", "v_map")
 BLOB_BYTES = 128
+# The per-sequence kernels' SeqParams argument (kernels/common.cuh, _seq.SEQ_PARAMS_DTYPE),
+# passed by value from its own place in the buffer: its four index-array addresses
+# (cu_seqlens_q, cu_seqlens_k, block_table, leftpad) lead it and are written at each
+# launch (the launch's, else the plan's own); the rest is the plan's.
+SEQ = "seq"
+SEQ_BYTES = 56
+_SEQ_ADDRESSES = struct.Struct("<4Q")
+_SEQ_OFFSET = _ADDRESSES.size + len(BLOBS) * BLOB_BYTES
 
 # cupy.cuda.driver.launchKernel, bound at the first PackedLaunch: cuLaunchKernel(function,
 # grid x, y, z, block x, y, z, shared memory, stream, argument pointers, extra)
@@ -59,17 +67,19 @@ class PackedLaunch:
     ``device``: the CUDA device whose context holds the functions.
     ``keep``: objects that own the function handles (their modules stay loaded).
     ``part_lse_offset``: bytes from the workspace's start to its second slot
-    (the decode kernels' partial lse).
+    (the decode kernels' partial lse). ``seq_params``: the SeqParams value of an
+    argument named ``SEQ`` (a per-sequence kernel's), its addresses the plan's.
     """
 
-    def __init__(self, kernels, device: int, keep=(), part_lse_offset: int = 0):
+    def __init__(self, kernels, device: int, keep=(), part_lse_offset: int = 0, seq_params: bytes = b""):
         global _driver_launch
         if _driver_launch is None:
             from cupy.cuda import driver
 
             _driver_launch = driver.launchKernel
         offsets: dict[bytes, int] = {}
-        size = _ADDRESSES.size + len(BLOBS) * BLOB_BYTES
+        size = _SEQ_OFFSET + SEQ_BYTES
+        assert len(seq_params) in (0, SEQ_BYTES), len(seq_params)
         for *_, args in kernels:
             for arg in args:
                 if isinstance(arg, bytes) and arg not in offsets:
@@ -79,6 +89,9 @@ class PackedLaunch:
         raw = self._buffer.view(np.uint8)
         for value, offset in offsets.items():
             raw[offset : offset + len(value)] = np.frombuffer(value, np.uint8)
+        if seq_params:
+            raw[_SEQ_OFFSET : _SEQ_OFFSET + SEQ_BYTES] = np.frombuffer(seq_params, np.uint8)
+        self._seq = _SEQ_ADDRESSES.unpack_from(seq_params) if seq_params else ()  # the plan's own addresses
         base = self._buffer.ctypes.data
         self._argvs = []  # kept alive: the driver reads them at each launch
         self._calls = []
@@ -96,12 +109,15 @@ class PackedLaunch:
     def _slot_offset(name: str) -> int:
         if name in BLOBS:
             return _ADDRESSES.size + BLOBS.index(name) * BLOB_BYTES
+        if name == SEQ:
+            return _SEQ_OFFSET
         return SLOTS.index(name) * 8
 
     def __call__(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
-                 blobs: tuple = ()) -> None:
+                 blobs: tuple = (), seq: tuple = ()) -> None:
         """Launch every kernel on ``stream`` (a cudaStream_t) with these addresses
-        (0 for a null pointer) and ``blobs`` (BLOBS' values, in order); the
+        (0 for a null pointer), ``blobs`` (BLOBS' values, in order) and ``seq``
+        (SeqParams' four index-array addresses; none: the plan's own); the
         current device must be ``device``."""
         if self.device not in _bound.__dict__:
             _bind_context(self.device)
@@ -111,6 +127,8 @@ class PackedLaunch:
             for i, blob in enumerate(blobs):
                 start = _ADDRESSES.size + i * BLOB_BYTES
                 self._bytes[start : start + BLOB_BYTES] = blob
+            if self._seq:
+                _SEQ_ADDRESSES.pack_into(self._buffer, _SEQ_OFFSET, *(seq or self._seq))
             for function, grid_x, threads, smem, argv in self._calls:
                 _driver_launch(function, grid_x, 1, 1, threads, 1, 1, smem, stream, argv, 0)
 

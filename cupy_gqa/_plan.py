@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _specs, _tma
+from . import _launch, _specs, _tma
 from ._compile import get_kernel
 from ._launch import PackedLaunch
 
@@ -54,8 +54,13 @@ class Problem:
         return _specs.with_mods(spec, self.mods.flags, self.mods.user_code())
 
     def seq_args(self) -> tuple:
-        """The SeqParams argument of the *_seq kernels (none without per-sequence addressing)."""
-        return () if self.seq is None else (self.seq.params(),)
+        """The SeqParams argument of the *_seq kernels (none without per-sequence
+        addressing): its place in the packed arguments (_launch.SEQ), filled
+        with seq_params() and given each launch's index-array addresses."""
+        return () if self.seq is None else (_launch.SEQ,)
+
+    def seq_params(self) -> bytes:
+        return b"" if self.seq is None else self.seq.params()
 
     def mod_args(self, spec: _specs.Spec, device: int) -> tuple:
         """The ModParams argument of kernel ``spec`` on ``device`` (none without modifiers)."""
@@ -157,10 +162,13 @@ class Launch(_PackedPerDevice):
         mods = self.problem.mod_args(self.spec, device) if self.problem is not None else ()
         seq = self.problem.seq_args() if self.problem is not None else ()
         args = ("q", "k", "v", "out", "lse", "seqlens_k", self.params.tobytes(), *mods, *seq, *self.extra_args)
-        return PackedLaunch([(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], device, keep=(kernel,))
+        seq_params = self.problem.seq_params() if self.problem is not None else b""
+        return PackedLaunch([(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], device, keep=(kernel,),
+                            seq_params=seq_params)  # fmt: skip
 
-    def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0) -> None:
-        self.packed()(stream, q, k, v, out, lse, seqlens_k)
+    def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
+               seq: tuple = ()) -> None:
+        self.packed()(stream, q, k, v, out, lse, seqlens_k, seq=seq)
 
     def __call__(self, q, k, v, out, lse, seqlens_k=None, workspace=None) -> None:
         # lse and seqlens_k None are passed as null pointers
@@ -342,8 +350,9 @@ class HopperLaunch(Launch):
 
     MAPS_KEPT = 64  # encoded tensor maps kept per plan (a serving loop reuses its cache's)
 
-    def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0) -> None:
-        self.packed()(stream, q, k, v, out, lse, seqlens_k, blobs=(self._tensor_map(0, k), self._tensor_map(1, v)))
+    def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
+               seq: tuple = ()) -> None:
+        self.packed()(stream, q, k, v, out, lse, seqlens_k, blobs=(self._tensor_map(0, k), self._tensor_map(1, v)), seq=seq)
 
     def _tensor_map(self, which: int, ptr: int) -> bytes:
         maps = self.__dict__.setdefault("_maps", {})
@@ -604,11 +613,13 @@ class DecodeLaunch(_PackedPerDevice):
             args = ("out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods, *seq)
             kernels.append((combine.kernel.ptr, self.combine_grid[0], self.combine.threads, self.combine.smem, args))
             keep.append(combine)
-        return PackedLaunch(kernels, device, keep=keep, part_lse_offset=self.part_lse_offset)
+        seq_params = self.problem.seq_params() if self.problem is not None else b""
+        return PackedLaunch(kernels, device, keep=keep, part_lse_offset=self.part_lse_offset, seq_params=seq_params)
 
-    def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0) -> None:
+    def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
+               seq: tuple = ()) -> None:
         """``workspace``: the address of a checked workspace when num_splits > 1."""
-        self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace if self.num_splits > 1 else 0)
+        self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace if self.num_splits > 1 else 0, seq=seq)
 
     def __call__(self, q, k, v, out, lse, seqlens_k, workspace=None) -> None:
         stream = current_stream_ptr()

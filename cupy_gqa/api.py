@@ -239,10 +239,15 @@ def attention(
     if block_table is not None or cache_leftpad is not None:
         _seq_no_modifiers("block_table and cache_leftpad", window=window, softcap=softcap, sinks=sinks,
                           alibi_slopes=alibi_slopes, score_mod=score_mod, mask_mod=mask_mod)  # fmt: skip
+        flags = ("seq", type(causal), causal, type(softmax_scale), softmax_scale, type(return_lse), return_lse, kernel,
+                 precision, layout)  # fmt: skip
+        result = _repeat_seq_call(q, k, v, out, seqlens_k, workspace, flags, (None, None, block_table, cache_leftpad))
+        if result is not None:
+            return result
         return _attention_seq(
             q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out, kernel=kernel,
             precision=precision, layout=layout, workspace=workspace, seqlens_k=seqlens_k, block_table=block_table,
-            cache_leftpad=cache_leftpad,
+            cache_leftpad=cache_leftpad, flags=flags,
         )  # fmt: skip
     if out is None and _torch_op_call(q, k, v):
         _torch_op_modifiers(q, k, v, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
@@ -374,11 +379,32 @@ def attention_varlen(
     change (within max_seqlen_*, which the graph keeps). Modifiers and the
     backward pass take no varlen calls yet.
     """
+    flags = ("varlen", type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k, type(causal), causal,
+             type(softmax_scale), softmax_scale, type(return_lse), return_lse, kernel, precision)  # fmt: skip
+    result = _repeat_seq_call(q, k, v, out, None, workspace, flags, (cu_seqlens_q, cu_seqlens_k, None, None))
+    if result is not None:
+        return result
     return _attention_seq(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out, kernel=kernel,
         precision=precision, layout="bshd", workspace=workspace,
-        varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+        varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), flags=flags,
     )  # fmt: skip
+
+
+def _repeat_seq_call(q, k, v, out, seqlens_k, workspace, flags: tuple, index: tuple):
+    """A per-sequence call through its signature's entry (_fast), or None for the
+    full path: a first call, host index arrays or lengths, autograd or a trace
+    (whose refusal the full path raises), arguments no signature holds."""
+    if _torch_op_call(q, k, v):
+        return None
+    try:
+        found = _fast.signature(q, k, v, out, seqlens_k, workspace, flags, index)
+        entry = None if found is None else _fast.lookup(found[0])
+    except Exception:  # unhashable and other odd arguments: the full path says what is wrong
+        return None
+    if entry is None:
+        return None
+    return entry(q, k, v, out, seqlens_k, workspace, found[1])
 
 
 def _seq_no_modifiers(what: str, **modifiers) -> None:
@@ -443,11 +469,14 @@ def _check_options(kernel, precision, layout, causal, return_lse) -> None:
 
 
 def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, layout, workspace,
-                   varlen=None, seqlens_k=None, block_table=None, cache_leftpad=None, plan_only=False):  # fmt: skip
+                   varlen=None, seqlens_k=None, block_table=None, cache_leftpad=None, plan_only=False,
+                   flags=None):  # fmt: skip
     """The per-sequence calls (_seq): attention_varlen (``varlen``: the cu_seqlens
-    and max_seqlen arguments) and attention with block_table or cache_leftpad.
-    Every call takes this full path (no repeat-call entry: the plan holds the
-    index arrays' addresses)."""
+    and max_seqlen arguments) and attention with block_table or cache_leftpad:
+    every check, the plan, the launch; then, where the index arrays and
+    seqlens_k are CUDA arrays (read in place: no host values to check), the
+    signature's entry for later calls (``flags``: the caller's, None for
+    none), which gives the kernels each call's index-array addresses."""
     _check_options(kernel, precision, layout, causal, return_lse)
     if _torch_op_call(q, k, v):
         what = "attention_varlen" if varlen is not None else "block_table and cache_leftpad"
@@ -598,7 +627,13 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
                 ws_arg = functools.partial(_torch_workspace, frame)
             else:
                 ws_arg = None
-            _plan.LAUNCH[family](problem, qb, kb, vb, outb, lseb, lensb, checked=kernel == "auto", workspace=ws_arg)
+            plan = _plan.LAUNCH[family](problem, qb, kb, vb, outb, lseb, lensb, checked=kernel == "auto", workspace=ws_arg)
+            checked = (lens, cu_q_c, cu_k_c, table, leftpad)
+            if flags is not None and plan is not None and all(c is None or c[0] == "device" for c in checked):
+                _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, (qb, kb, vb, outb, lensb),
+                          out_given="out" in named, return_lse=bool(return_lse), lse_shape=lse_shape, lens=lens,
+                          seqlen_k=seqlen_k, index=(cu_q, cu_k, block_table, cache_leftpad) if varlen is not None
+                          else (None, None, block_table, cache_leftpad))  # fmt: skip
     return (out, lse) if return_lse else out
 
 
@@ -715,18 +750,21 @@ def _torch_workspace(frame: _interop.Frame, nbytes: int):
     return _interop.to_backend(t, frame)
 
 
-def _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, backend, *, out_given, return_lse, lse_shape, lens, seqlen_k):
-    """Keep this call's decisions for the later calls of its signature (_fast)."""
+def _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, backend, *, out_given, return_lse, lse_shape, lens, seqlen_k,
+              index=()):  # fmt: skip
+    """Keep this call's decisions for the later calls of its signature (_fast);
+    ``index``: a per-sequence call's index arrays (_fast.signature)."""
     exact = {"torch": "torch.Tensor", "cupy": "cupy.ndarray"}.get(frame.kind)
     if exact is None or f"{type(q).__module__.split('.')[0]}.{type(q).__name__}" != exact:
         return  # foreign DLPack arrays and subclasses take the full path every call
     _fast.register(type(q), frame.kind)
-    if lens is not None and lens[0] == "device" and type(seqlens_k) not in _fast._types:
-        t = type(seqlens_k)
-        kind = _interop._kind(seqlens_k)
-        if f"{t.__module__.split('.')[0]}.{t.__name__}" == {"torch": "torch.Tensor", "cupy": "cupy.ndarray"}.get(kind):
-            _fast.register(t, kind)
-    found = _fast.signature(q, k, v, out if out_given else None, seqlens_k, workspace, flags)
+    for a in (seqlens_k if lens is not None and lens[0] == "device" else None, *index):
+        if a is not None and type(a) not in _fast._types:
+            t = type(a)
+            kind = _interop._kind(a)
+            if f"{t.__module__.split('.')[0]}.{t.__name__}" == {"torch": "torch.Tensor", "cupy": "cupy.ndarray"}.get(kind):
+                _fast.register(t, kind)
+    found = _fast.signature(q, k, v, out if out_given else None, seqlens_k, workspace, flags, index)
     if found is None:
         return
     key, _ = found

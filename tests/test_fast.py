@@ -36,10 +36,11 @@ class Recorder:
     """Stands in for a PackedLaunch: records each launch's stream and addresses."""
 
     def __init__(self):
-        self.calls = []
+        self.calls, self.seq = [], []
 
-    def __call__(self, *args):
+    def __call__(self, *args, seq=()):
         self.calls.append(args)
+        self.seq.append(seq)
 
 
 def make_entry(q, k, v, *, return_lse=False, ws_bytes=0, host_lens=None, out=None, lens_ext=0):
@@ -79,7 +80,7 @@ def test_signature_tells_calls_apart(fast):
     out and workspace given or not, seqlens_k's kind, alignment."""
     q, k, v = qkv()
     base, addrs = _fast.signature(q, k, v, None, None, None, FLAGS)
-    assert addrs == (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0, 0, 0)
+    assert addrs == (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0, 0, 0, ())
     same, _ = _fast.signature(*qkv(), None, None, None, FLAGS)
     assert same == base  # other tensors, same signature
     variants = {
@@ -276,3 +277,105 @@ def test_every_forward_plan_tells_the_repeat_path_how_to_launch():
         assert callable(cls.packed), cls.__name__
         if cls.extra_args:
             assert callable(getattr(cls, "launch", None)), cls.__name__
+
+
+# --- per-sequence calls (block_table, cache_leftpad, attention_varlen) ------------------
+
+SEQ_FLAGS = ("seq", bool, True, type(None), None, bool, False, "auto", "highest", "bshd")
+
+
+class DeviceIndex(torch.Tensor):
+    """A CPU tensor that says it lives on device 0: the signature treats it as a
+    CUDA index array (read in place, by address)."""
+
+    def get_device(self):
+        return 0
+
+
+def device_index(values):
+    return torch.tensor(values, dtype=torch.int32).as_subclass(DeviceIndex)
+
+
+def test_seq_signature_tells_index_arrays_apart(fast):
+    fast._types[DeviceIndex] = "torch"
+    q, k, v = qkv(batch=2, seqlen_k=16)
+    table, lens = device_index([[0, 1], [2, 3]]), device_index([20, 7])
+    index = (None, None, table, None)
+    base, addrs = _fast.signature(q, k, v, None, lens, None, SEQ_FLAGS, index)
+    assert addrs[6] == (0, 0, table.data_ptr(), 0) and addrs[4] == lens.data_ptr()
+    same, _ = _fast.signature(q, k, v, None, device_index([1, 2]), None, SEQ_FLAGS,
+                              (None, None, device_index([[5, 6], [7, 8]]), None))  # fmt: skip
+    assert same == base  # other arrays, other values: the same signature
+    variants = {
+        "wider table": (None, None, device_index([[0, 1, 2], [3, 4, 5]]), None),
+        "int64 table": (None, None, torch.tensor([[0, 1], [2, 3]]).as_subclass(DeviceIndex), None),
+        "strided table": (None, None, device_index([[0, 9, 1, 9], [2, 9, 3, 9]])[:, ::2], None),
+        "leftpad": (None, None, table, device_index([0, 1])),
+    }
+    for name, other in variants.items():
+        assert _fast.signature(q, k, v, None, lens, None, SEQ_FLAGS, other)[0] != base, name
+    assert _fast.signature(q, k, v, None, lens, None, SEQ_FLAGS, ())[0] != base  # a contiguous call
+    for host in (np.array([[0, 1], [2, 3]], np.int32), [[0, 1], [2, 3]], torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)):
+        assert _fast.signature(q, k, v, None, lens, None, SEQ_FLAGS, (None, None, host, None)) is None  # host: full path
+
+
+def test_repeat_paged_call_launches_with_this_calls_index_addresses(fast):
+    fast._types[DeviceIndex] = "torch"
+    q, k, v = qkv(batch=2, seqlen_k=16)
+    table, lens = device_index([[0, 1], [2, 3]]), device_index([20, 7])
+    entry = make_entry(q, k, v, lens_ext=8)
+    key, _ = _fast.signature(q, k, v, None, lens, None, SEQ_FLAGS, (None, None, table, None))
+    _fast.remember(key, entry)
+    table2, lens2 = device_index([[3, 2], [1, 0]]), device_index([1, 32])
+    out = cupy_gqa.attention(q, k, v, block_table=table2, seqlens_k=lens2)
+    assert out.shape == q.shape
+    [(stream, qp, kp, vp, op, lsep, lp, wp)] = entry.launch.calls
+    assert (stream, qp, kp, vp, op, lp) == (7, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lens2.data_ptr())
+    assert entry.launch.seq == [(0, 0, table2.data_ptr(), 0)]
+    # a host table takes the full path, which checks its values (k holds 2 pages)
+    with pytest.raises(ValueError, match=r"block_table: expected page indices in \[0, 2\) \(num_pages\), got 5 at \[1, 1\]"):
+        cupy_gqa.attention(q, k, v, block_table=[[0, 1], [1, 5]], seqlens_k=lens2)
+    assert len(entry.launch.calls) == 1
+
+
+def test_repeat_varlen_call_launches_with_this_calls_offsets(fast):
+    fast._types[DeviceIndex] = "torch"
+    q = torch.zeros(10, 8, 64, dtype=torch.float16)
+    k = v = torch.zeros(12, 2, 64, dtype=torch.float16)
+    flags = ("varlen", int, 6, int, 8, bool, True, type(None), None, bool, False, "auto", "highest")
+    cu_q, cu_k = device_index([0, 4, 10]), device_index([0, 4, 12])
+    entry = make_entry(q[None], k[None], v[None])
+    entry.out_shape = tuple(q.shape)
+    key, _ = _fast.signature(q, k, v, None, None, None, flags, (cu_q, cu_k, None, None))
+    _fast.remember(key, entry)
+    cu_q2, cu_k2 = device_index([0, 5, 10]), device_index([0, 5, 12])
+    out = cupy_gqa.attention_varlen(q, k, v, cu_q2, cu_k2, 6, 8)
+    assert out.shape == q.shape
+    assert entry.launch.seq == [(cu_q2.data_ptr(), cu_k2.data_ptr(), 0, 0)]
+    with pytest.raises(TypeError, match=r"expected a CUDA array"):  # another max_seqlen_k: the full path, which
+        cupy_gqa.attention_varlen(q, k, v, cu_q2, cu_k2, 6, 9)  # looks at the stand-in's device
+    assert len(entry.launch.calls) == 1
+
+
+def test_packed_launch_seq_params_take_each_launchs_index_addresses(monkeypatch):
+    """The SeqParams argument keeps the plan's fixed fields; its four addresses
+    are the launch's when it gives them, else the plan's own (a full-path call
+    of the plan after repeat calls with other arrays)."""
+    from cupy_gqa import _seq
+
+    launched = []
+    monkeypatch.setattr(_launch, "_driver_launch", lambda *args: launched.append(packed.values()))
+    _launch._bound.__dict__[5] = True
+    seq = _seq.SeqLayout(flags=2, page_size=32, block_table_stride=9, block_table=0xAB00, cu_seqlens_q=0, leftpad=0xCD00)
+    params = seq.params()
+    packed = _launch.PackedLaunch([(111, 4, 128, 0, ("q", "k", "v", "out", "lse", "seqlens_k", b"x" * 8, _launch.SEQ))],
+                                  device=5, seq_params=params)  # fmt: skip
+    offset = packed.arg_addresses(0)[7]
+    packed(1, 2, 3, 4, 5, 6, 7)
+    assert launched[-1][offset : offset + 56] == params
+    packed(1, 2, 3, 4, 5, 6, 7, seq=(0x10, 0x20, 0x30, 0x40))
+    got = np.frombuffer(launched[-1][offset : offset + 56], _seq.SEQ_PARAMS_DTYPE)[0]
+    assert (got["cu_seqlens_q"], got["cu_seqlens_k"], got["block_table"], got["leftpad"]) == (0x10, 0x20, 0x30, 0x40)
+    assert (got["block_table_stride"], got["page_size"]) == (9, 32)
+    packed(1, 2, 3, 4, 5, 6, 7)  # the plan's own addresses again
+    assert launched[-1][offset : offset + 56] == params

@@ -351,3 +351,57 @@ def test_graph_paged(kernel, page_size, leftpad):
         ref, _ = reference_kvcache(cupy.asnumpy(q), cupy.asnumpy(k), cupy.asnumpy(v), seqlens_k=lens,
                                    block_table=cupy.asnumpy(table_d), cache_leftpad=pad if leftpad else None)  # fmt: skip
         assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"graph paged {kernel} page {page_size}")
+
+
+# --- repeat calls: the signature's entry with each call's index arrays -------------------
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("framework", ["cupy", "torch"])
+def test_repeat_paged_calls_on_new_index_arrays(kernel, framework):
+    """Calls of one signature with other tables, lengths and left padding (the
+    repeat-call entry patches their addresses into the launch), then the first
+    call's arrays again (its plan launched by the full path after the entry
+    wrote other addresses): every result against the float64 reference."""
+    dtype = "float16"  # NumPy has it, so torch takes the arrays as they are
+    _skip_unsupported(kernel, dtype, 4, paged=True)
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(31)
+    page, max_pages = 32, 8
+    k, v, _ = _pool(3, page, max_pages, 2, 64, dtype, rng, spare=7)
+    q = rng.standard_normal((3, 4, 8, 64)).astype(NP_DTYPES[dtype])
+    steps = []
+    for lens, pads in (([256, 1, 100], [0, 0, 99]), ([17, 256, 40], [16, 3, 0]), ([256, 1, 100], [0, 0, 99])):
+        table = rng.permutation(len(k))[: 3 * max_pages].reshape(3, max_pages).astype(np.int32)
+        steps.append((table, np.int32(lens), np.int32(pads)))
+    steps[2] = steps[0]  # the first call's arrays again
+    to = (lambda a: torch.as_tensor(a).cuda()) if framework == "torch" else cupy.asarray  # noqa: E731
+    qd, kd, vd = (to(a) for a in (q, k, v))
+    arrays = [tuple(to(a) for a in step) for step in steps[:2]]
+    arrays.append(arrays[0])
+    for (table, lens, pads), (table_d, lens_d, pads_d) in zip(steps, arrays):
+        res = cupy_gqa.attention(qd, kd, vd, block_table=table_d, seqlens_k=lens_d, cache_leftpad=pads_d, kernel=kernel)
+        got = res.float().cpu().numpy() if framework == "torch" else cupy.asnumpy(res)
+        ref, _ = reference_kvcache(q, k, v, seqlens_k=lens, block_table=table, cache_leftpad=pads)
+        assert_close(got, ref, TOLERANCE[dtype], f"repeat paged {kernel} {framework} lens {list(lens)}")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_repeat_varlen_calls_on_new_offsets(kernel):
+    dtype = "bfloat16"
+    _skip_unsupported(kernel, dtype, 16)
+    rng = np.random.default_rng(32)
+    q = cupy.asarray(rng.standard_normal((40, 8, 128)).astype(NP_DTYPES[dtype]))
+    k = cupy.asarray(rng.standard_normal((1800, 2, 128)).astype(NP_DTYPES[dtype]))
+    v = cupy.asarray(rng.standard_normal((1800, 2, 128)).astype(NP_DTYPES[dtype]))
+    steps = [([16, 8, 16], [900, 1, 899]), ([1, 16, 7], [0, 300, 17]), ([16, 8, 16], [900, 1, 899])]
+    offsets = [tuple(cupy.asarray(np.concatenate([[0], np.cumsum(x)]).astype(np.int32)) for x in step) for step in steps[:2]]
+    offsets.append(offsets[0])
+    for cu_q, cu_k in offsets:
+        out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+        cupy_gqa.attention_varlen(q, k, v, cu_q, cu_k, 16, 900, out=out, kernel=kernel)
+        hq, hk, hv, hcq, hck = (cupy.asnumpy(a) for a in (q, k, v, cu_q, cu_k))
+        rows = int(hcq[-1])
+        ref, _ = reference_varlen(hq, hk, hv, hcq, hck)
+        assert_close(cupy.asnumpy(out)[:rows], ref[:rows], TOLERANCE[dtype], f"repeat varlen {kernel} {list(np.diff(hcq))}")
