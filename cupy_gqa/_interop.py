@@ -57,7 +57,9 @@ class Frame:
         return self.device is not None
 
 
-def _device_of(x, kind: str) -> int | None:
+def _device_of(x, kind: str, name: str) -> int | None:
+    """The CUDA device of argument ``name`` (None: host memory); a TypeError naming
+    it for memory the kernels can't read."""
     if kind == "numpy":
         return None
     if kind == "cupy":
@@ -66,12 +68,12 @@ def _device_of(x, kind: str) -> int | None:
         if x.device.type == "cpu":
             return None
         if x.device.type != "cuda":
-            raise TypeError(f"expected a CUDA or CPU torch tensor, got one on device {x.device}")
+            raise TypeError(f"{name}: expected a CUDA or CPU torch tensor, got one on device {x.device}")
         return x.device.index
     dev_type, dev_id = x.__dlpack_device__()
     if int(dev_type) != _DLPACK_CUDA:
         raise TypeError(
-            f"expected a CUDA array (DLPack device type {_DLPACK_CUDA}), got DLPack device type {int(dev_type)}; "
+            f"{name}: expected a CUDA array (DLPack device type {_DLPACK_CUDA}), got DLPack device type {int(dev_type)}; "
             "pass CPU data as a NumPy array"
         )
     return int(dev_id)
@@ -86,14 +88,14 @@ def frame_of(arrays: dict) -> Frame:
             f"{first_name}: expected a cupy.ndarray, torch.Tensor, numpy.ndarray or CUDA __dlpack__ array, "
             f"got {type(first).__module__}.{type(first).__qualname__}"
         )
-    device = _device_of(first, kind)
+    device = _device_of(first, kind, first_name)
     for name, x in arrays.items():
         if _kind(x) != kind:
             raise TypeError(
                 f"{name}: expected the same framework as {first_name} ({type(first).__qualname__} from {kind}), "
                 f"got {type(x).__module__}.{type(x).__qualname__}"
             )
-        dev = _device_of(x, kind)
+        dev = _device_of(x, kind, name)
         if dev != device:
             where = lambda d: "cpu" if d is None else f"cuda:{d}"  # noqa: E731
             raise ValueError(f"{name}: expected device {where(device)} (that of {first_name}), got {where(dev)}")

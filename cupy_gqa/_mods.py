@@ -151,7 +151,8 @@ class _UserMod:
                     kind = _interop._kind(a)
                     on_gpu = kind == "cupy" or (kind == "torch" and a.device.type == "cuda")
                     if on_gpu:
-                        b = _interop.to_backend(a, _interop.Frame(kind, _interop._device_of(a, kind)))
+                        dev = _interop._device_of(a, kind, f"{self.kind}: buffer {name!r}")
+                        b = _interop.to_backend(a, _interop.Frame(kind, dev))
                         if b.device.id != device:
                             raise ValueError(f"{self.kind}: buffer {name!r} is on cuda:{b.device.id}, the call on cuda:{device}")
                         if not b.flags.c_contiguous:

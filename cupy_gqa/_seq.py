@@ -95,7 +95,7 @@ def check_index_array(name: str, a, frame: _interop.Frame, shape: tuple, what: s
     on_cpu = kind in ("list", "numpy") or (kind == "torch" and a.device.type == "cpu")
     expected_shape = f"{shape} {what}"
     if not on_cpu:
-        dev = _interop._device_of(a, kind)
+        dev = _interop._device_of(a, kind, name)
         if not frame.on_gpu:
             raise ValueError(f"{name}: expected {_HOST} for CPU inputs, got an array on cuda:{dev}")
         if dev != frame.device:

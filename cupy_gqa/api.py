@@ -968,7 +968,7 @@ def _check_seqlens_k(seqlens_k, frame: _interop.Frame, batch: int, seqlen_k: int
         )
     expected_shape = f"({batch},) (the batch of q)"
     if not on_cpu:
-        dev = _interop._device_of(seqlens_k, kind)
+        dev = _interop._device_of(seqlens_k, kind, "seqlens_k")
         if not frame.on_gpu:
             raise ValueError(f"seqlens_k: expected {_HOST_SEQLENS} for CPU inputs, got an array on cuda:{dev}")
         if dev != frame.device:
@@ -1040,7 +1040,7 @@ def _check_mod_array(name: str, a, frame: _interop.Frame, shapes: tuple, expecte
     if on_cpu:
         host = a.detach().numpy() if kind == "torch" else np.asarray(a)
         return ("host", np.ascontiguousarray(host))
-    dev = _interop._device_of(a, kind)
+    dev = _interop._device_of(a, kind, name)
     if not frame.on_gpu:
         raise ValueError(f"{name}: expected a host array (NumPy, list, CPU torch tensor) for CPU inputs, got an array on cuda:{dev}")
     if dev != frame.device:

@@ -173,3 +173,28 @@ def test_empty_out_is_accepted():
     q, k, v = random_qkv(1, 0, 0, 1, 1, 3, "float32")
     out = np.empty(q.shape, np.float32)
     assert call(q, k, v, out=out) is out
+
+
+def test_memory_the_kernels_cant_read_is_named(qkv):
+    """An array in memory neither backend reads (a DLPack CPU producer other than
+    NumPy, a torch tensor on another device) is refused with its argument's name."""
+    q, k, v = qkv
+
+    class ForeignHost:  # a DLPack producer of host memory that isn't NumPy
+        shape, dtype = q.shape, q.dtype
+
+        def __dlpack__(self, stream=None):
+            raise AssertionError("must not be converted")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    with pytest.raises(TypeError, match=r"^q: expected a CUDA array \(DLPack device type 2\), got DLPack device type 1; pass CPU data"):
+        call(ForeignHost(), k, v)
+    torch = pytest.importorskip("torch")
+    meta = torch.empty(2, dtype=torch.int32, device="meta")
+    tq, tk, tv = (torch.from_numpy(x) for x in qkv)
+    with pytest.raises(TypeError, match=r"^seqlens_k: expected a CUDA or CPU torch tensor, got one on device meta"):
+        cupy_gqa.attention(tq, tk, tv, seqlens_k=meta)
+    with pytest.raises(TypeError, match=r"^cu_seqlens_q: expected a CUDA or CPU torch tensor, got one on device meta"):
+        cupy_gqa.attention_varlen(tq[0], tk[0], tv[0], torch.empty(2, dtype=torch.int32, device="meta"), [0, 1], 1, 1)

@@ -87,10 +87,10 @@ case "$stage" in
   profile)
     timeout -s KILL "${PROFILE_LIMIT_S:-300}" ncu --clock-control none --profile-from-start off --section SpeedOfLight \
       --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-      --section MemoryWorkloadAnalysis python3 benchmarks/dev/profile_prefill.py "$@" >"$out/profile.txt" 2>&1
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 benchmarks/dev/profile_prefill.py "$@" >"$out/profile.txt" 2>&1
     rc=$?
     nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
-    grep -E "^  [a-z_]+.*\(|Duration|Throughput|Achieved Occupancy|Registers Per|Block Limit|Stall|Issued Warp|No Eligible" \
+    grep -E "^  [a-z_]+.*\(|Duration|Throughput|Achieved Occupancy|Registers Per|Block Limit|Stall|Issued Warp|No Eligible|Pipe|SM Busy|Issue Slots" \
       "$out/profile.txt" | cut -c1-150 | head -120
     exit $rc ;;
   *) echo "unknown stage $stage"; exit 2 ;;

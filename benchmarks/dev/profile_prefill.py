@@ -6,6 +6,8 @@ backend on chosen prefill cases, inside a profiler range, for Nsight Compute:
         --section Occupancy --section LaunchStats --section WarpStateStats \\
         --section SchedulerStats --section MemoryWorkloadAnalysis \\
         python3 benchmarks/dev/profile_prefill.py --cases H3,H4
+        (--section ComputeWorkloadAnalysis: the pipes' utilisation, e.g. the
+        multi-function unit's with --softcap 30 --cases H1 --kernels hopper)
 
 Everything is compiled and warmed up before the range starts. Shapes are the
 benchmark's (benchmarks/bench_attention.py: CASES). Notes: benchmarks/NOTES_hopper.md.
@@ -29,6 +31,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="H3")
     ap.add_argument("--kernels", default="hopper,tiled")
+    ap.add_argument("--softcap", type=float, default=None,
+                    help="also profile each cupy_gqa call with this softcap (W2: 30 at H1), beside the plain one")
     args = ap.parse_args()
     by_name = {c.name: c for c in CASES}
     calls = []
@@ -39,8 +43,9 @@ def main():
         k = torch.randn(c.batch, c.seqlen_k, c.num_kv_heads, c.head_dim, device="cuda", dtype=dtype)
         v = torch.randn_like(k)
         for kernel in args.kernels.split(","):
-            calls.append(lambda q=q, k=k, v=v, kernel=kernel, causal=c.causal: cupy_gqa.attention(
-                q, k, v, causal=causal, kernel=kernel))
+            for cap in (None,) if args.softcap is None else (None, args.softcap):
+                calls.append(lambda q=q, k=k, v=v, kernel=kernel, causal=c.causal, cap=cap: cupy_gqa.attention(
+                    q, k, v, causal=causal, kernel=kernel, softcap=cap))
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
 
         def cudnn(qt=qt, kt=kt, vt=vt, causal=c.causal):
