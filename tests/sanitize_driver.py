@@ -143,9 +143,15 @@ def per_sequence(kernel, failures: int, runs: int) -> tuple[int, int]:
 
 def main(kernels) -> int:
     failures = runs = 0
-    for kernel in kernels:
+    for name in kernels:
+        kernel, _, part = name.partition(":")
+        if part not in ("", "seq"):
+            raise SystemExit(f"sanitize_driver: unknown part {part!r} of {name!r} (family or family:seq)")
         if kernel == "backward":
             failures, runs = backward(failures, runs)
+            continue
+        if part == "seq":
+            failures, runs = per_sequence(kernel, failures, runs)
             continue
         failures, runs = modifiers(kernel, failures, runs)
         failures, runs = per_sequence(kernel, failures, runs)
@@ -186,5 +192,5 @@ def main(kernels) -> int:
 
 if __name__ == "__main__":
     # sanitize_driver.py [kernel ...]: only these kernel families (default: all, and "backward":
-    # attention_backward's kernels)
+    # attention_backward's kernels); "family:seq": only that family's per-sequence calls
     sys.exit(main(sys.argv[1:] or (*cupy_gqa.KERNELS, "backward")))
