@@ -122,22 +122,25 @@ def per_sequence(kernel, failures: int, runs: int) -> tuple[int, int]:
             for name, arrays, kw, ref in calls:
                 dev = [cupy.asarray(x) for x in arrays]
                 kwd = {n: (cupy.asarray(x) if isinstance(x, np.ndarray) else x) for n, x in kw.items() if x is not None}
-                out = cupy.full(arrays[0].shape, np.nan, dtype=arrays[0].dtype)
-                try:
-                    if name == "varlen":
-                        cupy_gqa.attention_varlen(*dev, kwd.pop("cu_seqlens_q"), kwd.pop("cu_seqlens_k"), kwd.pop("max_seqlen_q"),
-                                                  kwd.pop("max_seqlen_k"), out=out, kernel=kernel)  # fmt: skip
-                    else:
-                        cupy_gqa.attention(*dev, out=out, kernel=kernel, **kwd)
-                except ValueError as e:
-                    if "does not support" in str(e):
-                        continue
-                    raise
-                runs += 1
-                err = relative_error(cupy.asnumpy(out), ref)
-                if not err <= TOLERANCE[dtype]:
-                    failures += 1
-                    print(f"FAIL {kernel} {name} seqlen_q={seqlen_q} D{head_dim} {dtype}: error {err:.2e}")
+                for call in ("first", "repeat"):  # the full path, then the signature's entry (new index arrays)
+                    out = cupy.full(arrays[0].shape, np.nan, dtype=arrays[0].dtype)
+                    kwc = {n: (x.copy() if isinstance(x, cupy.ndarray) else x) for n, x in kwd.items()}
+                    try:
+                        if name == "varlen":
+                            cupy_gqa.attention_varlen(*dev, kwc.pop("cu_seqlens_q"), kwc.pop("cu_seqlens_k"),
+                                                      kwc.pop("max_seqlen_q"), kwc.pop("max_seqlen_k"), out=out,
+                                                      kernel=kernel)  # fmt: skip
+                        else:
+                            cupy_gqa.attention(*dev, out=out, kernel=kernel, **kwc)
+                    except ValueError as e:
+                        if "does not support" in str(e):
+                            break
+                        raise
+                    runs += 1
+                    err = relative_error(cupy.asnumpy(out), ref)
+                    if not err <= TOLERANCE[dtype]:
+                        failures += 1
+                        print(f"FAIL {kernel} {name} ({call} call) seqlen_q={seqlen_q} D{head_dim} {dtype}: error {err:.2e}")
     return failures, runs
 
 
