@@ -14,6 +14,10 @@
 #                                               (clocks left alone), the report in $OUT/profile.txt
 #   benchmarks/dev/device_check.sh backward     one call for the backward pass: its GPU tests, the sanitizer
 #                                               on its kernels, a quick G1-G3 bench and the training check
+#   benchmarks/dev/device_check.sh seq          one call for the per-sequence calls (varlen, paged, left
+#                                               padding): their GPU tests with decode, graphs and interop, a
+#                                               D1/P1-P3/V1 bench, then the sanitizer on every family's
+#                                               per-sequence calls (each tool a process)
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -71,6 +75,19 @@ case "$stage" in
     echo "bench rc $?"; reap; grep -E "G[123] " "$out/bench.txt" | cut -c10-130
     timeout -s KILL 120 python3 benchmarks/train_check.py --out "$out/results" >"$out/train.txt" 2>&1
     echo "train rc $?"; reap; tail -3 "$out/train.txt" ;;
+  seq)
+    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
+    t0=$SECONDS
+    timeout -s KILL 240 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_seq.py tests/test_gpu_decode.py \
+      tests/test_gpu_graphs.py tests/test_gpu_interop.py tests/test_fast.py >"$out/gpu_tests.txt" 2>&1
+    echo "tests rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/gpu_tests.txt" | tail -20
+    timeout -s KILL 90 python3 benchmarks/bench_attention.py --cases D1,P1,P2,P3,V1 --no-plot --no-compile-probe \
+      --out "$out/results" >"$out/bench.txt" 2>&1
+    echo "bench rc $?"; reap; grep -E "^\[.*(P[123]|D1|V1) " "$out/bench.txt" | grep -E "auto|contiguous|cudnn|varlen" | cut -c10-160
+    t0=$SECONDS
+    SANITIZE_GROUPS="hopper:seq|tiled:seq|rowwise:seq|decode:seq" timeout -s KILL 240 \
+      bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"
+    echo "sanitize rc $? in $((SECONDS - t0)) s"; reap ;;
   results)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     read -r lb lm lt <<<"${RESULTS_LIMITS:-330 150 90}"
