@@ -486,7 +486,7 @@ struct Mods {
         SINKS = (FLAGS & MOD_SINKS) != 0,
         SCORE = (FLAGS & MOD_SCORE) != 0,
         MASK = (FLAGS & MOD_MASK) != 0,
-        SCORES = SOFTCAP || ALIBI || SCORE,  // the scores change (the scale can't stay inside the exp2)
+        SCORES = SOFTCAP || ALIBI || SCORE,  // the scores change
         MASKS = WINDOW || MASK,              // keys inside the causal bounds may be masked
     };
 };
@@ -550,13 +550,12 @@ __device__ __forceinline__ Row row(const ModParams& mp, const Seq& sq, int t, in
     return {t, h, (int)first, (int)last, slope};
 }
 
-// A score in log2 units (softmax_scale * log2(e) * q . k) after the score
-// modifiers, in log2 units (computed in natural units, in A's precision).
-// (Of query t, head h, ALiBi slope.)
+// A score in natural units (x = softmax_scale * q . k) after the score modifiers,
+// in A's precision: the one rule of every kernel family. (Of query t, head h,
+// ALiBi slope.) The tensor-core prefill kernels keep it in natural units and
+// apply log2(e) inside their exp2 (softmax.cuh: frag_modify).
 template <class M, typename A>
-__device__ __forceinline__ A score_of(A s2, const ModParams& mp, const Seq& sq, int t, int h, float slope, int j) {
-    if (!M::SCORES) return s2;
-    A x = s2 * (A)0.69314718055994530942;
+__device__ __forceinline__ A score_nat(A x, const ModParams& mp, const Seq& sq, int t, int h, float slope, int j) {
     if (M::SOFTCAP) {
         const A cap = (A)mp.softcap;
         if constexpr (M::FAST_TANH)
@@ -566,7 +565,14 @@ __device__ __forceinline__ A score_of(A s2, const ModParams& mp, const Seq& sq, 
     }
     if (M::ALIBI) x -= (A)slope * (A)abs(t + sq.diag - j);
     if (M::SCORE) x = user_score_mod<A>(x, sq.b, h, t, j, sq.seqlen_q, sq.len, mp);
-    return x * (A)1.44269504088896340736;
+    return x;
+}
+// The same from and to log2 units (s2 = softmax_scale * log2(e) * q . k): the
+// CUDA-core kernels' form (rowwise, decode).
+template <class M, typename A>
+__device__ __forceinline__ A score_of(A s2, const ModParams& mp, const Seq& sq, int t, int h, float slope, int j) {
+    if (!M::SCORES) return s2;
+    return score_nat<M, A>(s2 * (A)0.69314718055994530942, mp, sq, t, h, slope, j) * (A)1.44269504088896340736;
 }
 template <class M, typename A>
 __device__ __forceinline__ A score(A s2, const ModParams& mp, const Seq& sq, const Row& r, int j) {
@@ -610,8 +616,8 @@ __device__ __forceinline__ bool visible(const ModParams& mp, const Seq& sq, cons
     return ok;
 }
 template <class M, typename A>
-__device__ __forceinline__ A score(A s2, const ModParams& mp, const Seq& sq, const Diag& r, int j) {
-    return score_of<M, A>(s2, mp, sq, r.c - sq.diag, r.h, r.slope, j);
+__device__ __forceinline__ A score_nat(A x, const ModParams& mp, const Seq& sq, const Diag& r, int j) {
+    return score_nat<M, A>(x, mp, sq, r.c - sq.diag, r.h, r.slope, j);
 }
 
 // A sink in log2 units, for query head h (0 without sinks: unused).

@@ -443,7 +443,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         } else {
             // modifiers (softmax.cuh: frag_modify), then the probabilities
             const float scale = softmax::frag_modify<M, CAUSAL>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
-            return softmax::frag_probabilities<RESCALE_THRESHOLD, !M::SCORES>(s, m_run, alpha, rs, scale,
+            return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale,
                                                                               softmax::FastExp2());
         }
     };

@@ -130,7 +130,8 @@ __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane,
         }
 }
 
-// The same for the tensor-core prefill kernels, with the rows held as mods::Diag.
+// The same for the tensor-core prefill kernels, with the rows held as mods::Diag,
+// on scores in natural units (mods::score_nat).
 template <class M, bool CAUSAL, int NT>
 __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane, const ModParams& mp,
                                           const mods::Seq& sq, const mods::Diag (&row)[2], bool mask) {
@@ -141,29 +142,30 @@ __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane,
             const int j = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
             const mods::Diag& r = row[e >> 1];
             s[nt][e] = (mask && !mods::visible<M, CAUSAL>(mp, sq, r, j)) ? neg_inf<float>()
-                                                                      : mods::score<M>(s[nt][e], mp, sq, r, j);
+                                                                      : mods::score_nat<M>(s[nt][e], mp, sq, r, j);
         }
 }
 
 // The modifiers' step of a tensor-core kernel on the raw scores of the key tile
-// [n0, n0 + n), before its softmax update: scores to log2 units first when the
+// [n0, n0 + n), before its softmax update: scores to natural units first when the
 // score modifiers change them, then the score modifiers and, on a tile that some
 // row may not fully see (keys.unmasked) or with a mask_mod, the mask. Returns the
-// scale the exponentials still apply (1 when the scores already carry it); the
-// update takes the scale inside the exp2 exactly when !M::SCORES.
+// scale the update applies inside its exp2 (s * scale - ref): log2(e) on the
+// modified scores, scale_log2 on the raw ones.
 template <class M, bool CAUSAL, int NT, class Keys>
 __device__ __forceinline__ float frag_modify(float (&s)[NT][4], int n0, int n, int lane, const ModParams& mp,
                                             const mods::Seq& sq, const mods::Diag (&row)[2], const Keys& keys,
                                             float scale_log2) {
     const bool mask = M::MASK || !keys.unmasked(n0, n);
     if constexpr (M::SCORES) {
+        const float scale = scale_log2 * 0.69314718055994530942f;  // softmax_scale
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+            for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
     }
     if (M::SCORES || mask) frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, row, mask);
-    return M::SCORES ? 1.f : scale_log2;
+    return M::SCORES ? 1.44269504088896340736f : scale_log2;
 }
 
 // Row hf's max of s over the quad.

@@ -316,7 +316,7 @@ __device__ __forceinline__ void tiled_body(
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
                 scale = softmax::frag_modify<M, CAUSAL>(s[mt], n0, BLOCK_N, lane, mp, sq, mrow[mt], keys, scale_log2);
-            softmax::frag_update<RESCALE_THRESHOLD, !M::SCORES>(s, o_acc, m_run, l_run, scale, softmax::FastExp2());
+            softmax::frag_update<RESCALE_THRESHOLD, true>(s, o_acc, m_run, l_run, scale, softmax::FastExp2());
         }
 
         // ---- O += P V  (C fragment of S pairs -> A fragment of P) ---------------

@@ -332,7 +332,7 @@ __device__ __forceinline__ void tiled_tf32_body(
         } else {
             // modifiers (softmax.cuh: frag_modify), then the update
             const float scale = softmax::frag_modify<M, CAUSAL>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
-            softmax::frag_update<0, !M::SCORES>(s, o_acc, m_run, l_run, scale, softmax::ExactExp2());
+            softmax::frag_update<0, true>(s, o_acc, m_run, l_run, scale, softmax::ExactExp2());
         }
 
         // ---- O += P V: key 2c is k = c, key 2c+1 is k = c+4 ----------------------
