@@ -3,7 +3,8 @@
 #   tests/sanitize.sh [tool ...]      default: memcheck racecheck initcheck synccheck
 #   SANITIZE_KERNELS="tiled decode" tests/sanitize.sh ...   only these kernel families
 #   SANITIZE_KERNELS=backward tests/sanitize.sh ...          only the backward pass (kernels/backward.cu)
-#   SANITIZE_KERNELS="tiled:seq decode:seq" tests/sanitize.sh ...   only those families' per-sequence calls
+#   SANITIZE_KERNELS="tiled:seq decode:mods" tests/sanitize.sh ...  only those families' per-sequence
+#                                                            (or modifier) calls
 # Exits non-zero if any tool reports an error or a result is wrong.
 set -uo pipefail
 cd "$(dirname "$0")"

@@ -148,13 +148,16 @@ def main(kernels) -> int:
     failures = runs = 0
     for name in kernels:
         kernel, _, part = name.partition(":")
-        if part not in ("", "seq"):
-            raise SystemExit(f"sanitize_driver: unknown part {part!r} of {name!r} (family or family:seq)")
+        if part not in ("", "seq", "mods"):
+            raise SystemExit(f"sanitize_driver: unknown part {part!r} of {name!r} (family, family:seq or family:mods)")
         if kernel == "backward":
             failures, runs = backward(failures, runs)
             continue
         if part == "seq":
             failures, runs = per_sequence(kernel, failures, runs)
+            continue
+        if part == "mods":
+            failures, runs = modifiers(kernel, failures, runs)
             continue
         failures, runs = modifiers(kernel, failures, runs)
         failures, runs = per_sequence(kernel, failures, runs)
@@ -195,5 +198,6 @@ def main(kernels) -> int:
 
 if __name__ == "__main__":
     # sanitize_driver.py [kernel ...]: only these kernel families (default: all, and "backward":
-    # attention_backward's kernels); "family:seq": only that family's per-sequence calls
+    # attention_backward's kernels); "family:seq", "family:mods": only that family's per-sequence
+    # calls, or its modifier calls
     sys.exit(main(sys.argv[1:] or (*cupy_gqa.KERNELS, "backward")))
