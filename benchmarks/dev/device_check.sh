@@ -10,8 +10,9 @@
 #   benchmarks/dev/device_check.sh results [..] the canonical runs, each under a limit (seconds in RESULTS_LIMITS):
 #                                               bench_attention.py [args], bench_model.py, train_check.py;
 #                                               everything they write is packed in $OUT/results.tgz
-#   benchmarks/dev/device_check.sh profile [..] benchmarks/dev/profile_prefill.py [args] under Nsight Compute
-#                                               (clocks left alone), the report in $OUT/profile.txt
+#   benchmarks/dev/device_check.sh profile [..] benchmarks/dev/profile_prefill.py [args] (or $PROFILE_SCRIPT, e.g.
+#                                               benchmarks/dev/profile_decode.py) under Nsight Compute (clocks left
+#                                               alone), the report in $OUT/profile.txt
 #   benchmarks/dev/device_check.sh backward     one call for the backward pass: its GPU tests, the sanitizer
 #                                               on its kernels, a quick G1-G3 bench and the training check
 #   benchmarks/dev/device_check.sh seq          one call for the per-sequence calls (varlen, paged, left
@@ -104,10 +105,11 @@ case "$stage" in
   profile)
     timeout -s KILL "${PROFILE_LIMIT_S:-300}" ncu --clock-control none --profile-from-start off --section SpeedOfLight \
       --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 benchmarks/dev/profile_prefill.py "$@" >"$out/profile.txt" 2>&1
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 "${PROFILE_SCRIPT:-benchmarks/dev/profile_prefill.py}" "$@" \
+      >"$out/profile.txt" 2>&1
     rc=$?
     nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
-    grep -E "^  [a-z_]+.*\(|Duration|Throughput|Achieved Occupancy|Registers Per|Block Limit|Stall|Issued Warp|No Eligible|Pipe|SM Busy|Issue Slots" \
+    grep -E "^  [a-z_]+.*\(|Duration|Throughput|Achieved Occupancy|Registers Per|Block Limit|Stall|Issued Warp|No Eligible|Pipe|SM Busy|Issue Slots|Dispatch|^D[0-9]" \
       "$out/profile.txt" | cut -c1-150 | head -120
     exit $rc ;;
   *) echo "unknown stage $stage"; exit 2 ;;
