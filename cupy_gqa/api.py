@@ -1058,7 +1058,7 @@ def _mod_array_backend(name: str, checked, frame: _interop.Frame):
         return a
     if where == "host":
         return _interop.host_to_device(name, a, np.float32)
-    b = _interop.to_backend(a, frame)
+    b = _interop.cuda_view(a, frame.device)
     if not b.flags.c_contiguous:
         raise ValueError(f"{name}: expected a contiguous CUDA array (it is read in place), got strides {b.strides} bytes")
     return b

@@ -74,22 +74,28 @@ def test_unsupported_and_mixed_dtypes(qkv):
         call(*(x.astype(np.complex64) for x in qkv))
 
 
+class Foreign:
+    """A DLPack producer of another framework, shaped like ``like``, whose memory
+    is on DLPack device type ``device_type`` (2: CUDA, 1: host); never converted."""
+
+    def __init__(self, like, device_type):
+        self.shape, self.dtype, self._device_type = like.shape, like.dtype, device_type
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("must not be converted")
+
+    def __dlpack_device__(self):
+        return (self._device_type, 0)
+
+
 def test_unknown_and_mixed_frameworks(qkv):
     q, k, v = qkv
     with pytest.raises(TypeError, match=r"q: expected a cupy.ndarray, torch.Tensor, numpy.ndarray .* got builtins.list"):
         call(q.tolist(), k, v)
 
-    class Foreign:  # a CUDA DLPack producer is accepted; mixing it with NumPy is not
-        shape, dtype = q.shape, q.dtype
-
-        def __dlpack__(self, stream=None):
-            raise AssertionError("must not be converted")
-
-        def __dlpack_device__(self):
-            return (2, 0)
-
+    # a CUDA DLPack producer is accepted; mixing it with NumPy is not
     with pytest.raises(TypeError, match=r"k: expected the same framework as q .*got .*Foreign"):
-        call(q, Foreign(), v)
+        call(q, Foreign(q, device_type=2), v)
 
 
 @pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), np.float32("nan")])
@@ -179,18 +185,9 @@ def test_memory_the_kernels_cant_read_is_named(qkv):
     """An array in memory neither backend reads (a DLPack CPU producer other than
     NumPy, a torch tensor on another device) is refused with its argument's name."""
     q, k, v = qkv
-
-    class ForeignHost:  # a DLPack producer of host memory that isn't NumPy
-        shape, dtype = q.shape, q.dtype
-
-        def __dlpack__(self, stream=None):
-            raise AssertionError("must not be converted")
-
-        def __dlpack_device__(self):
-            return (1, 0)
-
+    # a DLPack producer of host memory that isn't NumPy
     with pytest.raises(TypeError, match=r"^q: expected a CUDA array \(DLPack device type 2\), got DLPack device type 1; pass CPU data"):
-        call(ForeignHost(), k, v)
+        call(Foreign(q, device_type=1), k, v)
     torch = pytest.importorskip("torch")
     meta = torch.empty(2, dtype=torch.int32, device="meta")
     tq, tk, tv = (torch.from_numpy(x) for x in qkv)
