@@ -491,10 +491,10 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
         named["workspace"] = workspace
     frame = _interop.frame_of(named)
     bhsd = layout == "bhsd"
-    flags = 0
+    seq_flags = 0
     if varlen is not None:
         cu_q, cu_k, max_q, max_k = varlen
-        flags |= _seq.SEQ_VARLEN
+        seq_flags |= _seq.SEQ_VARLEN
         for name, x, axes in (("q", q, "(total_q, num_q_heads, head_dim)"), ("k", k, "(total_k, num_kv_heads, head_dim)"),
                               ("v", v, "(total_k, num_kv_heads, head_dim)")):  # fmt: skip
             if len(x.shape) != 3:
@@ -526,7 +526,7 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
         if block_table is None:
             dtype = _check_shapes_and_dtypes(q, k, v, bhsd)
         else:
-            flags |= _seq.SEQ_PAGED
+            seq_flags |= _seq.SEQ_PAGED
             kv_axes = "(num_pages, num_kv_heads, page_size, head_dim)" if bhsd else "(num_pages, page_size, num_kv_heads, head_dim)"
             for name, x, axes in (("q", q, q_axes), ("k", k, kv_axes), ("v", v, kv_axes)):
                 if len(x.shape) != 4:
@@ -562,7 +562,7 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
         lens = _check_seqlens_k(seqlens_k, frame, batch, seqlen_k)
         leftpad = None
         if cache_leftpad is not None:
-            flags |= _seq.SEQ_LEFTPAD
+            seq_flags |= _seq.SEQ_LEFTPAD
             leftpad = _seq.check_index_array("cache_leftpad", cache_leftpad, frame, (batch,), "(the batch of q)")
             if leftpad[0] == "host":
                 ends = lens[1] if lens is not None and lens[0] == "host" else np.full(batch, seqlen_k)
@@ -595,7 +595,7 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
         lensb = _seqlens_k_backend(lens, frame)
         addr = (lambda a: 0 if a is None else a.data.ptr) if frame.on_gpu else (lambda a: 0)  # noqa: E731
         seq = _seq.SeqLayout(
-            flags=flags, page_size=kb.shape[1] if flags & _seq.SEQ_PAGED else 0,
+            flags=seq_flags, page_size=kb.shape[1] if seq_flags & _seq.SEQ_PAGED else 0,
             block_table_stride=0 if tableb is None else tableb.strides[0] // tableb.itemsize,
             total_q=qb.shape[1] if varlen is not None else 0, total_k=kb.shape[1] if varlen is not None else 0,
             cu_seqlens_q=addr(cu_qb), cu_seqlens_k=addr(cu_kb), block_table=addr(tableb), leftpad=addr(leftb),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cupy_gqa
-from cupy_gqa import _fast
+from cupy_gqa import _fast, api
 from conftest import NP_DTYPES, TOLERANCE, assert_close, assert_lse_close, gpu_available
 from reference import reference_kvcache, reference_varlen
 
@@ -357,13 +357,18 @@ def test_graph_paged(kernel, page_size, leftpad):
 # --- repeat calls: the signature's entry with each call's index arrays -------------------
 
 
+def _full_path_refused(*args, **kwargs):
+    pytest.fail("a repeat call of a kept signature took the full path, not its entry")
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("framework", ["cupy", "torch"])
-def test_repeat_paged_calls_on_new_index_arrays(kernel, framework):
+def test_repeat_paged_calls_on_new_index_arrays(kernel, framework, monkeypatch):
     """Calls of one signature with other tables, lengths and left padding (the
-    repeat-call entry patches their addresses into the launch), then the first
-    call's arrays again (its plan launched by the full path after the entry
-    wrote other addresses): every result against the float64 reference."""
+    repeat-call entry patches their addresses into the launch; the full path is
+    refused for the second call), then the first call's arrays again (its plan
+    launched by the full path after the entry wrote other addresses): every
+    result against the float64 reference."""
     dtype = "float16"  # NumPy has it, so torch takes the arrays as they are
     _skip_unsupported(kernel, dtype, 4, paged=True)
     if framework == "torch":
@@ -384,14 +389,17 @@ def test_repeat_paged_calls_on_new_index_arrays(kernel, framework):
     for i, ((table, lens, pads), (table_d, lens_d, pads_d)) in enumerate(zip(steps, arrays)):
         if i == 2:
             _fast.clear()  # the full path, whose cached plan's buffer holds call 1's addresses
-        res = cupy_gqa.attention(qd, kd, vd, block_table=table_d, seqlens_k=lens_d, cache_leftpad=pads_d, kernel=kernel)
+        with monkeypatch.context() as m:
+            if i == 1:
+                m.setattr(api, "_attention_seq", _full_path_refused)
+            res = cupy_gqa.attention(qd, kd, vd, block_table=table_d, seqlens_k=lens_d, cache_leftpad=pads_d, kernel=kernel)
         got = res.float().cpu().numpy() if framework == "torch" else cupy.asnumpy(res)
         ref, _ = reference_kvcache(q, k, v, seqlens_k=lens, block_table=table, cache_leftpad=pads)
         assert_close(got, ref, TOLERANCE[dtype], f"repeat paged {kernel} {framework} lens {list(lens)}")
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_repeat_varlen_calls_on_new_offsets(kernel):
+def test_repeat_varlen_calls_on_new_offsets(kernel, monkeypatch):
     dtype = "bfloat16"
     _skip_unsupported(kernel, dtype, 16)
     rng = np.random.default_rng(32)
@@ -405,7 +413,10 @@ def test_repeat_varlen_calls_on_new_offsets(kernel):
         if i == 2:
             _fast.clear()  # the full path, whose cached plan's buffer holds call 1's addresses
         out = cupy.full(q.shape, np.nan, dtype=q.dtype)
-        cupy_gqa.attention_varlen(q, k, v, cu_q, cu_k, 16, 900, out=out, kernel=kernel)
+        with monkeypatch.context() as m:
+            if i == 1:
+                m.setattr(api, "_attention_seq", _full_path_refused)
+            cupy_gqa.attention_varlen(q, k, v, cu_q, cu_k, 16, 900, out=out, kernel=kernel)
         hq, hk, hv, hcq, hck = (cupy.asnumpy(a) for a in (q, k, v, cu_q, cu_k))
         rows = int(hcq[-1])
         ref, _ = reference_varlen(hq, hk, hv, hcq, hck)
