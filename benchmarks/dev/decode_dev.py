@@ -2,7 +2,7 @@
 """Dev harness for kernels/decode.cu: time D1 / D2 over split counts and kernel
 variants, and decode against tiled as seqlen_q grows (for choose_kernel).
 
-    python benchmarks/dev/decode_dev.py [--out DIR]
+    python benchmarks/dev/decode_dev.py [--out DIR] [--variants base,s4] [--splits 1,2] [--no-sweep]
 
 Timing: CuPy events around each call, a 256 MB buffer zeroed before every
 repetition (no input stays in L2), median of REPS. GB/s counts K and V bytes.
@@ -35,7 +35,7 @@ def mma_stages(stages: int) -> _specs.Spec:
 
 VARIANTS = {  # name -> the bf16 D128 decode spec it times (the table's spec: "base")
     "base": lambda: _specs.decode_spec("bfloat16", 128, 16, _specs.ARCHS["sm_90"]),
-    "s4": lambda: mma_stages(4),
+    **{f"s{n}": (lambda n=n: mma_stages(n)) for n in (2, 4, 5, 6)},
     "cuda_core": lambda: _specs.decode_cuda_core_spec("bfloat16", 128, 4),  # decode.cu v2, 4 rows per CTA
 }
 
@@ -74,6 +74,9 @@ def variant_launch(q, k, v, out, variant, num_splits):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="VARIANTS to time, comma-separated")
+    ap.add_argument("--splits", default="1,2,3,4,6,8", help="split counts to time each variant at")
+    ap.add_argument("--no-sweep", action="store_true", help="skip decode against tiled as the rows grow")
     args = ap.parse_args()
     rows, lines = [], []
     say = lambda s: (print(s, flush=True), lines.append(s))  # noqa: E731
@@ -89,9 +92,9 @@ def main() -> int:
         floor = 2 * k.nbytes / 4240e9 * 1e3
         say(f"{name}: auto {auto:.4f} ms {kv_gbs(k, auto):.0f} GB/s (splits {chosen}); floor {floor:.4f} ms")
         rows.append(dict(case=name, variant="auto", splits=chosen, ms=auto, gbs=kv_gbs(k, auto)))
-        for variant in VARIANTS:
+        for variant in args.variants.split(","):
             line = []
-            for ns in (1, 2, 3, 4, 6, 8):
+            for ns in (int(x) for x in args.splits.split(",")):
                 fn, launch = variant_launch(q, k, v, out, variant, ns)
                 out.fill(float("nan"))
                 fn()
@@ -107,7 +110,7 @@ def main() -> int:
             say(f"  {name} {variant:<11} regs {kern.num_regs:3d} CTAs/SM {per_sm}  splits:ms/GBs  " + "  ".join(line))
 
     # decode vs tiled as seqlen_q * group_size grows (D1's cache)
-    for seqlen_q, num_q_heads in ((1, 8), (1, 32), (2, 32), (4, 32), (8, 32), (16, 32), (16, 64)):
+    for seqlen_q, num_q_heads in () if args.no_sweep else ((1, 8), (1, 32), (2, 32), (4, 32), (8, 32), (16, 32), (16, 64)):
         q, k, v = inputs(16, seqlen_q, 8192, num_q_heads, 8, 128)
         res = {}
         for kernel in ("decode", "tiled"):
