@@ -1545,6 +1545,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="store_true",
                    help=f"run the shape sweep ({len(SHAPE_SWEEP)} shapes of open models, SHAPE_SWEEP) instead of the "
                         "table: <gpu>_sweep.json, .md and .png")
+    p.add_argument("--sweep-kind", choices=("decode", "prefill"), default=None,
+                   help="with --sweep: only the shapes of this kind")
     p.add_argument("--modifiers", action="store_true",
                    help="run the modifier cases (W1 window, W2 softcap) against their baselines instead of the table")
     p.add_argument("--compile-probe", action="store_true", help=argparse.SUPPRESS)  # the second process
@@ -1553,7 +1555,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    cases: list[Case] = list(SHAPE_SWEEP) if args.sweep else args.cases
+    cases: list[Case] = [c for c in SHAPE_SWEEP if args.sweep_kind in (None, c.kind)] if args.sweep else args.cases
     if args.list:
         for c in [] if args.modifiers else cases:
             print(f"{c.name:4} {c.describe()}")

@@ -419,9 +419,16 @@ DECODE_LATENCY_S = 1.5e-6
 # each, unhidden), its merge and the write of its rows.
 DECODE_CTA_FIXED_S = 2e-6
 # The combine kernel: a dependent launch and its tail (ncu: 4.5 us for D1 at
-# 2 splits), then 2 L2 round trips (lse, partials) per 4 splits of its loop.
+# 2 splits), then 2 L2 round trips (lse, partials) per DECODE_COMBINE_UNROLL
+# splits of each of its lanes (decode_combine_lanes per output quad).
 DECODE_COMBINE_FIXED_S = 3e-6
 DECODE_COMBINE_ROUND_S = 0.3e-6
+DECODE_COMBINE_UNROLL = 8  # kernels/decode.cu: decode_combine_body
+
+
+def decode_combine_lanes(num_splits: int) -> int:
+    """Lanes of the combine kernel per output quad (kernels/decode.cu: combine_lanes)."""
+    return 8 if num_splits >= 8 else 4 if num_splits >= 4 else 2 if num_splits >= 2 else 1
 # Tensor-core (mma.sync m16n8k16) FLOP rate of one SM in the decode kernel,
 # padded rows counted: 1024 dense FMA per clock at 1.8 GHz, the softmax and
 # ldmatrix between the products. CUDA-core kernel (float32): issue-bound, the
@@ -483,7 +490,8 @@ def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: in
     t = max(t_sm, kv_bytes / DECODE_HBM_BYTES_PER_S, row_blocks * kv_bytes / DECODE_L2_BYTES_PER_S)
     if num_splits > 1:
         partials = problem.batch * problem.num_q_heads * problem.seqlen_q * num_splits * (problem.head_dim + 1) * 4
-        t += DECODE_COMBINE_FIXED_S + 2 * math.ceil(num_splits / 4) * DECODE_COMBINE_ROUND_S
+        per_lane = math.ceil(num_splits / decode_combine_lanes(num_splits))
+        t += DECODE_COMBINE_FIXED_S + 2 * math.ceil(per_lane / DECODE_COMBINE_UNROLL) * DECODE_COMBINE_ROUND_S
         t += 2 * partials / DECODE_HBM_BYTES_PER_S
     return t
 
@@ -680,7 +688,7 @@ def _decode_plan(problem: Problem, layout: tuple, spec: _specs.Spec, num_splits:
         raise ValueError(f"q: too many query rows for one launch ({blocks} blocks > {MAX_GRID_X})")
     packed_rows = problem.batch * problem.num_q_heads * problem.seqlen_q
     combine = problem.spec(_specs.DECODE_COMBINE[problem.dtype])
-    combine_blocks = grid_stride_blocks(packed_rows * problem.head_dim // 4, combine.threads)
+    combine_blocks = grid_stride_blocks(packed_rows * problem.head_dim // 4 * decode_combine_lanes(num_splits), combine.threads)
     params = make_params(problem, layout)
     return DecodeLaunch(problem.spec(spec), combine, (blocks,), (combine_blocks,), params, num_splits, packed_rows, problem)
 

@@ -368,7 +368,7 @@ struct Sequence {
     }
     // PAGED: the pages that keys j .. j + n - 1 (n <= page_size, all below len) lie
     // on, at most two, and key j's row in the first: read from the block table one
-    // tile ahead of the copies that use them (span_row), so the copies wait on no load.
+    // tile ahead of the copies that use them, so the copies wait on no load.
     struct PageSpan { int first, second, row; };
     __device__ __forceinline__ PageSpan page_span(int j, int n) const {
         const int jj = (LEFTPAD ? k0_ : 0) + j;
@@ -376,11 +376,6 @@ struct Sequence {
         const int row = jj - slot * page_size;
         const int first = pages[slot];
         return {first, row + n > page_size ? pages[slot + 1] : first, row};
-    }
-    // Element offset of key j + r's row (0 <= r < n of page_span(j, n)).
-    __device__ __forceinline__ index_t span_row(const PageSpan& sp, int r, index_t s0, index_t s1) const {
-        const int o = sp.row + r;
-        return o < page_size ? (index_t)sp.first * s0 + (index_t)o * s1 : (index_t)sp.second * s0 + (index_t)(o - page_size) * s1;
     }
     // The index of lse's (query head h, query t); num_q_heads, seqlen_q: the call's
     // (references, read where the contiguous expression reads them).

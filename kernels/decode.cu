@@ -494,6 +494,11 @@ enum : int {
 };
 
 namespace decode_detail {
+// The combine's lanes per output quad (cupy_gqa/_plan.py: decode_combine_lanes; each
+// keeps up to 8 of its splits' loads in flight, _plan.DECODE_COMBINE_UNROLL).
+__device__ __forceinline__ int combine_lanes(int num_splits) {
+    return num_splits >= 8 ? 8 : num_splits >= 4 ? 4 : num_splits >= 2 ? 2 : 1;
+}
 // cp_async_16 with an L2::128B prefetch size hint (H200: 2% faster than none
 // with padded K/V rows, the same once they are swizzled).
 __device__ __forceinline__ void copy_16(unsigned dst, const void* src, bool pred) {
@@ -650,45 +655,79 @@ __device__ __forceinline__ void decode_mma_body(
     }
 
     // lane copies 16-byte chunk lane % CH of key rows ld_r + RPP * i of a tile (the warp's
-    // band of PASSES * RPP rows in its stream's tile)
+    // band of PASSES * RPP rows in its stream's tile). Everything a copy's addresses need
+    // that does not change from tile to tile is computed here, once: the loop is short
+    // (one warp per scheduler), and its address arithmetic was most of it.
     const int ld_r = rt * PASSES * RPP + lane / CH, ld_ch = lane % CH;
     const index_t ks = p.k_stride[1], vs = p.v_stride[1];
-    const T* k_lane = k + sqn.k_batch() * p.k_stride[0] + sqn.k0() * ks + kv_head * p.k_stride[2] + ld_r * ks + ld_ch * 8;
-    const T* v_lane = v + sqn.k_batch() * p.v_stride[0] + sqn.k0() * vs + kv_head * p.v_stride[2] + ld_r * vs + ld_ch * 8;
-    T* sW = reinterpret_cast<T*>(smem_raw + L::KV) + stream * L::STREAM;  // this stream's stages: [STAGES][K, V][BN][D]
-    const unsigned sW_addr = smem_addr(sW);
+    const index_t k_pass = RPP * ks, v_pass = RPP * vs;  // from pass i to i + 1, elements
+    // shared memory: rows ld_r + RPP * i for i < SWZ_P have distinct swizzles (kv_at);
+    // pass i + SWZ_P is row + 8, the same swizzle, 8 * D elements further
+    constexpr int SWZ_P = 8 / RPP < PASSES ? 8 / RPP : PASSES;
+    const T* sW = reinterpret_cast<T*>(smem_raw + L::KV) + stream * L::STREAM;  // this stream's stages: [STAGES][K, V][BN][D]
+    unsigned dst[SWZ_P];
+#pragma unroll
+    for (int i = 0; i < SWZ_P; ++i) dst[i] = smem_addr(sW + kv_at<D>(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7));
+    // the next tile this stream copies: its first key, and (contiguous) the lane's rows of it
+    int next_key0 = k_begin + (stream + i_first * NS) * BN;
+    const T* k_next = k + sqn.k_batch() * p.k_stride[0] + sqn.k0() * ks + kv_head * p.k_stride[2] + (ld_r + (index_t)next_key0) * ks + ld_ch * 8;
+    const T* v_next = v + sqn.k_batch() * p.v_stride[0] + sqn.k0() * vs + kv_head * p.v_stride[2] + (ld_r + (index_t)next_key0) * vs + ld_ch * 8;
+    const index_t k_step = (index_t)NS * BN * ks, v_step = (index_t)NS * BN * vs;  // from one of the stream's tiles to its next
     // (pages) the pages of the next tile this stream copies, read while the tiles before it compute
     typename Sequence<ADDR>::PageSpan span = {0, 0, 0};
-    auto look_up = [&](int u) {
-        const int key0 = k_begin + u * BN;
+    auto look_up = [&](int key0) {
         if (key0 < k_end) span = sqn.page_span(key0, min(BN, k_end - key0));
     };
-    if constexpr (Sequence<ADDR>::PAGED) look_up(stream + i_first * NS);
-    auto load_tile = [&](int u, int stage) {  // keys k_begin + u * BN .. + BN (zero past k_end)
-        const int key0 = k_begin + u * BN;
-        [[maybe_unused]] const typename Sequence<ADDR>::PageSpan here = span;
-        if constexpr (Sequence<ADDR>::PAGED) look_up(u + NS);  // tiles stream, stream + NS, .. in order
+    if constexpr (Sequence<ADDR>::PAGED) look_up(next_key0);
+    // copy the stream's next tile (keys next_key0 .. + BN, zero past k_end) into stage `stage`
+    auto load_tile = [&](int stage) {
+        const int key0 = next_key0;
+        const T* kp = k_next;  // the lane's row of pass 0; pass i: kp + i * k_pass
+        const T* vp = v_next;
+        [[maybe_unused]] index_t k_jump = 0, v_jump = 0;  // (pages) from the first page's rows to the second's
+        [[maybe_unused]] int page_left = 0;  // (pages) passes i with RPP * i < page_left read the first page
+        if constexpr (Sequence<ADDR>::PAGED) {
+            const typename Sequence<ADDR>::PageSpan here = span;
+            look_up(key0 + NS * BN);  // tiles stream, stream + NS, .. in order
+            const index_t row = here.row + ld_r;  // the lane's first row, on the first page
+            kp = k + kv_head * p.k_stride[2] + ld_ch * 8 + (index_t)here.first * p.k_stride[0] + row * ks;
+            vp = v + kv_head * p.v_stride[2] + ld_ch * 8 + (index_t)here.first * p.v_stride[0] + row * vs;
+            page_left = sqn.page_size - (int)row;
+            // row page_size of the first page is row 0 of the second
+            k_jump = (index_t)(here.second - here.first) * p.k_stride[0] - (index_t)sqn.page_size * ks;
+            v_jump = (index_t)(here.second - here.first) * p.v_stride[0] - (index_t)sqn.page_size * vs;
+        } else {
+            k_next += k_step;
+            v_next += v_step;
+        }
+        next_key0 = key0 + NS * BN;
+        const unsigned st = stage * 2 * TILE * (int)sizeof(T);
+        // the lane's pass i has a key while RPP * i < left (every pass of a full tile); a pass
+        // past the range copies nothing (zeros) from the tile's first key row, which exists
+        const int left = k_end - key0 - ld_r;
+        const T* k_safe = kp - (index_t)ld_r * ks;
+        const T* v_safe = vp - (index_t)ld_r * vs;
 #pragma unroll
         for (int i = 0; i < PASSES; ++i) {
-            const int key = key0 + ld_r + i * RPP;
-            const bool ok = key < k_end;
-            const index_t row = key0 + i * RPP;
-            const unsigned d = sW_addr + (stage * 2 * TILE + kv_at<D>(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7)) * 2;
-            if constexpr (Sequence<ADDR>::PAGED) {  // each key row on its page
-                const T* k_head = k + kv_head * p.k_stride[2] + ld_ch * 8;
-                const T* v_head = v + kv_head * p.v_stride[2] + ld_ch * 8;
-                const int r = ld_r + i * RPP;
-                copy_16(d, ok ? (const void*)(k_head + sqn.span_row(here, r, p.k_stride[0], ks)) : (const void*)k, ok);
-                copy_16(d + TILE * 2, ok ? (const void*)(v_head + sqn.span_row(here, r, p.v_stride[0], vs)) : (const void*)v, ok);
-            } else {
-                copy_16(d, ok ? (const void*)(k_lane + row * ks) : (const void*)k, ok);
-                copy_16(d + TILE * 2, ok ? (const void*)(v_lane + row * vs) : (const void*)v, ok);
+            const unsigned d = dst[i % SWZ_P] + st + (i / SWZ_P) * 8 * D * (int)sizeof(T);
+            const T* ki = kp;
+            const T* vi = vp;
+            if constexpr (Sequence<ADDR>::PAGED && Sequence<ADDR>::LEFTPAD) {  // (a tile starts on a page's
+                if (RPP * i >= page_left) {                                       // multiple of 16 without)
+                    ki += k_jump;
+                    vi += v_jump;
+                }
             }
+            const bool ok = RPP * i < left;
+            copy_16(d, ok ? ki : k_safe, ok);
+            copy_16(d + TILE * (int)sizeof(T), ok ? vi : v_safe, ok);
+            kp += k_pass;
+            vp += v_pass;
         }
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (i_first + s < my_tiles) load_tile(stream + (i_first + s) * NS, (i_first + s) % STAGES);
+        if (i_first + s < my_tiles) load_tile((i_first + s) % STAGES);
         cp_async_commit();
     }
 
@@ -701,6 +740,14 @@ __device__ __forceinline__ void decode_mma_body(
     const int k_row = (lane >> 4) * 8 + (lane & 7), k_ch = (lane >> 3) & 1;  // + 16 np, + 2 kd
     const int v_row = ((lane >> 3) & 1) * 8 + (lane & 7), v_ch = lane >> 4;  // + 16 kk, + 2 dp
     const int swz = lane & 7;
+    // byte offsets in a stage of chunk k_ch + 2 * j (v_ch + 2 * j) of the lane's row: chunk
+    // c + 8 * m is the one of c, 128 * m bytes further (the swizzle only touches bits 0-2)
+    unsigned k_off[4], v_off[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        k_off[j] = kv_at<D>(k_row, k_ch + 2 * j, swz) * (int)sizeof(T);
+        v_off[j] = (TILE + kv_at<D>(v_row, v_ch + 2 * j, swz)) * (int)sizeof(T);
+    }
     cp_async_wait<STAGES - 1>();  // the Q group, for this thread ..
     __syncthreads();              // .. and for all
     unsigned q_frag[Q_REGS ? KD : 1][4];
@@ -720,7 +767,7 @@ __device__ __forceinline__ void decode_mma_body(
     for (int i = i_first; i < my_tiles; ++i) {
         cp_async_wait<STAGES - 2>();   // tile i landed, for this lane ..
         stream_sync<ROW_WARPS>(stream);  // .. and the stream; stage (i - 1) % STAGES is free again
-        if (i + STAGES - 1 < my_tiles) load_tile(stream + (i + STAGES - 1) * NS, (i + STAGES - 1) % STAGES);
+        if (i + STAGES - 1 < my_tiles) load_tile((i + STAGES - 1) % STAGES);
         cp_async_commit();
         const unsigned sK_st = smem_addr(sW + (i % STAGES) * 2 * TILE);
         const int key0 = k_begin + (stream + i * NS) * BN;
@@ -743,7 +790,7 @@ __device__ __forceinline__ void decode_mma_body(
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np) {
                 unsigned kb[4];
-                ldmatrix_x4(kb, sK_st + kv_at<D>(k_row + np * 16, k_ch + 2 * kd, swz) * 2);
+                ldmatrix_x4(kb, sK_st + k_off[kd % 4] + (kd / 4) * 128 + np * 16 * D * (int)sizeof(T));
                 mma_16816<T>(s[2 * np], qa, kb[0], kb[1]);
                 mma_16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
             }
@@ -770,7 +817,7 @@ __device__ __forceinline__ void decode_mma_body(
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
                 unsigned vb[4];
-                ldmatrix_x4_trans(vb, sK_st + (TILE + kv_at<D>(v_row + kk * 16, v_ch + 2 * dp, swz)) * 2);
+                ldmatrix_x4_trans(vb, sK_st + v_off[dp % 4] + (dp / 4) * 128 + kk * 16 * D * (int)sizeof(T));
                 mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
                 mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
             }
@@ -837,10 +884,16 @@ __device__ __forceinline__ void decode_combine_body(
     const float NEG_INF = neg_inf<float>();
     const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
     const int quads = p.head_dim / 4;
-    const index_t total = (index_t)p.batch * p.num_kv_heads * rows_total * quads;
+    // J adjacent lanes share an output quad, lane j taking splits j, j + J, .. (its loads
+    // all in flight at once, up to 8), then merge through shuffles: a few
+    // round trips to L2 for any number of splits, not one per few splits
+    const int J = combine_lanes(num_splits);
+    const int lane = threadIdx.x % 32, j = lane % J;
+    const unsigned group = (J == 32 ? 0xffffffffu : (1u << J) - 1u) << (lane - j);
+    const index_t total = (index_t)p.batch * p.num_kv_heads * rows_total * quads * J;
     for (index_t x = (index_t)blockIdx.x * blockDim.x + threadIdx.x; x < total; x += (index_t)gridDim.x * blockDim.x) {
-        const index_t prow = x / quads;
-        const int d = (int)(x % quads) * 4;
+        const index_t prow = x / J / quads;
+        const int d = (int)(x / J % quads) * 4;
         const int r = (int)(prow % rows_total);
         const index_t bh = prow / rows_total;
         const int kv_head = (int)(bh % p.num_kv_heads), b = (int)(bh / p.num_kv_heads);
@@ -850,19 +903,20 @@ __device__ __forceinline__ void decode_combine_body(
             sqn.b = b;
         } else {
             sqn = sequence_of<ADDR>(p, seqlens_k, sp, b);
-            if (t >= sqn.seqlen_q(p.seqlen_q)) continue;  // past the sequence's queries
+            if (t >= sqn.seqlen_q(p.seqlen_q)) continue;  // past the sequence's queries (the group's lanes alike)
         }
+        const bool bad = (ADDR == 0 ? seqlen_k_of(seqlens_k, b, p.seqlen_k) : sqn.len) < 0;
+        T* o_row = out + b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2] + d;
+        float* lse_row = lse != nullptr && d == 0 ? lse + sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q) : nullptr;
 
-        // (4 splits' loads in flight at a time: with many splits and few rows,
-        // as for one long sequence, the loop is a chain of L2 round trips)
         const float* lse_s = part_lse + prow * num_splits;
         float mm = NEG_INF;
-#pragma unroll 4
-        for (int s = 0; s < num_splits; ++s) mm = fmaxf(mm, lse_s[s]);
+#pragma unroll 8
+        for (int s = j; s < num_splits; s += J) mm = fmaxf(mm, lse_s[s]);
         float ls = 0.f;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-        for (int s = 0; s < num_splits; ++s) {
+#pragma unroll 8
+        for (int s = j; s < num_splits; s += J) {
             const float wt = softmax::merge_weight(lse_s[s], mm);  // 0 for a split that saw no key
             const float4 ov = *reinterpret_cast<const float4*>(part_o + (prow * num_splits + s) * p.head_dim + d);
             ls += wt;
@@ -871,6 +925,17 @@ __device__ __forceinline__ void decode_combine_body(
             acc.z = fmaf(wt, ov.z, acc.z);
             acc.w = fmaf(wt, ov.w, acc.w);
         }
+        for (int off = 1; off < J; off *= 2) {  // the group's lanes' states, merged pairwise
+            const float m_b = __shfl_xor_sync(group, mm, off), l_b = __shfl_xor_sync(group, ls, off);
+            const float4 o_b = make_float4(__shfl_xor_sync(group, acc.x, off), __shfl_xor_sync(group, acc.y, off),
+                                           __shfl_xor_sync(group, acc.z, off), __shfl_xor_sync(group, acc.w, off));
+            float m_new, wa, wb;
+            softmax::merge_weights(mm, m_b, m_new, wa, wb);
+            mm = m_new;
+            ls = wa * ls + wb * l_b;
+            acc = make_float4(wa * acc.x + wb * o_b.x, wa * acc.y + wb * o_b.y, wa * acc.z + wb * o_b.z, wa * acc.w + wb * o_b.w);
+        }
+        if (j != 0) continue;
         if constexpr (M::SINKS) {  // the sink joins the denominator once (softmax.cuh: fold_sink)
             const float alpha = softmax::fold_sink(mm, ls, mods::sink2<M, float>(*mp, q_head));
             acc.x *= alpha;
@@ -878,15 +943,12 @@ __device__ __forceinline__ void decode_combine_body(
             acc.z *= alpha;
             acc.w *= alpha;
         }
-        const bool bad = (ADDR == 0 ? seqlen_k_of(seqlens_k, b, p.seqlen_k) : sqn.len) < 0;
         const float inv = softmax::out_scale(ls, ls != 0.f, bad);  // NaN when bad
-        T* o_row = out + b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2] + d;
         o_row[0] = from_acc<T>(acc.x * inv);
         o_row[1] = from_acc<T>(acc.y * inv);
         o_row[2] = from_acc<T>(acc.z * inv);
         o_row[3] = from_acc<T>(acc.w * inv);
-        if (lse != nullptr && d == 0)
-            lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, ls != 0.f, bad);
+        if (lse_row != nullptr) *lse_row = softmax::lse(mm, ls, ls != 0.f, bad);
     }
 }
 

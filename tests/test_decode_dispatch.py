@@ -37,13 +37,14 @@ def test_table_shapes_keep_one_key_range():
 @pytest.mark.parametrize("num_q_heads,head_dim", [(64, 128), (48, 128), (71, 64)])
 def test_multi_query_with_many_heads_goes_to_decode_in_one_pass(num_q_heads, head_dim):
     """MQA (one KV head) with many query heads at seqlen_q 1: decode, not the
-    prefill kernel (whose few CTAs leave the GPU idle), with 64 rows per CTA so
-    that K/V is read once per key range (or twice for 71 heads), split to fill
-    the SMs."""
+    prefill kernel (whose few CTAs leave the GPU idle), with 32 or 64 rows per
+    CTA so that each key range is read at most three times (71 heads: two
+    blocks of 64 or three of 32, as the combine's cost sets the split count),
+    split to fill the SMs."""
     p = problem(8, 1, 8192, num_q_heads, 1, head_dim)
     c = choose(p)
-    assert c.kernel == "decode" and c.block_m == 64
-    assert math.ceil(num_q_heads / c.block_m) <= 2
+    assert c.kernel == "decode" and c.block_m >= 32
+    assert math.ceil(num_q_heads / c.block_m) <= 3
     assert ctas(p, c) >= 132 * 0.75
     assert c.decode_s < c.prefill_s / 3
 
