@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Decode's launch choices measured against the cost model: for each chosen
+case (bench_attention's CASES and SHAPE_SWEEP), every rows-per-CTA layout
+(block_m) of the tensor-core decode kernel at several split counts, timed,
+beside decode_seconds' time for the same launch and decode_dispatch's choice.
+
+    python benchmarks/dev/decode_layouts.py --cases D01,D06,D15,D16 [--splits 1,2,4,8,16,32,64] [--out DIR]
+
+Timing: CuPy events around each launch (decode kernel and combine), the
+median of REPS, no L2 flush (as bench_attention). Notes: benchmarks/NOTES_decode.md.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cupy  # noqa: E402
+
+from bench_attention import CASES, SHAPE_SWEEP  # noqa: E402
+from profile_decode import DTYPES  # noqa: E402
+from cupy_gqa import _plan, _specs  # noqa: E402
+
+REPS = 50
+
+
+def median_ms(fn) -> float:
+    fn()
+    times = []
+    for _ in range(REPS):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="D01,D06,D15,D16")
+    ap.add_argument("--splits", default="1,2,4,8,16,32,64")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    by_name = {c.name: c for c in (*CASES, *SHAPE_SWEEP)}
+    device = cupy.cuda.Device().id
+    sms, arch = _plan.sm_count(device), _plan.device_arch(device)
+    rows_out, lines = [], []
+    say = lambda s: (print(s, flush=True), lines.append(s))  # noqa: E731
+    for name in args.cases.split(","):
+        c = by_name[name]
+        dtype, np_dtype = DTYPES[c.dtype]
+        rnd = lambda *s: cupy.random.standard_normal(s, dtype=cupy.float32).astype(np_dtype)  # noqa: E731
+        q = rnd(c.batch, c.seqlen_q, c.num_q_heads, c.head_dim)
+        k = rnd(c.batch, c.seqlen_k, c.num_kv_heads, c.head_dim)
+        v = rnd(c.batch, c.seqlen_k, c.num_kv_heads, c.head_dim)
+        out = cupy.empty_like(q)
+        problem = _plan.Problem.of(q, k, dtype=dtype, causal=True, softmax_scale=1 / np.sqrt(c.head_dim))
+        choice = _plan.decode_dispatch(problem, sms, arch)
+        say(f"{name}: B{c.batch} Sq{c.seqlen_q} Sk{c.seqlen_k} Hq{c.num_q_heads} Hkv{c.num_kv_heads} D{c.head_dim} "
+            f"{dtype}: model's choice block_m {choice.block_m}, {choice.num_splits} splits ({choice.decode_s * 1e6:.1f} us)")
+        most = max(1, min(_plan.DECODE_MAX_SPLITS, c.seqlen_k // _plan.DECODE_MIN_SPLIT_KEYS))
+        splits = sorted({*(int(x) for x in args.splits.split(",") if int(x) <= most), choice.num_splits})
+        for block_m in _specs.decode_block_ms(dtype):
+            spec = _specs.decode_spec(dtype, c.head_dim, block_m, arch)
+            if spec is None:
+                continue
+            cells = []
+            for ns in splits:
+                fn = lambda ns=ns: _plan._launch_decode_forced_splits(  # noqa: E731
+                    problem, q, k, v, out, None, None, ns, block_m=block_m)
+                ms = median_ms(fn)
+                model = _plan.decode_seconds(problem, spec, ns, sms, arch)
+                rows_out.append(dict(case=name, block_m=block_m, splits=ns, us=ms * 1e3, model_us=model * 1e6))
+                cells.append(f"{ns}:{ms * 1e3:.1f}/{model * 1e6:.1f}")
+            say(f"  block_m {block_m:2d}  splits:measured/model us  " + "  ".join(cells))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "decode_layouts.json").write_text(json.dumps(rows_out, indent=1))
+        (args.out / "decode_layouts.txt").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
