@@ -6,8 +6,9 @@ beside decode_seconds' time for the same launch and decode_dispatch's choice.
 
     python benchmarks/dev/decode_layouts.py --cases D01,D06,D15,D16 [--splits 1,2,4,8,16,32,64] [--out DIR]
 
-Timing: CuPy events around each launch (decode kernel and combine), the
-median of REPS, no L2 flush (as bench_attention). Notes: benchmarks/NOTES_decode.md.
+Timing: CuPy events around CALLS launches of a kept plan (decode kernel and
+combine) with a kept workspace, per launch, the median of REPS, no L2 flush
+(as bench_attention). Notes: benchmarks/NOTES_decode.md.
 """
 import argparse
 import json
@@ -25,19 +26,22 @@ from bench_attention import CASES, SHAPE_SWEEP  # noqa: E402
 from profile_decode import DTYPES  # noqa: E402
 from cupy_gqa import _plan, _specs  # noqa: E402
 
-REPS = 50
+REPS, CALLS = 15, 20
 
 
 def median_ms(fn) -> float:
+    """The median over REPS of the time of CALLS back-to-back launches, per launch
+    (the GPU runs behind the host, so launches' host time is hidden)."""
     fn()
     times = []
     for _ in range(REPS):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        fn()
+        for _ in range(CALLS):
+            fn()
         end.record()
         end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
+        times.append(cupy.cuda.get_elapsed_time(start, end) / CALLS)
     return float(np.median(times))
 
 
@@ -72,8 +76,13 @@ def main() -> int:
                 continue
             cells = []
             for ns in splits:
-                fn = lambda ns=ns: _plan._launch_decode_forced_splits(  # noqa: E731
-                    problem, q, k, v, out, None, None, ns, block_m=block_m)
+                launch = _plan._decode_plan(problem, _plan._layout(q, k, v, out), spec, ns)
+                ws = cupy.empty(max(1, launch.workspace_bytes // 4), dtype=cupy.float32)
+                launch(q, k, v, out, None, None, ws)  # compiles and checks; then the packed launch alone
+                packed, stream = launch.packed(), cupy.cuda.get_current_stream().ptr
+                addr = [a.data.ptr for a in (q, k, v, out, ws)]
+                fn = lambda packed=packed, addr=addr, ns=ns: packed(  # noqa: E731
+                    stream, addr[0], addr[1], addr[2], addr[3], 0, 0, addr[4] if ns > 1 else 0)
                 ms = median_ms(fn)
                 model = _plan.decode_seconds(problem, spec, ns, sms, arch)
                 rows_out.append(dict(case=name, block_m=block_m, splits=ns, us=ms * 1e3, model_us=model * 1e6))
