@@ -418,6 +418,14 @@ DECODE_LATENCY_S = 1.5e-6
 # What a CTA costs besides streaming: its Q load and pipeline fill (a latency
 # each, unhidden), its merge and the write of its rows.
 DECODE_CTA_FIXED_S = 2e-6
+# A key stream of the tensor-core kernel takes its tiles one after another, and
+# each tile's chain (wait, products, softmax, products) is latency with one warp
+# per scheduler: 0.5 to 0.7 us per 16-key tile at head dims 64 and 128,
+# whatever the rows (benchmarks/dev/decode_layouts.py at one split: 0.51 to
+# 0.56 us for 64-row CTAs, one stream; 0.59 to 0.67 for 16-row CTAs, four).
+# So 4 streams of 16 rows beat one of 64 wherever a CTA's tiles, not the
+# bytes, set its time.
+DECODE_TILE_S = 0.6e-6
 # The combine kernel: a dependent launch and its tail (ncu: 4.5 us for D1 at
 # 2 splits), then 2 L2 round trips (lse, partials) per DECODE_COMBINE_UNROLL
 # splits of each of its lanes (decode_combine_lanes per output quad).
@@ -469,7 +477,8 @@ def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: in
     runs c = ceil(n / sms) of them, decode_ctas_per_sm at a time; each streams
     its key range (seqlen_k: the model never reads device lengths) at
     bytes in flight / DECODE_LATENCY_S and computes its padded rows:
-        t_sm     = waves * DECODE_CTA_FIXED_S + max(c * bytes / (resident * rate), c * flops / FLOPS_PER_SM)
+        t_sm     = waves * DECODE_CTA_FIXED_S + max(c * bytes / (resident * rate), c * flops / FLOPS_PER_SM,
+                                                waves * tiles per key stream * DECODE_TILE_S)
         t_kernel = max(t_sm, K/V bytes / HBM, row_blocks * K/V bytes / L2)
     plus, split, the combine: DECODE_COMBINE_FIXED_S, its round trips, and the
     partials' bytes (written and read) at the HBM rate."""
@@ -485,7 +494,10 @@ def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: in
     rate = decode_bytes_in_flight(spec) / DECODE_LATENCY_S
     flops = 4 * spec.block_m * problem.head_dim * keys
     per_sm = DECODE_MMA_FLOPS_PER_SM if spec.sm80 else DECODE_FFMA_FLOPS_PER_SM
-    t_sm = waves * DECODE_CTA_FIXED_S + max(c * keys * key_bytes / (resident * rate), c * flops / per_sm)
+    # (tensor cores) the tiles of each key stream, in sequence
+    streams = _specs.DECODE_MMA_WARPS // (spec.block_m // 16) if spec.sm80 else 0
+    issue = waves * math.ceil(math.ceil(keys / tile) / streams) * DECODE_TILE_S if streams else 0.0
+    t_sm = waves * DECODE_CTA_FIXED_S + max(c * keys * key_bytes / (resident * rate), c * flops / per_sm, issue)
     kv_bytes = problem.batch * problem.num_kv_heads * problem.seqlen_k * key_bytes
     t = max(t_sm, kv_bytes / DECODE_HBM_BYTES_PER_S, row_blocks * kv_bytes / DECODE_L2_BYTES_PER_S)
     if num_splits > 1:
