@@ -93,6 +93,14 @@ def main():
     }
     if launch is not None:
         steps["get_kernel"] = lambda: _compile.get_kernel(launch.spec)
+    else:  # decode: the packed launch alone (decode and, split, combine), its workspace kept
+        plan = _plan.decode_plan_for(problem, q, k, v, out)
+        ws = cupy.empty(max(1, plan.workspace_bytes // 4), dtype=cupy.float32)
+        packed, stream = plan.packed(), cupy.cuda.get_current_stream().ptr
+        addr = [a.data.ptr for a in (q, k, v, out, ws)]
+        steps[f"packed launch ({plan.num_splits} splits)"] = lambda: packed(
+            stream, addr[0], addr[1], addr[2], addr[3], 0, 0, addr[4] if plan.num_splits > 1 else 0)
+        steps["cupy.empty of the workspace"] = lambda: cupy.empty(plan.workspace_bytes // 4, dtype=cupy.float32)
     steps["Problem.of"] = lambda: _plan.Problem.of(q, k, dtype=args.dtype, causal=True, softmax_scale=0.1)
     steps["_layout"] = lambda: _plan._layout(q, k, v, out)
     if args.torch:
@@ -112,6 +120,9 @@ def main():
             "Stream.from_external": lambda: cupy.cuda.Stream.from_external(ts),
             "torch.empty": lambda: torch.empty(tq.shape, dtype=tq.dtype, device=tq.device),
         })  # fmt: skip
+        if launch is None:
+            steps["torch.empty of the workspace"] = lambda: torch.empty(
+                plan.workspace_bytes // 4, dtype=torch.float32, device=tq.device)
     for name, step in steps.items():
         step()
         print(f"  {name:<36} {host_us(step, args.calls):8.2f} us host")
