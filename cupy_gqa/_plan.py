@@ -433,10 +433,6 @@ DECODE_COMBINE_FIXED_S = 3e-6
 DECODE_COMBINE_ROUND_S = 0.3e-6
 DECODE_COMBINE_UNROLL = 8  # kernels/decode.cu: decode_combine_body
 
-
-def decode_combine_lanes(num_splits: int) -> int:
-    """Lanes of the combine kernel per output quad (kernels/decode.cu: combine_lanes)."""
-    return 8 if num_splits >= 8 else 4 if num_splits >= 4 else 2 if num_splits >= 2 else 1
 # Tensor-core (mma.sync m16n8k16) FLOP rate of one SM in the decode kernel,
 # padded rows counted: 1024 dense FMA per clock at 1.8 GHz, the softmax and
 # ldmatrix between the products. CUDA-core kernel (float32): issue-bound, the
@@ -454,6 +450,11 @@ PREFILL_BYTES_IN_FLIGHT = 65536
 # Choices the model times within this fraction of the best are ties, which
 # the fewest CTAs win (decode_dispatch).
 DECODE_TIE = 0.02
+
+
+def decode_combine_lanes(num_splits: int) -> int:
+    """Lanes of the combine kernel per output quad (kernels/decode.cu: combine_lanes)."""
+    return 8 if num_splits >= 8 else 4 if num_splits >= 4 else 2 if num_splits >= 2 else 1
 
 
 def decode_bytes_in_flight(spec: _specs.Spec) -> int:
