@@ -403,19 +403,7 @@ __device__ __forceinline__ void decode_body(
 #pragma unroll
     for (int off = LANES; off < 32; off *= 2) {
 #pragma unroll
-        for (int i = 0; i < ROWS; ++i) {
-            const float m_b = __shfl_xor_sync(0xffffffffu, m[i], off);
-            const float l_b = __shfl_xor_sync(0xffffffffu, l[i], off);
-            float m_new, wa, wb;
-            softmax::merge_weights(m[i], m_b, m_new, wa, wb);
-            l[i] = l[i] * wa + l_b * wb;
-#pragma unroll
-            for (int d = 0; d < DL; ++d) {
-                const float o_b = __shfl_xor_sync(0xffffffffu, o[i][d], off);
-                o[i][d] = o[i][d] * wa + o_b * wb;
-            }
-            m[i] = m_new;
-        }
+        for (int i = 0; i < ROWS; ++i) softmax::shfl_merge(0xffffffffu, off, m[i], l[i], o[i]);
     }
 
     // then the warps, through shared memory
@@ -741,7 +729,7 @@ __device__ __forceinline__ void decode_mma_body(
     const int v_row = ((lane >> 3) & 1) * 8 + (lane & 7), v_ch = lane >> 4;  // + 16 kk, + 2 dp
     const int swz = lane & 7;
     // byte offsets in a stage of chunk k_ch + 2 * j (v_ch + 2 * j) of the lane's row: chunk
-    // c + 8 * m is the one of c, 128 * m bytes further (the swizzle only touches bits 0-2)
+    // c + 8 * m is the one of c, 64 * m elements further (the swizzle only touches bits 0-2)
     unsigned k_off[4], v_off[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -790,7 +778,7 @@ __device__ __forceinline__ void decode_mma_body(
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np) {
                 unsigned kb[4];
-                ldmatrix_x4(kb, sK_st + k_off[kd % 4] + (kd / 4) * 128 + np * 16 * D * (int)sizeof(T));
+                ldmatrix_x4(kb, sK_st + k_off[kd % 4] + (kd / 4) * 64 * (int)sizeof(T) + np * 16 * D * (int)sizeof(T));
                 mma_16816<T>(s[2 * np], qa, kb[0], kb[1]);
                 mma_16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
             }
@@ -817,7 +805,7 @@ __device__ __forceinline__ void decode_mma_body(
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
                 unsigned vb[4];
-                ldmatrix_x4_trans(vb, sK_st + v_off[dp % 4] + (dp / 4) * 128 + kk * 16 * D * (int)sizeof(T));
+                ldmatrix_x4_trans(vb, sK_st + v_off[dp % 4] + (dp / 4) * 64 * (int)sizeof(T) + kk * 16 * D * (int)sizeof(T));
                 mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
                 mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
             }
@@ -889,7 +877,7 @@ __device__ __forceinline__ void decode_combine_body(
     // round trips to L2 for any number of splits, not one per few splits
     const int J = combine_lanes(num_splits);
     const int lane = threadIdx.x % 32, j = lane % J;
-    const unsigned group = (J == 32 ? 0xffffffffu : (1u << J) - 1u) << (lane - j);
+    const unsigned group = ((1u << J) - 1u) << (lane - j);
     const index_t total = (index_t)p.batch * p.num_kv_heads * rows_total * quads * J;
     for (index_t x = (index_t)blockIdx.x * blockDim.x + threadIdx.x; x < total; x += (index_t)gridDim.x * blockDim.x) {
         const index_t prow = x / J / quads;
@@ -914,40 +902,29 @@ __device__ __forceinline__ void decode_combine_body(
 #pragma unroll 8
         for (int s = j; s < num_splits; s += J) mm = fmaxf(mm, lse_s[s]);
         float ls = 0.f;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 8
         for (int s = j; s < num_splits; s += J) {
             const float wt = softmax::merge_weight(lse_s[s], mm);  // 0 for a split that saw no key
             const float4 ov = *reinterpret_cast<const float4*>(part_o + (prow * num_splits + s) * p.head_dim + d);
             ls += wt;
-            acc.x = fmaf(wt, ov.x, acc.x);
-            acc.y = fmaf(wt, ov.y, acc.y);
-            acc.z = fmaf(wt, ov.z, acc.z);
-            acc.w = fmaf(wt, ov.w, acc.w);
+            acc[0] = fmaf(wt, ov.x, acc[0]);
+            acc[1] = fmaf(wt, ov.y, acc[1]);
+            acc[2] = fmaf(wt, ov.z, acc[2]);
+            acc[3] = fmaf(wt, ov.w, acc[3]);
         }
-        for (int off = 1; off < J; off *= 2) {  // the group's lanes' states, merged pairwise
-            const float m_b = __shfl_xor_sync(group, mm, off), l_b = __shfl_xor_sync(group, ls, off);
-            const float4 o_b = make_float4(__shfl_xor_sync(group, acc.x, off), __shfl_xor_sync(group, acc.y, off),
-                                           __shfl_xor_sync(group, acc.z, off), __shfl_xor_sync(group, acc.w, off));
-            float m_new, wa, wb;
-            softmax::merge_weights(mm, m_b, m_new, wa, wb);
-            mm = m_new;
-            ls = wa * ls + wb * l_b;
-            acc = make_float4(wa * acc.x + wb * o_b.x, wa * acc.y + wb * o_b.y, wa * acc.z + wb * o_b.z, wa * acc.w + wb * o_b.w);
-        }
+#pragma unroll
+        for (int off = 1; off < 8; off *= 2)  // the group's states, pairwise (J <= 8)
+            if (off < J) softmax::shfl_merge(group, off, mm, ls, acc);
         if (j != 0) continue;
         if constexpr (M::SINKS) {  // the sink joins the denominator once (softmax.cuh: fold_sink)
             const float alpha = softmax::fold_sink(mm, ls, mods::sink2<M, float>(*mp, q_head));
-            acc.x *= alpha;
-            acc.y *= alpha;
-            acc.z *= alpha;
-            acc.w *= alpha;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[e] *= alpha;
         }
         const float inv = softmax::out_scale(ls, ls != 0.f, bad);  // NaN when bad
-        o_row[0] = from_acc<T>(acc.x * inv);
-        o_row[1] = from_acc<T>(acc.y * inv);
-        o_row[2] = from_acc<T>(acc.z * inv);
-        o_row[3] = from_acc<T>(acc.w * inv);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_row[e] = from_acc<T>(acc[e] * inv);
         if (lse_row != nullptr) *lse_row = softmax::lse(mm, ls, ls != 0.f, bad);
     }
 }

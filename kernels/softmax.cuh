@@ -54,6 +54,23 @@ __device__ __forceinline__ void merge_weights(float m, float m_b, float& m_new, 
     wb = exp2f(m_b - m_ref);
 }
 
+// Merge the state (m, l, o[0..N)) of this lane with that of lane ^ off (a
+// __shfl_xor_sync over the lanes of mask): both lanes end with the merged state.
+template <int N>
+__device__ __forceinline__ void shfl_merge(unsigned mask, int off, float& m, float& l, float (&o)[N]) {
+    const float m_b = __shfl_xor_sync(mask, m, off);
+    const float l_b = __shfl_xor_sync(mask, l, off);
+    float m_new, wa, wb;
+    merge_weights(m, m_b, m_new, wa, wb);
+    l = l * wa + l_b * wb;
+#pragma unroll
+    for (int d = 0; d < N; ++d) {
+        const float o_b = __shfl_xor_sync(mask, o[d], off);
+        o[d] = o[d] * wa + o_b * wb;
+    }
+    m = m_new;
+}
+
 // The weight of a state (m_s, ..) in a merge of several whose largest m is
 // m_max (all -inf: no side saw a key, and each weighs 0).
 __device__ __forceinline__ float merge_weight(float m_s, float m_max) { return exp2f(m_s - ref(m_max)); }
