@@ -27,8 +27,8 @@ import numpy as np
 SLOTS = ("q", "k", "v", "out", "lse", "seqlens_k", "part_o", "part_lse")
 _ADDRESSES = struct.Struct(f"<{len(SLOTS)}Q")
 # Values of BLOB_BYTES written at each launch after the addresses: the hopper
-# kernel's tensor maps of K and V (_tma.py), which hold the arrays' addresses.
-BLOBS = ("k_map", "v_map")
+# kernel's tensor maps of K, V, Q and out (_tma.py), which hold the arrays' addresses.
+BLOBS = ("k_map", "v_map", "q_map", "o_map")
 BLOB_BYTES = 128
 # The per-sequence kernels' SeqParams argument (kernels/common.cuh, _seq.SEQ_PARAMS_DTYPE),
 # passed by value from its own place in the buffer: its four index-array addresses

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,6 +134,7 @@ class _PackedPerDevice:
     kernels)."""
 
     extra_args = ()  # per-launch values after the parameter struct (_launch.BLOBS): repeat calls launch through the plan
+    fixed_args = ()  # values after those, fixed for the plan (bytes)
 
     def packed(self) -> PackedLaunch:
         packs = self.__dict__.setdefault("_packs", {})  # device -> PackedLaunch
@@ -161,7 +163,8 @@ class Launch(_PackedPerDevice):
         kernel = get_kernel(self.spec)
         mods = self.problem.mod_args(self.spec, device) if self.problem is not None else ()
         seq = self.problem.seq_args() if self.problem is not None else ()
-        args = ("q", "k", "v", "out", "lse", "seqlens_k", self.params.tobytes(), *mods, *seq, *self.extra_args)
+        args = ("q", "k", "v", "out", "lse", "seqlens_k", self.params.tobytes(), *mods, *seq, *self.extra_args,
+                *self.fixed_args)
         seq_params = self.problem.seq_params() if self.problem is not None else b""
         return PackedLaunch([(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], device, keep=(kernel,),
                             seq_params=seq_params)  # fmt: skip
@@ -339,27 +342,55 @@ def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
     return _scale_issue(problem) or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
+def hopper_bulk_qo(problem: Problem, layout: tuple) -> bool:
+    """Whether the hopper kernel moves Q and out by bulk tensor copies: a box of
+    64 packed rows (a consumer warpgroup's) must be whole positions of one
+    group, so group_size divides 64 (1, 2, 4, .. 64), and q and out must be
+    arrays the copy engine steps through; per-sequence calls keep the threads'
+    copies (a sequence's rows end inside the array, and a store would run on)."""
+    group = problem.group_size
+    if problem.seq is not None or group > 64 or 64 % group:
+        return False
+    (q_shape, q_strides, _), (o_shape, o_strides, _) = layout[0], layout[3]
+    return _tma.geometry_issue(q_shape, q_strides) is None and _tma.geometry_issue(o_shape, o_strides) is None
+
+
 @dataclass(frozen=True, eq=False)
 class HopperLaunch(Launch):
-    """A hopper launch: the prefill grid, and the tensor maps of K and
-    V for the kernel's bulk copies (kernels/hopper.cu), encoded by the driver
-    (_tma.py) at the first launch with each address and kept for the next."""
+    """A hopper launch: the prefill grid, and the tensor maps of K and V (and,
+    where ``bulk_qo``, of q and out) for the kernel's bulk copies
+    (kernels/hopper.cu), encoded by the driver (_tma.py) at the first launch
+    with each address and kept for the next."""
 
-    kv_layouts: tuple = ()  # (shape, byte strides, itemsize) of k and of v
-    extra_args = ("k_map", "v_map")
+    layouts: tuple = ()  # (shape, byte strides, itemsize) of q, k, v and out
+    bulk_qo: bool = False  # q and out by bulk copies too (hopper_bulk_qo)
+    extra_args = ("k_map", "v_map", "q_map", "o_map")
 
     MAPS_KEPT = 64  # encoded tensor maps kept per plan (a serving loop reuses its cache's)
 
+    @property
+    def fixed_args(self) -> tuple:
+        return (struct.pack("<i", int(self.bulk_qo)),)
+
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
                seq: tuple = ()) -> None:
-        self.packed()(stream, q, k, v, out, lse, seqlens_k, blobs=(self._tensor_map(0, k), self._tensor_map(1, v)), seq=seq)
+        maps = (self._tensor_map(1, k), self._tensor_map(2, v))
+        if self.bulk_qo:
+            maps += (self._tensor_map(0, q), self._tensor_map(3, out))
+        self.packed()(stream, q, k, v, out, lse, seqlens_k, blobs=maps, seq=seq)
 
     def _tensor_map(self, which: int, ptr: int) -> bytes:
+        """The map of argument ``which`` (0 q, 1 k, 2 v, 3 out) at ``ptr``."""
         maps = self.__dict__.setdefault("_maps", {})
         encoded = maps.get((which, ptr))
         if encoded is None:
-            shape, strides, itemsize = self.kv_layouts[which]
-            encoded = _tma.tile_map(ptr, shape, strides, itemsize, self.spec.block_n).tobytes()
+            shape, strides, itemsize = self.layouts[which]
+            if which in (1, 2):  # key tiles
+                encoded = _tma.tile_map(ptr, shape, strides, itemsize, self.spec.block_n).tobytes()
+            else:  # packed rows: the whole tile (q), a warpgroup's 64 rows (out)
+                rows = self.spec.block_m if which == 0 else 64
+                group = self.problem.group_size
+                encoded = _tma.packed_map(ptr, shape, strides, itemsize, group, rows // group).tobytes()
             if len(maps) >= self.MAPS_KEPT:
                 maps.clear()
             maps[(which, ptr)] = encoded
@@ -370,7 +401,8 @@ class HopperLaunch(Launch):
 def plan_hopper(problem: Problem, layout: tuple) -> HopperLaunch:
     spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
     launch = _prefill_launch(problem, layout, problem.spec(spec))
-    return HopperLaunch(launch.spec, launch.grid, launch.params, launch.problem, kv_layouts=layout[1:3])
+    return HopperLaunch(launch.spec, launch.grid, launch.params, launch.problem, layouts=layout,
+                        bulk_qo=hopper_bulk_qo(problem, layout))  # fmt: skip
 
 
 def hopper_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:

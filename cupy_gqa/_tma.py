@@ -10,6 +10,12 @@ The hopper kernel reads K and V as 4-D tensors (head_dim, seqlen_k, heads,
 batch), innermost first, in boxes of 64 head-dim columns (128 bytes: one
 swizzle row) by ``block_n`` keys, with the 128-byte swizzle that its wgmma
 operands use. Rows and columns past the array's ends are filled with zeros.
+
+Q and out are seen as (head_dim, heads, seqlen_q, batch): a box of 64 columns
+by ``group`` heads by ``positions`` query positions is a run of ``group *
+positions`` packed rows (row t * group + g: position t, head g of the KV
+head's group), the row order of the kernel's tiles. A load fills what lies
+past the array with zeros; a store drops it.
 """
 from __future__ import annotations
 
@@ -66,29 +72,54 @@ def geometry_issue(shape: tuple, strides: tuple) -> str | None:
     return None
 
 
+def _steps(dims: tuple, step: tuple) -> tuple:
+    """Byte strides of dims 1.. (the innermost steps by the element size). A
+    dimension of extent 1 is never stepped, so its stride is given as 16
+    bytes, which the encoder accepts whatever the array's own stride is (0 for
+    a broadcast, say)."""
+    return tuple(s if n > 1 else 16 for s, n in zip(step, dims[1:]))
+
+
 def map_geometry(shape: tuple, strides: tuple, itemsize: int, block_n: int):
-    """The encoder's (dims, byte strides, box) for a (batch, seqlen, heads, head_dim)
-    array with byte ``strides``: dims innermost first, strides of dims 1.. (the
-    head_dim stride is the element size). A dimension of extent 1 is never
-    stepped, so its stride is given as 16 bytes, which the encoder accepts
-    whatever the array's own stride is (0 for a broadcast, say)."""
+    """The encoder's (dims, byte strides, box) for key tiles of a (batch, seqlen,
+    heads, head_dim) array with byte ``strides``: dims (head_dim, seqlen, heads,
+    batch), innermost first, boxes of ``block_n`` rows of one head."""
     batch, seqlen, heads, head_dim = shape
     dims = (head_dim, seqlen, heads, batch)
-    step = (strides[1], strides[2], strides[0])
-    byte_strides = tuple(s if n > 1 else 16 for s, n in zip(step, dims[1:]))
     box = (BOX_COLUMNS, block_n, 1, 1)
     assert itemsize == 2, "the hopper kernel moves 16-bit elements"
-    return dims, byte_strides, box
+    return dims, _steps(dims, (strides[1], strides[2], strides[0])), box
+
+
+def packed_geometry(shape: tuple, strides: tuple, itemsize: int, group: int, positions: int):
+    """The encoder's (dims, byte strides, box) for packed-row tiles of a (batch,
+    seqlen, heads, head_dim) array: dims (head_dim, heads, seqlen, batch), boxes
+    of ``group`` heads by ``positions`` positions."""
+    batch, seqlen, heads, head_dim = shape
+    dims = (head_dim, heads, seqlen, batch)
+    box = (BOX_COLUMNS, group, positions, 1)
+    assert itemsize == 2, "the hopper kernel moves 16-bit elements"
+    return dims, _steps(dims, (strides[2], strides[1], strides[0])), box
 
 
 def tile_map(ptr: int, shape: tuple, strides: tuple, itemsize: int, block_n: int) -> np.ndarray:
     """The tensor map of the array at device address ``ptr`` for boxes of
-    ``block_n`` rows, as a 1-element NumPy array of 128 bytes that CuPy passes
-    by value."""
+    ``block_n`` key rows, as a 1-element NumPy array of 128 bytes that CuPy
+    passes by value."""
+    return _encode(ptr, shape, strides, map_geometry(shape, strides, itemsize, block_n))
+
+
+def packed_map(ptr: int, shape: tuple, strides: tuple, itemsize: int, group: int, positions: int) -> np.ndarray:
+    """The tensor map of the (q or out) array at ``ptr`` for boxes of ``group *
+    positions`` packed rows (packed_geometry)."""
+    return _encode(ptr, shape, strides, packed_geometry(shape, strides, itemsize, group, positions))
+
+
+def _encode(ptr: int, shape: tuple, strides: tuple, geometry) -> np.ndarray:
     encode = _encoder()
     if encode is None:
         raise RuntimeError("the CUDA driver has no cuTensorMapEncodeTiled (it needs CUDA 12 or newer)")
-    dims, byte_strides, box = map_geometry(shape, strides, itemsize, block_n)
+    dims, byte_strides, box = geometry
     out = np.zeros(1, TENSOR_MAP_DTYPE)
     rc = encode(
         out.ctypes.data, _DATA_TYPE_UINT16, 4, ctypes.c_void_p(ptr), _u64x4(*dims), (ctypes.c_uint64 * 3)(*byte_strides),

@@ -32,7 +32,9 @@
  * addressing, below, num_m_tiles is that of max_seqlen_q). A CTA has
  * two consumer warpgroups (BLOCK_M = 128) and one producer warpgroup (the last),
  * 128 threads each:
- *   producer   (setmaxnreg down to PRODUCER_REGS): cp.async of the Q tile;
+ *   producer   (setmaxnreg down to PRODUCER_REGS): the Q tile, by bulk
+ *              tensor copies where the host allows (qo_bulk, below), else by
+ *              the warpgroup's cp.async;
  *              then K_j and V_j into rings of STAGES stages each, by bulk
  *              tensor copies (TMA: one thread, tensor maps from the host) that
  *              complete on the stage's "full" mbarrier; it waits only for the
@@ -43,7 +45,18 @@
  *              end: keys of another sequence or stale cache rows never meet
  *              a zero weight in P V (0 * NaN = NaN);
  *   consumer w (setmaxnreg up to CONSUMER_REGS): packed rows [64 w, 64 w + 64)
- *              of the tile, both matrix products and the softmax for them.
+ *              of the tile, both matrix products and the softmax for them;
+ *              then its rows of out through the Q tile's space (by one bulk
+ *              copy per slab where qo_bulk, else by 16-byte stores).
+ *
+ * Q and out by bulk copies (qo_bulk, cupy_gqa/_plan.py: hopper_bulk_qo).  The
+ * packed rows of a tile are a box of the (head_dim, heads, seqlen_q, batch)
+ * view of q or out when group divides 64: group heads by BLOCK_M / group
+ * positions (a warpgroup's rows: 64 / group). The copy engine fills the rows
+ * and columns past the array's ends with zeros on loads and drops them on
+ * stores, so the short last tile and padded head dims need no code. With
+ * other groups, and for per-sequence calls (a sequence's rows end inside the
+ * array), Q and out go by the threads' copies.
  *
  * Modifiers (hopper_attention_mods; common.cuh: modifiers).  The window's
  * left side moves the first key tile up (KeyRange.start); the scores are
@@ -166,6 +179,18 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap& map, 
         : "memory");
 }
 
+// The box of shared memory at src (laid out by the map's swizzle) to `map` at
+// coordinates (c0, c1, c2, c3); the copy engine drops what falls outside the
+// tensor. One bulk group per call: commit, then wait until src has been read.
+__device__ __forceinline__ void tma_store_4d(const TensorMap& map, unsigned src, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+        ::"l"(reinterpret_cast<unsigned long long>(&map)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
 // Register budget per warpgroup role (needs a register cap at entry: __launch_bounds__(.., 1)).
 template <int N> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
@@ -210,7 +235,10 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                                             T* __restrict__ out, float* __restrict__ lse,
                                             const int* __restrict__ seqlens_k, const AttnParams& p, const MP& mp,
                                             const hopper_detail::TensorMap& k_map,
-                                            const hopper_detail::TensorMap& v_map, const SeqParams* sp = nullptr) {
+                                            const hopper_detail::TensorMap& v_map,
+                                            const hopper_detail::TensorMap& q_map,
+                                            const hopper_detail::TensorMap& o_map, const int qo_bulk,
+                                            const SeqParams* sp = nullptr) {
     using namespace hopper_detail;
     static_assert(HEAD_DIM_PAD % 64 == 0 && HEAD_DIM_PAD <= 256, "head dims are padded to 64, 128, 192 or 256");
     static_assert(BLOCK_M == 128 && BLOCK_N % 16 == 0, "two consumer warpgroups of 64 rows; 16 keys per step");
@@ -242,9 +270,14 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     auto v_full = [&](int s) { return bars + 8 * (1 + 2 * STAGES + s); };  // V stage s has landed
     auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * STAGES + s); }; // ... and has been read
 
+    // Q in and out by bulk tensor copies (the host's choice, qo_bulk): the boxes
+    // of q_map and o_map are (64 columns, group heads, BLOCK_M / group positions)
+    // and (..., 64 / group positions): packed rows in order, so group divides
+    // 64. Else (and for per-sequence addressing) by the threads' 16-byte copies.
+    const bool bulk_qo = ADDR == 0 && qo_bulk != 0;
     const int tid = threadIdx.x;
     if (tid == 0) {
-        mbar_init(q_full, 128);
+        mbar_init(q_full, bulk_qo ? 1 : 128);  // the copies' bytes and one arrival, or every producer thread
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);           // one producer thread arrives (and the copies' bytes land)
             mbar_init(v_full(s), 1);
@@ -281,20 +314,31 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         regs_dec<PRODUCER_REGS>();
         const int pt = tid - CONSUMERS;
         const int ch_used = p.head_dim / 8;    // chunks that hold data; the rest are zero
-        for (int c = pt; c < BLOCK_M * CHP; c += 128) {
-            const int r = c / CHP, ch = c % CHP;
-            const int pr = row0 + r;
-            const bool ok = pr < packed_rows && ch < ch_used;
-            const int t = pr / group, g = pr - (pr / group) * group;
-            const T* src = ok ? q + (index_t)b * p.q_stride[0] + (index_t)(sqn.q0() + t) * p.q_stride[1] +
-                                    (index_t)q_head_of(kvh, g, group) * p.q_stride[2] + ch * 8
-                              : q;
-            cp_async_16(sQ + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
+        if (bulk_qo) {
+            // the whole Q tile, rows past the queries and columns past head_dim zero-filled
+            if (pt == 0) {
+                mbar_expect_tx(q_full, L::Q_BYTES);
+#pragma unroll
+                for (int sl = 0; sl < L::SLABS; ++sl)
+                    tma_load_4d(sQ + sl * L::Q_SLAB, q_map, q_full, sl * 64, kvh * group, row0 / group, b);
+            }
+        } else {
+            for (int c = pt; c < BLOCK_M * CHP; c += 128) {
+                const int r = c / CHP, ch = c % CHP;
+                const int pr = row0 + r;
+                const bool ok = pr < packed_rows && ch < ch_used;
+                const int t = pr / group, g = pr - (pr / group) * group;
+                const T* src = ok ? q + (index_t)b * p.q_stride[0] + (index_t)(sqn.q0() + t) * p.q_stride[1] +
+                                        (index_t)q_head_of(kvh, g, group) * p.q_stride[2] + ch * 8
+                                  : q;
+                cp_async_16(sQ + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
+            }
         }
         // Q has landed once this thread's copies have, and its writes (generic
         // proxy) are ordered before the consumers' wgmma reads (async proxy) by
         // this thread's proxy fence, before the arrival that releases them
         auto q_arrive = [&] {
+            if (bulk_qo) return;
             cp_async_wait_all();
             fence_proxy_async();
             mbar_arrive(q_full);
@@ -555,6 +599,21 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             }
         }
     }
+    if (bulk_qo) {
+        // this warpgroup's 64 rows to out by one bulk copy per slab; the writes above
+        // (generic proxy) are ordered before the copy engine's reads by each
+        // thread's proxy fence and the warpgroup's barrier
+        fence_proxy_async();
+        warpgroup_sync(EPILOGUE_BAR + wg);
+        if (tid % 128 == 0) {
+#pragma unroll
+            for (int sl = 0; sl < L::SLABS; ++sl)
+                tma_store_4d(o_map, sQ + sl * L::Q_SLAB + wg * 64 * 128, sl * 64, kvh * group, (row0 + wg * 64) / group, b);
+            bulk_commit();
+            bulk_wait_read();  // shared memory stays until the copies have read it
+        }
+        return;
+    }
     warpgroup_sync(EPILOGUE_BAR + wg);
     const int ch_used = p.head_dim / 8;
     for (int c = tid - wg * 128; c < 64 * ch_used; c += 128) {
@@ -574,9 +633,11 @@ template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bo
 __global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
 hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-                 const __grid_constant__ hopper_detail::TensorMap k_map, const __grid_constant__ hopper_detail::TensorMap v_map) {
-    hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, NoMods>(q, k, v, out, lse, seqlens_k, p,
-                                                                                       NoModParams{}, k_map, v_map);
+                 const __grid_constant__ hopper_detail::TensorMap k_map, const __grid_constant__ hopper_detail::TensorMap v_map,
+                 const __grid_constant__ hopper_detail::TensorMap q_map, const __grid_constant__ hopper_detail::TensorMap o_map,
+                 const int qo_bulk) {
+    hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, NoMods>(
+        q, k, v, out, lse, seqlens_k, p, NoModParams{}, k_map, v_map, q_map, o_map, qo_bulk);
 }
 
 // The same with modifiers (FLAGS: common.cuh, MOD_*), their ModParams after the
@@ -586,9 +647,11 @@ __global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
 hopper_attention_mods(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                       float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
                       const ModParams mp, const __grid_constant__ hopper_detail::TensorMap k_map,
-                      const __grid_constant__ hopper_detail::TensorMap v_map) {
-    hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k,
-                                                                                            p, mp, k_map, v_map);
+                      const __grid_constant__ hopper_detail::TensorMap v_map,
+                      const __grid_constant__ hopper_detail::TensorMap q_map,
+                      const __grid_constant__ hopper_detail::TensorMap o_map, const int qo_bulk) {
+    hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(
+        q, k, v, out, lse, seqlens_k, p, mp, k_map, v_map, q_map, o_map, qo_bulk);
 }
 
 // The same with per-sequence addressing ADDR (common.cuh: SEQ_*: varlen, left
@@ -598,7 +661,9 @@ __global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
 hopper_attention_seq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                      float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p, const SeqParams sp,
                      const __grid_constant__ hopper_detail::TensorMap k_map,
-                     const __grid_constant__ hopper_detail::TensorMap v_map) {
+                     const __grid_constant__ hopper_detail::TensorMap v_map,
+                     const __grid_constant__ hopper_detail::TensorMap q_map,
+                     const __grid_constant__ hopper_detail::TensorMap o_map, const int qo_bulk) {
     hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, NoMods, NoModParams, ADDR>(
-        q, k, v, out, lse, seqlens_k, p, NoModParams{}, k_map, v_map, &sp);
+        q, k, v, out, lse, seqlens_k, p, NoModParams{}, k_map, v_map, q_map, o_map, qo_bulk, &sp);
 }

@@ -164,6 +164,29 @@ def test_strided_layouts(kernel, dtype, layout, head_dim):
 
 
 @pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(2, 2), (8, 4), (16, 1), (32, 2), (64, 1), (6, 2)])
+@pytest.mark.parametrize("head_dim", [40, 128])
+def test_out_view_inside_a_larger_buffer(kernel, num_q_heads, num_kv_heads, head_dim):
+    """out as a view of a NaN buffer that is longer in every axis (positions,
+    heads, head dims): the call writes the view and nothing around it, for
+    group sizes whose packed rows make whole tiles of positions (1 to 64; hopper
+    then stores by bulk copies, which must clip at the view's ends) and one
+    that does not (3). seqlen_q 150 ends inside a tile."""
+    seqlen_q, seqlen_k = 150, 170
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, "bfloat16", seed=num_q_heads)
+    if not expected_to_run(kernel, "bfloat16", head_dim, seqlen_q=seqlen_q):
+        return
+    big = cupy.full((3, seqlen_q + 20, num_q_heads + 3, head_dim + 24), np.nan, dtype=q.dtype)
+    out = big[1:, 5 : 5 + seqlen_q, 2 : 2 + num_q_heads, 8 : 8 + head_dim]
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    assert cupy_gqa.attention(qd, kd, vd, out=out, kernel=kernel) is out
+    assert_close(cupy.asnumpy(out), reference_attention(q, k, v)[0], TOLERANCE["bfloat16"], f"{kernel} out view")
+    around = cupy.ones(big.shape, dtype=bool)
+    around[1:, 5 : 5 + seqlen_q, 2 : 2 + num_q_heads, 8 : 8 + head_dim] = False
+    assert bool(cupy.isnan(big[around]).all()), "an element outside the out view was written"
+
+
+@pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_large_scores_and_custom_scale(kernel, dtype):
     q, k, v = random_qkv(1, 65, 65, 4, 2, 32, dtype, scale=30.0)

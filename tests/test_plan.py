@@ -191,10 +191,10 @@ def test_hopper_refuses_other_architectures(monkeypatch):
     assert reason == "a device of compute capability 8.9 (it runs on 9.0, Hopper)"
 
 
-def test_hopper_launch_passes_tensor_maps_of_k_and_v(monkeypatch):
-    """A hopper launch hands the kernel the parameter struct and then the tensor
-    maps of K and V, encoded for the spec's tile of keys at each new address
-    (no GPU: the kernel, the driver's launch and its encoder are stand-ins)."""
+def _stand_in_launches(monkeypatch):
+    """The kernel, the driver's launch and the tensor-map encoders as stand-ins
+    (no GPU): the launches (arguments, argument buffer) and the encodings (the
+    encoder's name and arguments) are recorded; map n is 128 bytes of value n."""
     launched, encoded = [], []
 
     class _Kernel:
@@ -202,14 +202,26 @@ def test_hopper_launch_passes_tensor_maps_of_k_and_v(monkeypatch):
 
     monkeypatch.setattr(_plan, "get_kernel", lambda spec: _Kernel())
     monkeypatch.setattr(_plan, "_current_device", lambda: 0)
-    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, packed_values())))
     _launch._bound.__dict__[0] = True  # device 0's context counts as bound in this thread
 
-    def tile_map(ptr, *rest):
-        encoded.append((ptr, *rest))
-        return np.full(1, bytes([len(encoded)]) * 128, _tma.TENSOR_MAP_DTYPE)
+    def encoder(name):
+        def encode(ptr, *rest):
+            encoded.append((name, ptr, *rest))
+            return np.full(1, bytes([len(encoded)]) * 128, _tma.TENSOR_MAP_DTYPE)
+        return encode
 
-    monkeypatch.setattr(_tma, "tile_map", tile_map)
+    monkeypatch.setattr(_tma, "tile_map", encoder("tile"))
+    monkeypatch.setattr(_tma, "packed_map", encoder("packed"))
+    return launched, encoded
+
+
+def test_hopper_launch_passes_tensor_maps(monkeypatch):
+    """A hopper launch hands the kernel the parameter struct, then the tensor
+    maps of K and V (boxes of the spec's key tile) and of Q and out (boxes of
+    whole positions of the KV head's group: 128 rows for q, a warpgroup's 64
+    for out), each encoded at a new address, and the flag that Q and out go by
+    bulk copies."""
+    launched, encoded = _stand_in_launches(monkeypatch)
     problem = _plan.Problem(2, 300, 300, 8, 2, 80, "bfloat16", True, 80**-0.5)
     q_layout = ((2, 300, 8, 80), (300 * 8 * 160, 8 * 160, 160, 2), 2)
     kv_layout = ((2, 300, 2, 80), (300 * 2 * 160, 2 * 160, 160, 2), 2)
@@ -217,19 +229,43 @@ def test_hopper_launch_passes_tensor_maps_of_k_and_v(monkeypatch):
     spec = _specs.HOPPER["bfloat16", 128, True]
     tiles = math.ceil(300 * 4 / spec.block_m) * 2 * 2
     plan = _plan.plan_hopper(problem, layout)
-    assert plan.grid == (tiles,)
-    packed_values = lambda: plan.packed().values()  # noqa: E731
+    assert plan.grid == (tiles,) and plan.bulk_qo
+    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, plan.packed().values())))
     plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
     plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)  # the same addresses: no new encoding
-    plan.launch(99, 1 << 20, 4096, 12288, 2 << 20, 0, 0)  # a new V
-    assert encoded == [(4096, *kv_layout, 128), (8192, *kv_layout, 128), (12288, *kv_layout, 128)]
+    plan.launch(99, 1 << 20, 4096, 12288, 3 << 20, 0, 0)  # a new V and a new out
+    assert encoded == [
+        ("tile", 4096, *kv_layout, 128), ("tile", 8192, *kv_layout, 128),
+        ("packed", 1 << 20, *q_layout, 4, 32), ("packed", 2 << 20, *q_layout, 4, 16),
+        ("tile", 12288, *kv_layout, 128), ("packed", 3 << 20, *q_layout, 4, 16),
+    ]  # fmt: skip
     assert [a[:9] for a, _ in launched] == [(77, tiles, 1, 1, spec.threads, 1, 1, spec.smem, 99)] * 3
     args = plan.packed().arg_addresses(0)
-    assert len(args) == 9
-    for (_, buf), maps in zip(launched, ((1, 2), (1, 2), (1, 3))):
-        assert buf[args[7] : args[7] + 128] == bytes([maps[0]]) * 128  # k_map
-        assert buf[args[8] : args[8] + 128] == bytes([maps[1]]) * 128  # v_map
+    assert len(args) == 12  # q k v out lse seqlens_k, params, k_map v_map q_map o_map, qo_bulk
+    for (_, buf), maps in zip(launched, ((1, 2, 3, 4), (1, 2, 3, 4), (1, 5, 3, 6))):
+        for arg, m in zip(args[7:11], maps):
+            assert buf[arg : arg + 128] == bytes([m]) * 128
         assert buf[args[6] : args[6] + plan.params.nbytes] == plan.params.tobytes()
+        assert buf[args[11] : args[11] + 4] == (1).to_bytes(4, "little")
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(6, 2), (128, 1)])
+def test_hopper_launch_keeps_thread_copies_of_q_and_out_for_other_groups(monkeypatch, num_q_heads, num_kv_heads):
+    """A group that does not divide 64 (3; 128) has no box of whole positions
+    for a warpgroup's rows: no maps of q and out are encoded, their slots stay
+    zero and the flag is 0, so the kernel copies them by its threads."""
+    launched, encoded = _stand_in_launches(monkeypatch)
+    problem = _plan.Problem(1, 40, 40, num_q_heads, num_kv_heads, 64, "float16", False, 0.125)
+    q_layout = ((1, 40, num_q_heads, 64), (40 * num_q_heads * 128, num_q_heads * 128, 128, 2), 2)
+    kv_layout = ((1, 40, num_kv_heads, 64), (40 * num_kv_heads * 128, num_kv_heads * 128, 128, 2), 2)
+    plan = _plan.plan_hopper(problem, (q_layout, kv_layout, kv_layout, q_layout))
+    assert not plan.bulk_qo
+    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, plan.packed().values())))
+    plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
+    assert [e[0] for e in encoded] == ["tile", "tile"]
+    args = plan.packed().arg_addresses(0)
+    (_, buf), = launched
+    assert buf[args[9] : args[9] + 256] == bytes(256) and buf[args[11] : args[11] + 4] == bytes(4)
 
 
 def test_hopper_smem_fits_and_head_dims_pad():
@@ -419,35 +455,24 @@ def test_auto_takes_hopper_for_varlen_from_max_seqlen_k(monkeypatch):
 def test_hopper_varlen_plan_passes_seq_params_and_packed_tensor_maps(monkeypatch):
     """A varlen hopper plan launches hopper_attention_seq<..., 1> on the prefill
     grid of max_seqlen_q, with the SeqParams between the parameter struct and
-    the tensor maps, which are encoded for the packed (1, total_k, ...) k and v."""
-    launched, encoded = [], []
-
-    class _Kernel:
-        kernel = type("Function", (), {"ptr": 77})()
-
-    monkeypatch.setattr(_plan, "get_kernel", lambda spec: _Kernel())
-    monkeypatch.setattr(_plan, "_current_device", lambda: 0)
-    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, plan.packed().values())))
-    _launch._bound.__dict__[0] = True
-
-    def tile_map(ptr, *rest):
-        encoded.append((ptr, *rest))
-        return np.full(1, bytes([len(encoded)]) * 128, _tma.TENSOR_MAP_DTYPE)
-
-    monkeypatch.setattr(_tma, "tile_map", tile_map)
+    the tensor maps, which are encoded for the packed (1, total_k, ...) k and v;
+    q and out go by the threads' copies (a sequence ends inside the array)."""
+    launched, encoded = _stand_in_launches(monkeypatch)
     problem = _seq_problem(1, 300, 500, batch=3, total_q=700, total_k=1100)
     layout = _plan._layout(*_varlen_arrays(700, 1100))
     plan = _plan.plan_hopper(problem, layout)
+    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, plan.packed().values())))
     base = _specs.HOPPER["bfloat16", 128, True]
     assert plan.spec.name == base.name.replace("hopper_attention<", "hopper_attention_seq<")[:-1] + ", 1>"
     assert (plan.spec.threads, plan.spec.smem, plan.spec.block_n) == (base.threads, base.smem, base.block_n)
     assert plan.grid == (math.ceil(300 * 4 / 128) * 3 * 8,)
     assert plan.params[0]["k_stride"][0] == 0 and plan.params[0]["q_stride"][0] == 0  # sequences found by cu_seqlens
     plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
-    assert encoded == [(4096, *layout[1], 128), (8192, *layout[2], 128)]
-    assert encoded[0][1] == (1, 1100, 8, 128)
+    assert encoded == [("tile", 4096, *layout[1], 128), ("tile", 8192, *layout[2], 128)]
+    assert encoded[0][2] == (1, 1100, 8, 128)
     args = plan.packed().arg_addresses(0)
-    assert len(args) == 10  # q k v out lse seqlens_k, params, SeqParams, k_map, v_map
+    assert len(args) == 13  # q k v out lse seqlens_k, params, SeqParams, k_map v_map q_map o_map, qo_bulk
     (_, buf), = launched
     assert buf[args[7] : args[7] + 56] == problem.seq.params()
     assert buf[args[8] : args[8] + 128] == bytes([1]) * 128 and buf[args[9] : args[9] + 128] == bytes([2]) * 128
+    assert buf[args[10] : args[10] + 256] == bytes(256) and buf[args[12] : args[12] + 4] == bytes(4)

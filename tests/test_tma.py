@@ -35,3 +35,17 @@ def test_geometry_issue(shape, strides, ok):
     assert (issue is None) == ok
     if not ok:
         assert str(strides) in issue and "2**40" in issue
+
+
+def test_packed_geometry_boxes_whole_positions_of_a_group():
+    # q (batch 3, seqlen 70, heads 16, head_dim 96) bf16 seen as (head_dim, heads, seqlen, batch):
+    # a box of group 4 heads by 32 positions is 128 packed rows, t * 4 + g in box order
+    shape, strides = (3, 70, 16, 96), (70 * 16 * 192, 16 * 192, 192, 2)
+    dims, byte_strides, box = _tma.packed_geometry(shape, strides, 2, 4, 32)
+    assert dims == (96, 16, 70, 3)
+    assert byte_strides == (192, 16 * 192, 70 * 16 * 192)
+    assert box == (64, 4, 32, 1)
+    # a bhsd view, one head per group (MHA): positions are the rows
+    shape, strides = (1, 50, 8, 128), (8 * 50 * 256, 256, 50 * 256, 2)
+    dims, byte_strides, box = _tma.packed_geometry(shape, strides, 2, 1, 64)
+    assert dims == (128, 8, 50, 1) and byte_strides == (50 * 256, 256, 16) and box == (64, 1, 64, 1)
