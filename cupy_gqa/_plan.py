@@ -355,6 +355,13 @@ def hopper_bulk_qo(problem: Problem, layout: tuple) -> bool:
     return _tma.geometry_issue(q_shape, q_strides) is None and _tma.geometry_issue(o_shape, o_strides) is None
 
 
+def hopper_auto_min_keys(problem: Problem, q, out) -> int:
+    """The keys from which auto prefers hopper to tiled (_specs)."""
+    if hopper_bulk_qo(problem, _layout(q, q, q, out)):
+        return _specs.HOPPER_BULK_QO_AUTO_MIN_KEYS
+    return _specs.HOPPER_AUTO_MIN_KEYS
+
+
 @dataclass(frozen=True, eq=False)
 class HopperLaunch(Launch):
     """A hopper launch: the prefill grid, and the tensor maps of K and V (and,
@@ -798,7 +805,8 @@ def choose_kernel(problem: Problem, q, k, v, out) -> str:
     the prefill kernel (a few query tokens against a cache, for any number of
     query heads per KV head), else the Hopper kernel on sm_90 where it is
     the faster tensor-core kernel (_specs.HOPPER_AUTO_MIN_KEYS keys or
-    more; varlen: max_seqlen_k) or the only
+    more, HOPPER_BULK_QO_AUTO_MIN_KEYS where it moves Q and out by bulk
+    copies; varlen: max_seqlen_k) or the only
     one, else the mma.sync tensor-core kernel, each when it supports the
     call, else the rowwise kernel, which runs anything."""
     if decode_unsupported(problem, q, k, v, out) is None:
@@ -806,9 +814,7 @@ def choose_kernel(problem: Problem, q, k, v, out) -> str:
         if decode_dispatch(problem, sm_count(device), device_arch(device)).kernel == "decode":
             return "decode"
     tiled = tiled_unsupported(problem, q, k, v, out) is None
-    if hopper_unsupported(problem, q, k, v, out) is None and (
-        not tiled or problem.seqlen_k >= _specs.HOPPER_AUTO_MIN_KEYS
-    ):
+    if hopper_unsupported(problem, q, k, v, out) is None and (not tiled or problem.seqlen_k >= hopper_auto_min_keys(problem, q, out)):
         return "hopper"
     return "tiled" if tiled else "rowwise"
 

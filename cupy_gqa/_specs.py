@@ -353,12 +353,14 @@ HOPPER_TILES = {
 HOPPER_DTYPES = ("float16", "bfloat16")
 HOPPER_ARCH = "sm_90a"
 # kernel="auto" prefers hopper to tiled, where both apply, from this many keys
-# on, as measured on the H200 (benchmarks/results/h200.json, 2026-12-03:
-# hopper 1.00 ms against tiled 1.59 at H1, 4096 keys; 0.245 against 0.281 at
-# H4, head dim 64 and 2048 keys; tiled ahead at H3, 512 keys, 0.171 against
-# 0.187, where hopper's per-CTA cost weighs most). Where tiled does not apply
-# (head_dim 80, 160, 192, ...), auto takes hopper at any length.
+# on, as measured on the H200 (benchmarks/NOTES_hopper.md, 2026-12-03: hopper
+# 1.00 ms against tiled 1.59 at H1, 4096 keys; 0.245 against 0.281 at H4, head
+# dim 64 and 2048 keys; at H3, 512 keys, tiled ahead when hopper copies Q and
+# out by its threads, 0.171 against 0.187, where hopper's per-CTA cost weighs
+# most; hopper ahead, 0.137, when it moves them by bulk copies). Where tiled
+# does not apply (head_dim 80, 160, 192, ...), auto takes hopper at any length.
 HOPPER_AUTO_MIN_KEYS = 1024
+HOPPER_BULK_QO_AUTO_MIN_KEYS = 512  # where Q and out go by bulk copies (_plan.hopper_bulk_qo)
 
 
 def hopper_head_dim_pad(head_dim: int) -> int:

@@ -162,7 +162,7 @@ def test_auto_prefill_choice(monkeypatch, cc, head_dim, dtype):
     arrays = (_FakeDeviceArray((shape, strides, itemsize)),) * 4
     tiled = head_dim in _specs.tiled_head_dims(dtype) and cc >= (8, 0)
     tiled = tiled and not (dtype == "float32" and head_dim == 256 and cc == (8, 9))
-    preferred = 500 >= _specs.HOPPER_AUTO_MIN_KEYS
+    preferred = 500 >= _specs.HOPPER_BULK_QO_AUTO_MIN_KEYS  # group 4: Q and out by bulk copies
     if cc == (9, 0) and dtype == "bfloat16" and (not tiled or preferred):
         expected = "hopper"
     else:
@@ -170,15 +170,19 @@ def test_auto_prefill_choice(monkeypatch, cc, head_dim, dtype):
     assert _plan.choose_kernel(problem, *arrays) == expected
 
 
-def test_auto_takes_hopper_over_tiled_for_long_keys(monkeypatch):
+@pytest.mark.parametrize("num_q_heads,min_keys", [(32, "HOPPER_BULK_QO_AUTO_MIN_KEYS"), (24, "HOPPER_AUTO_MIN_KEYS")])
+def test_auto_takes_hopper_over_tiled_for_long_keys(monkeypatch, num_q_heads, min_keys):
     """On 9.0, at head dims where both apply (64 and 128), auto takes hopper
-    from HOPPER_AUTO_MIN_KEYS keys on and tiled below."""
+    from its threshold of keys on and tiled below: HOPPER_BULK_QO_AUTO_MIN_KEYS
+    where hopper moves Q and out by bulk copies (group 4), HOPPER_AUTO_MIN_KEYS
+    where it copies them by its threads (group 3)."""
     monkeypatch.setattr(_plan, "compute_capability", lambda device: (9, 0))
     monkeypatch.setattr(_tma, "available", lambda: True)
+    threshold = getattr(_specs, min_keys)
     for d in (64, 128):
-        for seqlen, expected in ((_specs.HOPPER_AUTO_MIN_KEYS, "hopper"), (_specs.HOPPER_AUTO_MIN_KEYS - 1, "tiled")):
-            problem = _plan.Problem(2, seqlen, seqlen, 32, 8, d, "bfloat16", True, d**-0.5)
-            shape = (2, seqlen, 32, d)
+        for seqlen, expected in ((threshold, "hopper"), (threshold - 1, "tiled")):
+            problem = _plan.Problem(2, seqlen, seqlen, num_q_heads, 8, d, "bfloat16", True, d**-0.5)
+            shape = (2, seqlen, num_q_heads, d)
             strides = tuple(int(np.prod(shape[i + 1 :])) * 2 for i in range(4))
             assert _plan.choose_kernel(problem, *(_FakeDeviceArray((shape, strides, 2)),) * 4) == expected, (d, seqlen)
 
