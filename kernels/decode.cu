@@ -627,14 +627,17 @@ __device__ __forceinline__ void decode_mma_body(
     const int k_end = min(min(k_begin + chunk, max(len, 0)), n_max);
     const int k_free = min(k_end, n_min);  // keys below it are seen by every live row of the warp: no mask
     const int num_tiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
-    const int my_tiles = num_tiles > stream ? (num_tiles - stream + NS - 1) / NS : 0;  // tiles stream, stream + NS, ..
+    // tiles s, s + NS, .. of stream s: u_first (window: the first tile any row sees) to
+    // num_tiles, as indices i of the stream's tiles [first(s), count(s))
+    const int u_first = M::WINDOW ? max(0, first_min - k_begin) / BN : 0;
+    auto count = [&](int s) { return num_tiles > s ? (num_tiles - s + NS - 1) / NS : 0; };
+    auto first = [&](int s) { return u_first > s ? (u_first - s + NS - 1) / NS : 0; };
+    const int my_tiles = count(stream);
     const int last[2] = {min(k_end, n_vis[0]) - 1, min(k_end, n_vis[1]) - 1};  // last key rows lane / 4 (+ 8) see
     // (window) the stream's tiles before the first key any row sees are skipped;
     // every tile keeps its stream, so each key meets the same lane as without
-    int i_first = 0;
+    const int i_first = first(stream);
     if constexpr (M::WINDOW) {
-        const int u_first = max(0, first_min - k_begin) / BN;
-        i_first = u_first > stream ? (u_first - stream + NS - 1) / NS : 0;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) mrow[hf].last = min(mrow[hf].last, k_end - 1);
     } else if constexpr (M::ANY) {
@@ -810,6 +813,16 @@ __device__ __forceinline__ void decode_mma_body(
                 mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
             }
         }
+    }
+
+    if constexpr (ROW_WARPS > 1 && NS > 1) {
+        // every stream's warps meet as many barriers before the merge's, which is how
+        // compute-sanitizer's racecheck pairs barriers up (it reports the merge's
+        // writes as racing with the last tiles' reads otherwise)
+        int most = 0;
+#pragma unroll
+        for (int s = 0; s < NS; ++s) most = max(most, count(s) - first(s));
+        for (int i = max(my_tiles - i_first, 0); i < most; ++i) stream_sync<ROW_WARPS>(stream);
     }
 
     // --- merge the warps (write_cta_result), through the freed stages ------------
