@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import sys
 import time
@@ -138,7 +139,8 @@ def environment(torch, transformers) -> dict:
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
-        "git_commit": run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"]),
+        # CUPY_GQA_COMMIT: the commit of a copied working tree whose .git is stale or absent
+        "git_commit": os.environ.get("CUPY_GQA_COMMIT") or run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"]),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,

@@ -18,7 +18,8 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 def table(results: dict) -> str:
     # the per-call cases' rows (host_us set: L1-L3) are per-call wall times, not kernel times
-    rows = [r for r in results["rows"] if r["impl"] == "cupy_gqa[auto]" and r.get("host_us") is None]
+    varlen = {r["case"]: r for r in results["rows"] if r["impl"] == "torch_varlen"}  # V1: its own anchor, below
+    rows = [r for r in results["rows"] if r["impl"] == "cupy_gqa[auto]" and r.get("host_us") is None and r["case"] not in varlen]
     lines = [
         f"{results['gpu']}, {results['date'][:10]}, commit {results['git_commit'][:7]}, "
         f"torch {results['torch']}, CuPy {results['cupy']}, driver {results['driver']}.",
@@ -43,6 +44,15 @@ def table(results: dict) -> str:
             ratios.append("—" if x is None else f"**{x:.3f}**" if x <= 1.0 else f"{x:.3f}")
         lines.append(f"| {r['case']} | {what} | {kernel} | {r['rel_err']:.1e} | " + " | ".join(ratios) + " |")
     by = {(r["case"], r["impl"]): r for r in results["rows"]}
+    for case, torch_row in varlen.items():
+        ours = by.get((case, "cupy_gqa[auto]"))
+        if ours and ours.get("ms") and torch_row.get("ms"):
+            lines += [
+                "",
+                f"{case} (variable lengths, `attention_varlen`): cupy_gqa {ours['ms']:.4f} ms, "
+                f"{ours['tflops']:.1f} TFLOP/s, rel. error {ours['rel_err']:.1e}; torch's `varlen_attn` "
+                f"{torch_row['ms']:.4f} ms in the same run (ratio **{ours['ms'] / torch_row['ms']:.3f}**).",
+            ]
     rowwise, seed = by.get(("S0", "cupy_gqa[rowwise]")), by.get(("S0", "seed_kernel"))
     if rowwise and seed:
         lines += [
