@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Where a transformers decode step spends its host time, sdpa against cupy_gqa:
+greedy generation under cProfile, after a warm-up generation of the same length.
+
+    python3 benchmarks/dev/profile_model_decode.py [--config full] [--batch 1] [--new-tokens 32]
+    python3 benchmarks/dev/profile_model_decode.py --config tiny --device cpu   # a smoke run
+
+For each implementation: the wall time per token, the calls per token of the
+attention function, and of cupy_gqa's full path (api.attention's planning:
+_plan.choose_kernel) against its repeat path (_fast entries found), then the
+functions with the most time of their own. The model is bench_model.py's
+(random weights, no download). Notes: benchmarks/NOTES_overhead.md.
+"""
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench_model  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", choices=bench_model.CONFIGS, default="full")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    import torch
+    import transformers
+
+    from cupy_gqa.integrations import transformers as cupy_gqa_hf
+
+    cupy_gqa_hf.register()
+    dtype = torch.bfloat16 if args.config == "full" else torch.float32
+    gen = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
+    for impl in bench_model.IMPLS:
+        model = bench_model.build(torch, transformers, args.config, impl, args.device, dtype)
+        ids = bench_model.prompt(torch, args.batch, args.prompt_len, model.config.vocab_size, args.device, 2)
+        with torch.no_grad():
+            model.generate(ids, **gen)  # warm-up: the same lengths as the profiled run
+            bench_model.sync(torch, args.device)
+            profiler = cProfile.Profile()
+            t0 = time.perf_counter()
+            profiler.enable()
+            model.generate(ids, **gen)
+            bench_model.sync(torch, args.device)
+            profiler.disable()
+            wall = time.perf_counter() - t0
+        stats = pstats.Stats(profiler)
+        calls = {f"{Path(f).name}:{name}": n for (f, _, name), (n, *_rest) in stats.stats.items()}  # primitive calls
+        per_token = lambda key: sum(n for k, n in calls.items() if k.endswith(key)) / args.new_tokens  # noqa: E731
+        print(f"== {impl}: {1e3 * wall / args.new_tokens:.2f} ms per token (under the profiler), batch {args.batch}")
+        print(f"   per token: attention_forward {per_token('transformers.py:attention_forward'):.1f}, "
+              f"sdpa_attention_forward {per_token('sdpa_attention.py:sdpa_attention_forward'):.1f}, "
+              f"cupy_gqa full path (choose_kernel) {per_token('_plan.py:choose_kernel'):.1f}, "
+              f"plans made {per_token('_plan.py:plan_tiled') + per_token('_plan.py:plan_decode') + per_token('_plan.py:plan_hopper'):.1f}")
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
+        print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[-4000:])
+        del model
+
+
+if __name__ == "__main__":
+    main()
