@@ -342,22 +342,22 @@ def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
     return _scale_issue(problem) or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
-def hopper_bulk_qo(problem: Problem, layout: tuple) -> bool:
+def hopper_bulk_qo(problem: Problem, q_layout: tuple, out_layout: tuple) -> bool:
     """Whether the hopper kernel moves Q and out by bulk tensor copies: a box of
     64 packed rows (a consumer warpgroup's) must be whole positions of one
     group, so group_size divides 64 (1, 2, 4, .. 64), and q and out must be
     arrays the copy engine steps through; per-sequence calls keep the threads'
-    copies (a sequence's rows end inside the array, and a store would run on)."""
+    copies (a sequence's rows end inside the array, and a store would run on).
+    The layouts are _layout's (shape, byte strides, itemsize)."""
     group = problem.group_size
     if problem.seq is not None or group > 64 or 64 % group:
         return False
-    (q_shape, q_strides, _), (o_shape, o_strides, _) = layout[0], layout[3]
-    return _tma.geometry_issue(q_shape, q_strides) is None and _tma.geometry_issue(o_shape, o_strides) is None
+    return all(_tma.geometry_issue(shape, strides) is None for shape, strides, _ in (q_layout, out_layout))
 
 
 def hopper_auto_min_keys(problem: Problem, q, out) -> int:
     """The keys from which auto prefers hopper to tiled (_specs)."""
-    if hopper_bulk_qo(problem, _layout(q, q, q, out)):
+    if hopper_bulk_qo(problem, *_layout(q, out)):
         return _specs.HOPPER_BULK_QO_AUTO_MIN_KEYS
     return _specs.HOPPER_AUTO_MIN_KEYS
 
@@ -409,7 +409,7 @@ def plan_hopper(problem: Problem, layout: tuple) -> HopperLaunch:
     spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
     launch = _prefill_launch(problem, layout, problem.spec(spec))
     return HopperLaunch(launch.spec, launch.grid, launch.params, launch.problem, layouts=layout,
-                        bulk_qo=hopper_bulk_qo(problem, layout))  # fmt: skip
+                        bulk_qo=hopper_bulk_qo(problem, layout[0], layout[3]))  # fmt: skip
 
 
 def hopper_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:

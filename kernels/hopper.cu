@@ -181,7 +181,8 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap& map, 
 
 // The box of shared memory at src (laid out by the map's swizzle) to `map` at
 // coordinates (c0, c1, c2, c3); the copy engine drops what falls outside the
-// tensor. One bulk group per call: commit, then wait until src has been read.
+// tensor. The caller commits the copies as a bulk group (bulk_commit) and waits
+// until they have read src (bulk_wait_read) before src is written again.
 __device__ __forceinline__ void tma_store_4d(const TensorMap& map, unsigned src, int c0, int c1, int c2, int c3) {
     asm volatile(
         "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
