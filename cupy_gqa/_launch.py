@@ -4,8 +4,8 @@ A launch plan (``_plan``) fixes everything about its kernels' arguments except
 the array addresses: the parameter struct, the number of key ranges, grid,
 block and shared memory. :class:`PackedLaunch` writes those values once into
 one host buffer, with an argument-pointer array per kernel pointing into it;
-a launch then writes the eight address slots (q, k, v, out, lse, seqlens_k and
-the two halves of the decode workspace) with one ``struct.pack_into`` and
+a launch then writes the nine address slots (q, k, v, out, lse, seqlens_k, the
+two halves of the decode workspace and the hopper kernel's tile counter) with one ``struct.pack_into`` and
 calls ``cuLaunchKernel`` for each kernel. The driver copies the argument
 values when it enqueues the launch, so the buffer can be rewritten as soon as
 the call returns; a lock keeps two threads from writing it at once.
@@ -24,7 +24,7 @@ import threading
 import numpy as np
 
 # The address slots, in the order they are packed.
-SLOTS = ("q", "k", "v", "out", "lse", "seqlens_k", "part_o", "part_lse")
+SLOTS = ("q", "k", "v", "out", "lse", "seqlens_k", "part_o", "part_lse", "counter")
 _ADDRESSES = struct.Struct(f"<{len(SLOTS)}Q")
 # Values of BLOB_BYTES written at each launch after the addresses: the hopper
 # kernel's tensor maps of K, V, Q and out (_tma.py), which hold the arrays' addresses.
@@ -114,23 +114,24 @@ class PackedLaunch:
         return SLOTS.index(name) * 8
 
     def __call__(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
-                 blobs: tuple = (), seq: tuple = ()) -> None:
+                 blobs: tuple = (), seq: tuple = (), counter: int = 0, grid_x: int = 0) -> None:
         """Launch every kernel on ``stream`` (a cudaStream_t) with these addresses
-        (0 for a null pointer), ``blobs`` (BLOBS' values, in order) and ``seq``
-        (SeqParams' four index-array addresses; none: the plan's own); the
-        current device must be ``device``."""
+        (0 for a null pointer), ``blobs`` (BLOBS' values, in order), ``seq``
+        (SeqParams' four index-array addresses; none: the plan's own) and
+        ``counter``; ``grid_x``: the grid of a one-kernel launch, if not the
+        packed one. The current device must be ``device``."""
         if self.device not in _bound.__dict__:
             _bind_context(self.device)
         part_lse = workspace + self._part_lse_offset if workspace else 0
         with self._lock:
-            _ADDRESSES.pack_into(self._buffer, 0, q, k, v, out, lse, seqlens_k, workspace, part_lse)
+            _ADDRESSES.pack_into(self._buffer, 0, q, k, v, out, lse, seqlens_k, workspace, part_lse, counter)
             for i, blob in enumerate(blobs):
                 start = _ADDRESSES.size + i * BLOB_BYTES
                 self._bytes[start : start + BLOB_BYTES] = blob
             if self._seq:
                 _SEQ_ADDRESSES.pack_into(self._buffer, _SEQ_OFFSET, *(seq or self._seq))
-            for function, grid_x, threads, smem, argv in self._calls:
-                _driver_launch(function, grid_x, 1, 1, threads, 1, 1, smem, stream, argv, 0)
+            for function, grid, threads, smem, argv in self._calls:
+                _driver_launch(function, grid_x or grid, 1, 1, threads, 1, 1, smem, stream, argv, 0)
 
     def values(self) -> bytes:
         """The argument buffer as it stands (tests)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -362,6 +363,44 @@ def hopper_auto_min_keys(problem: Problem, q, out) -> int:
     return _specs.HOPPER_AUTO_MIN_KEYS
 
 
+# The hopper kernel's tile counters (kernels/hopper.cu: persistent CTAs take
+# their next tile from one). A counter reads 0 between launches: the launch's
+# last fetch puts it back. One per stream, so launches that may run at once
+# never share one (a stream runs its launches one after another); a launch
+# captured into a CUDA graph takes none (it may be replayed on any stream,
+# beside another replay) and runs one tile per CTA.
+PER_THREAD_STREAM = 2  # cudaStreamPerThread: a different stream in each host thread
+COUNTERS_PER_BLOCK = 256  # counters per device allocation (4 bytes each)
+HOPPER_PERSISTENT = True  # eager launches run persistent CTAs (tests and benchmarks/dev switch it)
+_counters: dict = {}  # (device, stream[, thread]) -> address of its counter
+_counter_blocks: dict = {}  # device -> [(cupy allocation, counters handed out)]
+_counters_lock = threading.Lock()
+
+
+def tile_counter(device: int, stream: int) -> int:
+    """The address of ``stream``'s tile counter on ``device`` (the current
+    device), zeroed on ``stream`` when first handed out."""
+    key = (device, stream, threading.get_ident()) if stream == PER_THREAD_STREAM else (device, stream)
+    address = _counters.get(key)
+    if address is None:
+        with _counters_lock:
+            address = _counters.get(key)
+            if address is None:
+                from cupy.cuda import memory, runtime
+
+                blocks = _counter_blocks.setdefault(device, [])
+                if not blocks or blocks[-1][1] == COUNTERS_PER_BLOCK:
+                    # its own allocation, outside the memory pool: no other
+                    # stream's work can still be using it
+                    blocks.append([memory.Memory(4 * COUNTERS_PER_BLOCK), 0])
+                block = blocks[-1]
+                address = block[0].ptr + 4 * block[1]
+                block[1] += 1
+                runtime.memsetAsync(address, 0, 4, stream)
+                _counters[key] = address
+    return address
+
+
 @dataclass(frozen=True, eq=False)
 class HopperLaunch(Launch):
     """A hopper launch: the prefill grid, and the tensor maps of K and V (and,
@@ -377,14 +416,25 @@ class HopperLaunch(Launch):
 
     @property
     def fixed_args(self) -> tuple:
-        return (struct.pack("<i", int(self.bulk_qo)),)
+        return (struct.pack("<i", int(self.bulk_qo)), "counter")
+
+    def ctas(self, device: int) -> int:
+        """The persistent grid on ``device``: one CTA per SM (the kernel's
+        resources allow one), at most one per tile."""
+        return min(self.grid[0], sm_count(device))
 
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
                seq: tuple = ()) -> None:
         maps = (self._tensor_map(1, k), self._tensor_map(2, v))
         if self.bulk_qo:
             maps += (self._tensor_map(0, q), self._tensor_map(3, out))
-        self.packed()(stream, q, k, v, out, lse, seqlens_k, blobs=maps, seq=seq)
+        packed = self.packed()
+        if not HOPPER_PERSISTENT or _stream_is_capturing(stream):
+            packed(stream, q, k, v, out, lse, seqlens_k, blobs=maps, seq=seq)  # one CTA per tile, no counter
+        else:
+            device = packed.device
+            packed(stream, q, k, v, out, lse, seqlens_k, blobs=maps, seq=seq, counter=tile_counter(device, stream),
+                   grid_x=self.ctas(device))  # fmt: skip
 
     def _tensor_map(self, which: int, ptr: int) -> bytes:
         """The map of argument ``which`` (0 q, 1 k, 2 v, 3 out) at ``ptr``."""
@@ -394,10 +444,9 @@ class HopperLaunch(Launch):
             shape, strides, itemsize = self.layouts[which]
             if which in (1, 2):  # key tiles
                 encoded = _tma.tile_map(ptr, shape, strides, itemsize, self.spec.block_n).tobytes()
-            else:  # packed rows: the whole tile (q), a warpgroup's 64 rows (out)
-                rows = self.spec.block_m if which == 0 else 64
+            else:  # packed rows: a consumer warpgroup's 64 rows of the tile
                 group = self.problem.group_size
-                encoded = _tma.packed_map(ptr, shape, strides, itemsize, group, rows // group).tobytes()
+                encoded = _tma.packed_map(ptr, shape, strides, itemsize, group, 64 // group).tobytes()
             if len(maps) >= self.MAPS_KEPT:
                 maps.clear()
             maps[(which, ptr)] = encoded
@@ -614,6 +663,12 @@ def decode_dispatch(problem: Problem, sms: int, arch: _specs.Arch) -> DecodeChoi
     best = min(x[3] for x in timed)
     _, block_m, splits, t = min(x for x in timed if x[3] <= best * (1 + DECODE_TIE))
     return DecodeChoice("decode" if t <= prefill else "prefill", block_m, splits, t, prefill)
+
+
+def _stream_is_capturing(stream: int) -> bool:
+    from cupy.cuda import runtime
+
+    return bool(runtime.streamIsCapturing(stream))
 
 
 @functools.lru_cache(maxsize=64)

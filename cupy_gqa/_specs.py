@@ -371,9 +371,10 @@ def hopper_head_dim_pad(head_dim: int) -> int:
 def hopper_smem(head_dim_pad: int, block_m: int, block_n: int, stages: int) -> int:
     """Dynamic shared memory of kernels/hopper.cu, HopperSmem::BYTES (the kernel
     static_asserts that the two agree): the Q tile and STAGES K and STAGES V
-    tiles, 2-byte elements, the 8-byte mbarriers (Q; full and empty of each K
-    and each V stage), 1024 bytes of alignment slack."""
-    return (block_m + 2 * stages * block_n) * head_dim_pad * 2 + 8 * (1 + 4 * stages) + 1024
+    tiles, 2-byte elements, the 8-byte mbarriers (full and empty of each
+    warpgroup's Q rows, of each K and of each V stage), 16 bytes of tile indices,
+    1024 bytes of alignment slack."""
+    return (block_m + 2 * stages * block_n) * head_dim_pad * 2 + 8 * (4 + 4 * stages) + 16 + 1024
 
 
 HOPPER = {

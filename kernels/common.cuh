@@ -182,9 +182,9 @@ __device__ __forceinline__ int first_row_seeing(int key, int diag, int group, bo
     return causal ? max(0, key - diag) * group : 0;
 }
 
-// The 1-D grid of the tiled kernels: CTA blockIdx.x -> (batch b, KV head
-// kv_head, tile m_tile of BLOCK_M packed query rows), num_m_tiles tiles per
-// (b, kv_head).
+// The tiles of the prefill kernels, in launch order: tile index (blockIdx.x,
+// or the index a persistent CTA takes next) -> (batch b, KV head kv_head, tile
+// m_tile of BLOCK_M packed query rows), num_m_tiles tiles per (b, kv_head).
 //   causal:     m_tile slowest and reversed, so the heavy (late) tiles of every
 //               (b, kv_head) are launched first;
 //   non-causal: (b, kv_head) slowest, so its K/V stays in L2 across its tiles.
@@ -192,15 +192,15 @@ struct TileOfBlock {
     int b, kv_head, m_tile;
 };
 template <bool CAUSAL>
-__device__ __forceinline__ TileOfBlock tile_of_block(int num_m_tiles, int batch, int num_kv_heads) {
+__device__ __forceinline__ TileOfBlock tile_of_block(int num_m_tiles, int batch, int num_kv_heads, int tile) {
     const int num_bh = batch * num_kv_heads;
     int m_tile, bh;
     if (CAUSAL) {
-        m_tile = num_m_tiles - 1 - (int)(blockIdx.x / num_bh);
-        bh = (int)(blockIdx.x % num_bh);
+        m_tile = num_m_tiles - 1 - tile / num_bh;
+        bh = tile % num_bh;
     } else {
-        bh = (int)(blockIdx.x / num_m_tiles);
-        m_tile = (int)(blockIdx.x % num_m_tiles);
+        bh = tile / num_m_tiles;
+        m_tile = tile % num_m_tiles;
     }
     const int b = bh / num_kv_heads;
     return {b, bh - b * num_kv_heads, m_tile};
@@ -221,9 +221,11 @@ struct PrefillTile {
 __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k);
 
 template <bool CAUSAL, int BLOCK_M>
-__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group) {
+__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group,
+                                                        int tile = -1) {
     const int packed_rows = p.seqlen_q * group;
-    const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads);
+    const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads,
+                                                tile < 0 ? (int)blockIdx.x : tile);
     const int row0 = t.m_tile * BLOCK_M;
     const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
     const int seqlen_k = max(len, 0);
@@ -235,12 +237,12 @@ __device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p,
 // [left, right] of the window modifier).
 template <bool CAUSAL, int BLOCK_M, bool WINDOW>
 __device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_mods(const AttnParams& p, const int* seqlens_k,
-                                                                        int group, int left, int right) {
+                                                                        int group, int left, int right, int tile) {
     if constexpr (!WINDOW) {
-        return prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, group);
+        return prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, group, tile);
     } else {
         const int packed_rows = p.seqlen_q * group;
-        const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads);
+        const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, tile);
         const int row0 = t.m_tile * BLOCK_M;
         const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
         const int seqlen_k = max(len, 0);
@@ -262,15 +264,18 @@ __device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const
 template <bool CAUSAL, int BLOCK_M, bool WINDOW, int ADDR>
 __device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_seq(const AttnParams& p, const int* seqlens_k,
                                                                        const SeqParams* sp, int group, int left, int right,
-                                                                       Sequence<ADDR>& sqn) {
+                                                                       Sequence<ADDR>& sqn, int index = -1) {
+    if (index < 0) index = (int)blockIdx.x;
     if constexpr (ADDR == 0) {
-        const PrefillTile<CAUSAL, WINDOW> tile = prefill_tile_mods<CAUSAL, BLOCK_M, WINDOW>(p, seqlens_k, group, left, right);
+        const PrefillTile<CAUSAL, WINDOW> tile =
+            prefill_tile_mods<CAUSAL, BLOCK_M, WINDOW>(p, seqlens_k, group, left, right, index);
         sqn.b = tile.b;
         sqn.len = tile.len;
         return tile;
     } else {
         static_assert(!WINDOW, "per-sequence addressing takes no modifiers");
-        const TileOfBlock t = tile_of_block<CAUSAL>((p.seqlen_q * group + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads);
+        const TileOfBlock t =
+            tile_of_block<CAUSAL>((p.seqlen_q * group + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, index);
         sqn = sequence_of<ADDR>(p, seqlens_k, sp, t.b);
         const int packed_rows = sqn.seqlen_q(p.seqlen_q) * group;
         const int row0 = t.m_tile * BLOCK_M;

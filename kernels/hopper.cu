@@ -220,10 +220,12 @@ struct HopperSmem {
     static constexpr int KV_SLAB = BLOCK_N * 128;  // ... of a K or V tile
     static constexpr int Q_BYTES = SLABS * Q_SLAB;
     static constexpr int KV_BYTES = SLABS * KV_SLAB;
-    static constexpr int BARRIERS = 1 + 4 * STAGES;   // q_full; full and empty of each K and each V stage
+    // full and empty of each warpgroup's Q rows, of each K and of each V stage
+    static constexpr int BARRIERS = 4 + 4 * STAGES;
     // tiles from a 1024-aligned base (Q, STAGES K tiles, STAGES V tiles), then
-    // the barriers; + 1024 slack for the alignment
-    static constexpr int BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 1024;
+    // the barriers, then the next tile of each consumer warpgroup and of the
+    // producer (16 bytes); + 1024 slack for the alignment
+    static constexpr int BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 16 + 1024;
 };
 
 // The kernel's body, for the kernel without modifiers (M = NoMods, MP =
@@ -239,7 +241,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                                             const hopper_detail::TensorMap& v_map,
                                             const hopper_detail::TensorMap& q_map,
                                             const hopper_detail::TensorMap& o_map, const int qo_bulk,
-                                            const SeqParams* sp = nullptr) {
+                                            int* __restrict__ tile_counter, const SeqParams* sp = nullptr) {
     using namespace hopper_detail;
     static_assert(HEAD_DIM_PAD % 64 == 0 && HEAD_DIM_PAD <= 256, "head dims are padded to 64, 128, 192 or 256");
     static_assert(BLOCK_M == 128 && BLOCK_N % 16 == 0, "two consumer warpgroups of 64 rows; 16 keys per step");
@@ -263,22 +265,34 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     const unsigned sK = sQ + L::Q_BYTES;       // K stage s at sK + s * KV_BYTES
     const unsigned sV = sK + STAGES * L::KV_BYTES;
     const unsigned bars = sV + STAGES * L::KV_BYTES;
-    const unsigned q_full = bars;              // the Q tile has landed
+    // Each consumer warpgroup h has Q rows of its own (rows [64 h, 64 h + 64) of
+    // the Q tile), loaded for its next tile once it is done with the last one,
+    // so warpgroup 0 starts a tile while warpgroup 1 still finishes the one before.
+    auto q_full = [&](int h) { return bars + 8 * h; };                     // its Q rows have landed
+    auto q_empty = [&](int h) { return bars + 8 * (2 + h); };              // ... and are free again
     // K and V run in pipelines of their own: K_j is free again once Q K_j^T is
-    // done, V_j only once P_j V_j is, a tile later (see the consumer loop)
-    auto k_full = [&](int s) { return bars + 8 * (1 + s); };               // K stage s has landed
-    auto k_empty = [&](int s) { return bars + 8 * (1 + STAGES + s); };     // ... and has been read
-    auto v_full = [&](int s) { return bars + 8 * (1 + 2 * STAGES + s); };  // V stage s has landed
-    auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * STAGES + s); }; // ... and has been read
+    // done, V_j only once P_j V_j is, a tile later (see the consumer loop). The
+    // rings run on across a persistent CTA's tiles (ring position r: stage
+    // r % STAGES, its (r / STAGES)-th use).
+    auto k_full = [&](int s) { return bars + 8 * (4 + s); };               // K stage s has landed
+    auto k_empty = [&](int s) { return bars + 8 * (4 + STAGES + s); };     // ... and has been read
+    auto v_full = [&](int s) { return bars + 8 * (4 + 2 * STAGES + s); }; // V stage s has landed
+    auto v_empty = [&](int s) { return bars + 8 * (4 + 3 * STAGES + s); }; // ... and has been read
+    // next_tile[h]: the tile consumer warpgroup h takes when q_full(h) completes
+    // (-1: none, the CTA is done); next_tile[2]: the producer's own copy
+    volatile int* const next_tile = reinterpret_cast<volatile int*>(smem + (bars - base) + 8 * L::BARRIERS);
 
     // Q in and out by bulk tensor copies (the host's choice, qo_bulk): the boxes
-    // of q_map and o_map are (64 columns, group heads, BLOCK_M / group positions)
-    // and (..., 64 / group positions): packed rows in order, so group divides
-    // 64. Else (and for per-sequence addressing) by the threads' 16-byte copies.
+    // of q_map and o_map are (64 columns, group heads, 64 / group positions), a
+    // warpgroup's packed rows in order, so group divides 64. Else (and for
+    // per-sequence addressing) by the threads' 16-byte copies.
     const bool bulk_qo = ADDR == 0 && qo_bulk != 0;
     const int tid = threadIdx.x;
     if (tid == 0) {
-        mbar_init(q_full, bulk_qo ? 1 : 128);  // the copies' bytes and one arrival, or every producer thread
+        for (int h = 0; h < 2; ++h) {
+            mbar_init(q_full(h), 1);           // one producer thread arrives (with the copies' bytes, if bulk)
+            mbar_init(q_empty(h), 128);        // every thread of warpgroup h
+        }
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);           // one producer thread arrives (and the copies' bytes land)
             mbar_init(v_full(s), 1);
@@ -288,137 +302,186 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     }
     __syncthreads();
 
+    const int group = p.num_q_heads / p.num_kv_heads;
     int left = -1, right = -1;  // the window modifier's sides (common.cuh: KeyRange)
     if constexpr (M::WINDOW) left = mp.window_left, right = mp.window_right;
-    Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
-    const PrefillTile<CAUSAL, M::WINDOW> tile = prefill_tile_seq<CAUSAL, BLOCK_M, M::WINDOW, ADDR>(
-        p, seqlens_k, sp, p.num_q_heads / p.num_kv_heads, left, right, sqn);
-    if constexpr (ADDR != 0) {
-        if (tile.row0 >= tile.packed_rows) return;  // past its sequence's rows (the whole CTA)
-    }
-    const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
-    const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
-    const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;
-    // key tiles j0 + i, i in [0, num_n): i counts the pipeline's stages and phases
-    const int j0 = keys.start / BLOCK_N;
-    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N - j0;  // end >= start: never negative
 
     if (tid >= CONSUMERS) {
         // =========================== producer warpgroup ===========================
-        // 16-byte cp.async chunks into the swizzled slabs: chunk c of a tile of R
-        // rows is row c / CHP, column chunk c % CHP; rows past the data and the
-        // padding columns are zero-filled. K_j goes to K stage j % STAGES once
-        // the consumers have released it, then V_j to its V stage likewise;
-        // each thread's copies arrive on the stage's full barrier when they
-        // land (cp.async.mbarrier.arrive), so the producer only ever waits for
-        // free stages.
+        // Tiles: the CTA's first is blockIdx.x. A persistent CTA (tile_counter,
+        // from the host; the grid is then at most one CTA per SM) takes
+        // gridDim.x + v next, v from an atomic add on the counter issued at the
+        // start of the tile before (its latency hidden behind the tile's copies),
+        // until that passes the last tile: the CTAs share the tiles out in
+        // launch order as they get free, as the hardware's CTA scheduler would.
+        // The counter's values run 0 .. num_tiles - 1 over the launch (one per
+        // tile; a CTA's last fetch is past the end); the fetch of the last value
+        // puts it back to 0 for the next launch on the stream.
+        // A tile: K_0 first (it needs only a free stage), then each warpgroup's Q
+        // rows once that warpgroup is done with its last tile, then V_0, K_1,
+        // V_1, ...; each copy waits only for its stage to be free.
         regs_dec<PRODUCER_REGS>();
         const int pt = tid - CONSUMERS;
         const int ch_used = p.head_dim / 8;    // chunks that hold data; the rest are zero
-        if (bulk_qo) {
-            // the whole Q tile, rows past the queries and columns past head_dim zero-filled
-            if (pt == 0) {
-                mbar_expect_tx(q_full, L::Q_BYTES);
+        const int num_tiles = (p.seqlen_q * group + BLOCK_M - 1) / BLOCK_M * p.batch * p.num_kv_heads;
+        int tile = blockIdx.x, ring = 0, published = 0;
+        while (tile >= 0) {
+            int fetched = 0;
+            if (tile_counter != nullptr && pt == 0) fetched = atomicAdd(tile_counter, 1);
+            Sequence<ADDR> sqn;  // the tile's sequence: where its queries and keys are
+            const PrefillTile<CAUSAL, M::WINDOW> tl =
+                prefill_tile_seq<CAUSAL, BLOCK_M, M::WINDOW, ADDR>(p, seqlens_k, sp, group, left, right, sqn, tile);
+            // with per-sequence addressing, a tile past its sequence's rows has nothing to do
+            if (ADDR == 0 || tl.row0 < tl.packed_rows) {
+                const int b = tl.b, kvh = tl.kv_head, row0 = tl.row0, packed_rows = tl.packed_rows;
+                const int seqlen_k = tl.seqlen_k;
+                // key tiles j0 + i, i in [0, num_n)
+                const int j0 = tl.keys.start / BLOCK_N;
+                const int num_n = (tl.keys.end + BLOCK_N - 1) / BLOCK_N - j0;  // end >= start: never negative
+
+                // 16-byte cp.async chunks into the swizzled slabs: chunk c of a tile of R
+                // rows is row c / CHP, column chunk c % CHP; rows past the data and the
+                // padding columns are zero-filled.
+                const T* const kbase = k + (index_t)sqn.k_batch() * p.k_stride[0] + (index_t)sqn.k0() * p.k_stride[1] +
+                                       (index_t)kvh * p.k_stride[2];
+                const T* const vbase = v + (index_t)sqn.k_batch() * p.v_stride[0] + (index_t)sqn.k0() * p.v_stride[1] +
+                                       (index_t)kvh * p.v_stride[2];
+                const index_t k_stride_s = p.k_stride[1], v_stride_s = p.v_stride[1];
+                // one tile of K or V: chunk c is row c / CHP (key j * BLOCK_N + row), column chunk c % CHP
+                auto load_tile = [&](unsigned dst, const T* base_ptr, index_t stride_s, const T* dummy, int j) {
+                    if constexpr (128 % CHP == 0) {
+                        // each thread keeps one column chunk and walks rows RS apart: one
+                        // pointer step and one compare per copy (head dims 64, 128, 256)
+                        constexpr int RS = 128 / CHP;
+                        const int ch = pt % CHP, r0 = pt / CHP;
+                        const bool col_ok = ch < ch_used;
+                        const T* src = base_ptr + (index_t)(j * BLOCK_N + r0) * stride_s + ch * 8;
+                        const unsigned d0 = dst + (ch / 8) * L::KV_SLAB;
 #pragma unroll
-                for (int sl = 0; sl < L::SLABS; ++sl)
-                    tma_load_4d(sQ + sl * L::Q_SLAB, q_map, q_full, sl * 64, kvh * group, row0 / group, b);
-            }
-        } else {
-            for (int c = pt; c < BLOCK_M * CHP; c += 128) {
-                const int r = c / CHP, ch = c % CHP;
-                const int pr = row0 + r;
-                const bool ok = pr < packed_rows && ch < ch_used;
-                const int t = pr / group, g = pr - (pr / group) * group;
-                const T* src = ok ? q + (index_t)b * p.q_stride[0] + (index_t)(sqn.q0() + t) * p.q_stride[1] +
-                                        (index_t)q_head_of(kvh, g, group) * p.q_stride[2] + ch * 8
-                                  : q;
-                cp_async_16(sQ + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
-            }
-        }
-        // Q has landed once this thread's copies have, and its writes (generic
-        // proxy) are ordered before the consumers' wgmma reads (async proxy) by
-        // this thread's proxy fence, before the arrival that releases them
-        auto q_arrive = [&] {
-            if (bulk_qo) return;
-            cp_async_wait_all();
-            fence_proxy_async();
-            mbar_arrive(q_full);
-        };
-        const T* const kbase =
-            k + (index_t)sqn.k_batch() * p.k_stride[0] + (index_t)sqn.k0() * p.k_stride[1] + (index_t)kvh * p.k_stride[2];
-        const T* const vbase =
-            v + (index_t)sqn.k_batch() * p.v_stride[0] + (index_t)sqn.k0() * p.v_stride[1] + (index_t)kvh * p.v_stride[2];
-        const index_t k_stride_s = p.k_stride[1], v_stride_s = p.v_stride[1];
-        // one tile of K or V: chunk c is row c / CHP (key j * BLOCK_N + row), column chunk c % CHP
-        auto load_tile = [&](unsigned dst, const T* base_ptr, index_t stride_s, const T* dummy, int j) {
-            if constexpr (128 % CHP == 0) {
-                // each thread keeps one column chunk and walks rows RS apart: one
-                // pointer step and one compare per copy (head dims 64, 128, 256)
-                constexpr int RS = 128 / CHP;
-                const int ch = pt % CHP, r0 = pt / CHP;
-                const bool col_ok = ch < ch_used;
-                const T* src = base_ptr + (index_t)(j * BLOCK_N + r0) * stride_s + ch * 8;
-                const unsigned d0 = dst + (ch / 8) * L::KV_SLAB;
-#pragma unroll
-                for (int i = 0; i < BLOCK_N / RS; ++i) {
-                    const int r = r0 + i * RS;
-                    const bool ok = col_ok && j * BLOCK_N + r < seqlen_k;
-                    cp_async_16(d0 + swizzle128(r, ch % 8), ok ? (const void*)src : (const void*)dummy, ok);
-                    src += RS * stride_s;
-                }
-            } else {
+                        for (int i = 0; i < BLOCK_N / RS; ++i) {
+                            const int r = r0 + i * RS;
+                            const bool ok = col_ok && j * BLOCK_N + r < seqlen_k;
+                            cp_async_16(d0 + swizzle128(r, ch % 8), ok ? (const void*)src : (const void*)dummy, ok);
+                            src += RS * stride_s;
+                        }
+                    } else {
 #pragma unroll 4
-                for (int c = pt; c < BLOCK_N * CHP; c += 128) {
-                    const int r = c / CHP, ch = c % CHP;
-                    const int key = j * BLOCK_N + r;
-                    const bool ok = key < seqlen_k && ch < ch_used;
-                    cp_async_16(dst + (ch / 8) * L::KV_SLAB + swizzle128(r, ch % 8),
-                                ok ? (const void*)(base_ptr + (index_t)key * stride_s + ch * 8) : (const void*)dummy, ok);
-                }
-            }
-        };
-        // Tile j of K or V into a stage. A tile inside the sequence's keys, or
-        // inside the array (the copy engine zero-fills rows past its end), goes
-        // by bulk tensor copies, one per slab, issued by one thread; the tile
-        // that holds the end of a sequence that ends before the array does
-        // (seqlens_k; varlen: every sequence but the one that ends the packed
-        // keys; left padding) goes by the warpgroup's cp.async, which zero-fills
-        // the keys past it: they are never read (another sequence's keys, an
-        // unused slot of a cache), so a NaN there can't reach P V. The tensor
-        // maps see k and v as they are: (1, total_k, ...) for varlen, key j of
-        // the sequence at row k0 + j, batch 0.
-        auto ends_array = [&] {  // the sequence's keys end where the array's rows do
-            if constexpr (ADDR == 0) return seqlen_k == p.seqlen_k;
-            else return sqn.k0() + seqlen_k == (Sequence<ADDR>::VARLEN ? sp->total_k : p.seqlen_k);
-        };
-        const int map_b = Sequence<ADDR>::VARLEN ? 0 : b, map_k0 = sqn.k0();
-        auto fill = [&](unsigned full, unsigned dst, const TensorMap& map, const T* base_ptr, index_t stride_s,
-                        const T* dummy, int j) {
-            if (j * BLOCK_N + BLOCK_N <= seqlen_k || ends_array()) {
-                if (pt == 0) {
-                    mbar_expect_tx(full, L::KV_BYTES);
+                        for (int c = pt; c < BLOCK_N * CHP; c += 128) {
+                            const int r = c / CHP, ch = c % CHP;
+                            const int key = j * BLOCK_N + r;
+                            const bool ok = key < seqlen_k && ch < ch_used;
+                            cp_async_16(dst + (ch / 8) * L::KV_SLAB + swizzle128(r, ch % 8),
+                                        ok ? (const void*)(base_ptr + (index_t)key * stride_s + ch * 8) : (const void*)dummy,
+                                        ok);
+                        }
+                    }
+                };
+                // The warpgroup's copies have landed once each thread's have, and their
+                // writes (generic proxy) are ordered before the consumers' wgmma reads
+                // (async proxy) by each thread's proxy fence, before the arrival that
+                // releases them.
+                auto copies_arrive = [&](unsigned full) {
+                    cp_async_wait_all();
+                    fence_proxy_async();
+                    producer_sync();
+                    if (pt == 0) mbar_arrive(full);
+                };
+                // Tile j of K or V into a stage. A tile inside the sequence's keys, or
+                // inside the array (the copy engine zero-fills rows past its end), goes
+                // by bulk tensor copies, one per slab, issued by one thread; the tile
+                // that holds the end of a sequence that ends before the array does
+                // (seqlens_k; varlen: every sequence but the one that ends the packed
+                // keys; left padding) goes by the warpgroup's cp.async, which zero-fills
+                // the keys past it: they are never read (another sequence's keys, an
+                // unused slot of a cache), so a NaN there can't reach P V. The tensor
+                // maps see k and v as they are: (1, total_k, ...) for varlen, key j of
+                // the sequence at row k0 + j, batch 0.
+                auto ends_array = [&] {  // the sequence's keys end where the array's rows do
+                    if constexpr (ADDR == 0) return seqlen_k == p.seqlen_k;
+                    else return sqn.k0() + seqlen_k == (Sequence<ADDR>::VARLEN ? sp->total_k : p.seqlen_k);
+                };
+                const int map_b = Sequence<ADDR>::VARLEN ? 0 : b, map_k0 = sqn.k0();
+                auto fill = [&](unsigned full, unsigned dst, const TensorMap& map, const T* base_ptr, index_t stride_s,
+                                const T* dummy, int j) {
+                    if (j * BLOCK_N + BLOCK_N <= seqlen_k || ends_array()) {
+                        if (pt == 0) {
+                            mbar_expect_tx(full, L::KV_BYTES);
 #pragma unroll
-                    for (int sl = 0; sl < L::SLABS; ++sl)
-                        tma_load_4d(dst + sl * L::KV_SLAB, map, full, sl * 64, map_k0 + j * BLOCK_N, kvh, map_b);
+                            for (int sl = 0; sl < L::SLABS; ++sl)
+                                tma_load_4d(dst + sl * L::KV_SLAB, map, full, sl * 64, map_k0 + j * BLOCK_N, kvh, map_b);
+                        }
+                    } else {
+                        load_tile(dst, base_ptr, stride_s, dummy, j);
+                        copies_arrive(full);
+                    }
+                };
+                auto fill_k = [&](int i) {  // key tile j0 + i, ring position ring + i
+                    const int r = ring + i, stage = r % STAGES;
+                    if (r >= STAGES) mbar_wait(k_empty(stage), ((r / STAGES) + 1) & 1);  // its use r - STAGES is done
+                    fill(k_full(stage), sK + stage * L::KV_BYTES, k_map, kbase, k_stride_s, k, j0 + i);
+                };
+                auto fill_v = [&](int i) {
+                    const int r = ring + i, stage = r % STAGES;
+                    if (r >= STAGES) mbar_wait(v_empty(stage), ((r / STAGES) + 1) & 1);
+                    fill(v_full(stage), sV + stage * L::KV_BYTES, v_map, vbase, v_stride_s, v, j0 + i);
+                };
+                if (num_n > 0) fill_k(0);
+                for (int h = 0; h < 2; ++h) {
+                    // warpgroup h's 64 rows of the Q tile, rows past the queries and
+                    // columns past head_dim zero-filled, once it is done with its last tile
+                    if (published > 0) mbar_wait(q_empty(h), (published - 1) & 1);
+                    if (pt == 0) next_tile[h] = tile;
+                    const unsigned dst = sQ + h * 64 * 128;
+                    if (bulk_qo) {
+                        if (pt == 0) {
+                            mbar_expect_tx(q_full(h), L::Q_BYTES / 2);
+#pragma unroll
+                            for (int sl = 0; sl < L::SLABS; ++sl)
+                                tma_load_4d(dst + sl * L::Q_SLAB, q_map, q_full(h), sl * 64, kvh * group,
+                                            (row0 + h * 64) / group, b);
+                        }
+                    } else {
+                        for (int c = pt; c < 64 * CHP; c += 128) {
+                            const int r = c / CHP, ch = c % CHP;
+                            const int pr = row0 + h * 64 + r;
+                            const bool ok = pr < packed_rows && ch < ch_used;
+                            const int t = pr / group, g = pr - (pr / group) * group;
+                            const T* src = ok ? q + (index_t)b * p.q_stride[0] + (index_t)(sqn.q0() + t) * p.q_stride[1] +
+                                                    (index_t)q_head_of(kvh, g, group) * p.q_stride[2] + ch * 8
+                                              : q;
+                            cp_async_16(dst + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
+                        }
+                        copies_arrive(q_full(h));
+                    }
                 }
-            } else {
-                load_tile(dst, base_ptr, stride_s, dummy, j);
-                cp_async_wait_all();
-                fence_proxy_async();           // as for Q (q_arrive)
-                producer_sync();
-                if (pt == 0) mbar_arrive(full);
+                for (int i = 0; i < num_n; ++i) {
+                    if (i > 0) fill_k(i);
+                    fill_v(i);
+                }
+                ring += num_n;
+                ++published;
             }
-        };
-        for (int i = 0; i < num_n; ++i) {
-            const int stage = i % STAGES;
-            const unsigned parity = ((i / STAGES) + 1) & 1;  // the use of tile i - STAGES
-            if (i >= STAGES) mbar_wait(k_empty(stage), parity);
-            fill(k_full(stage), sK + stage * L::KV_BYTES, k_map, kbase, k_stride_s, k, j0 + i);
-            if (i == 0) q_arrive();            // Q's copies had K_0's issue to land
-            if (i >= STAGES) mbar_wait(v_empty(stage), parity);
-            fill(v_full(stage), sV + stage * L::KV_BYTES, v_map, vbase, v_stride_s, v, j0 + i);
+            // the tile after this one, for the whole warpgroup
+            if (pt == 0) {
+                int after = -1;
+                if (tile_counter != nullptr) {
+                    if (fetched == num_tiles - 1) atomicExch(tile_counter, 0);  // the launch's last fetch
+                    if (fetched < num_tiles - (int)gridDim.x) after = (int)gridDim.x + fetched;
+                }
+                next_tile[2] = after;
+            }
+            producer_sync();
+            tile = next_tile[2];
+            producer_sync();                   // read by all before thread 0 writes it again
         }
-        if (num_n == 0) q_arrive();
+        // no more tiles: each warpgroup learns it once it is done with its last
+        for (int h = 0; h < 2; ++h) {
+            if (published > 0) mbar_wait(q_empty(h), (published - 1) & 1);
+            if (pt == 0) {
+                next_tile[h] = -1;
+                mbar_arrive(q_full(h));
+            }
+        }
         cp_async_wait_all();                   // nothing in flight when the warpgroup exits
         return;
     }
@@ -430,204 +493,223 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     const int lane = tid & 31;
     const int my_row = wg * 64 + ((tid / 32) & 3) * 16 + (lane >> 2);  // + 8 hf: the lane's rows hf = 0, 1
 
-    // the wgmma accumulators as m16n8 fragments (wgmma.cuh: the same layout)
-    float o[DT][4];                            // O: DT n8 tiles of head dims
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
-    float m_run[2] = {neg_inf<float>(), neg_inf<float>()};  // reference max, log2 units
-    float l_run[2] = {0.f, 0.f};               // the lane's part of the row sums
-    unsigned pa[BLOCK_N / 16][4];              // P of the last tile as wgmma A fragments
-
-    // the modifiers' view of the lane's rows (common.cuh: mods)
-    const mods::Seq sq = mods::seq(b, sqn.seqlen_q(seqlen_q), seqlen_k);
-    mods::Diag mrow[2];
-    if constexpr (M::ANY) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int pr = row0 + my_row + 8 * hf;
-            mrow[hf] = mods::diag<M>(mp, sq, pr / group, q_head_of(kvh, pr % group, group));
-        }
-    }
-
     const unsigned long long desc_q = make_smem_desc(sQ + wg * 64 * 128, 16, 1024);
     const unsigned long long desc_k0 = make_smem_desc(sK, 16, 1024);
     const unsigned long long desc_v0 = make_smem_desc(sV, L::KV_SLAB, 1024);
     // a k-step of Q K^T moves 32 bytes inside a slab, then to the next slab
     auto kstep = [](int kd, int slab_bytes) { return (unsigned long long)(((kd / 4) * slab_bytes + (kd % 4) * 32) >> 4); };
-    auto stage_off = [](int j) { return (unsigned long long)(((j % STAGES) * L::KV_BYTES) >> 4); };
-
-    // S = Q K_j^T and O += P V_j (asynchronous: committed, not waited for)
-    auto issue_qk = [&](float (&s)[NT][4], int j) {
-        const unsigned long long desc_k = desc_k0 + stage_off(j);
-#pragma unroll
-        for (int kd = 0; kd < KD; ++kd)
-            Wgmma<T, BLOCK_N>::ss(flat(s), desc_q + kstep(kd, L::Q_SLAB), desc_k + kstep(kd, L::KV_SLAB), kd);
-        wgmma_commit();
-    };
-    auto issue_pv = [&](int jv) {
-        const unsigned long long desc_v = desc_v0 + stage_off(jv);
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            Wgmma<T, HEAD_DIM_PAD>::rs(flat(o), pa[kk], desc_v + (unsigned long long)((kk * 16 * 128) >> 4), 1);
-        wgmma_commit();
-    };
-
-    // Mask S of key tile j (tiles crossing the diagonal or the end of the keys), then
-    // P = exp2(S * scale_log2 - m) in place (softmax.cuh, lazy rescale).
-    auto probabilities = [&](float (&s)[NT][4], int j, float (&alpha)[2], float (&rs)[2]) {
-        const int n0 = j * BLOCK_N;
-        if constexpr (!M::ANY) {
-            if (n0 + BLOCK_N > keys.free) {
-                const int last[2] = {keys.last_key(row0 + my_row), keys.last_key(row0 + my_row + 8)};
-                softmax::frag_mask(s, n0, lane, last);
-            }
-            return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2,
-                                                                        softmax::FastExp2());
-        } else {
-            // modifiers (softmax.cuh: frag_modify), then the probabilities
-            const float scale = softmax::frag_modify<M, CAUSAL>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
-            return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale,
-                                                                              softmax::FastExp2());
-        }
-    };
-    // P as the A operand of the next P V: the S fragment of keys 16 kk .. is P's
-    auto to_operand = [&](const float (&s)[NT][4]) {
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-            pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);          // row r,     keys 16 kk + 2c, +1
-            pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);          // row r + 8
-            pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);  // row r,     keys 16 kk + 8 + 2c, +1
-            pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);  // row r + 8
-        }
-    };
+    auto stage_off = [](int r) { return (unsigned long long)(((r % STAGES) * L::KV_BYTES) >> 4); };
 
     // Ping-pong: the two consumer warpgroups take turns at issuing their matrix
     // products (named barriers TURN_BAR + wg), so that the tensor cores work on
-    // one's while the other runs its softmax. Each has num_n + 1 turns (tile 0's
-    // S; S_j with P_{j-1} V_{j-1}; the last P V). Warpgroup 0 goes first, and
-    // warpgroup 1 passes no turn after its last, so every barrier phase that
-    // starts also completes.
-    const int turns = num_n > 0 ? num_n + 1 : 0;
+    // one's while the other runs its softmax. A tile with n key tiles has n + 1
+    // turns (tile 0's S; S_j with P_{j-1} V_{j-1}; the last P V), none with n = 0,
+    // and the turns run on across the CTA's tiles: warpgroup 1 opens the first,
+    // each passes one after each of its own, and warpgroup 0 takes warpgroup 1's
+    // last pass at the end, so every barrier phase that starts also completes.
+    auto take_turn = [&] { pair_sync(TURN_BAR + wg); };
+    auto pass_turn = [&] { pair_arrive(TURN_BAR + (wg ^ 1)); };
+    if (wg == 1) pair_arrive(TURN_BAR);
     // Whether the softmax of S_j runs while P_{j-1} V_{j-1} does (its registers,
     // O and P, held meanwhile). ALiBi, a score_mod and the larger tiles need
     // those registers: there the warpgroup waits for P V first, and the other
     // warpgroup's products still overlap its softmax.
     constexpr bool OVERLAP_PV = !M::ANY || (!M::ALIBI && !M::SCORE && HEAD_DIM_PAD <= 192);
-    int turn = 0;
-    auto take_turn = [&] { pair_sync(TURN_BAR + wg); };
-    auto pass_turn = [&] {
-        if (wg == 0 || ++turn < turns) pair_arrive(TURN_BAR + (wg ^ 1));
-    };
-    if (wg == 1 && turns > 0) pair_arrive(TURN_BAR);
 
-    mbar_wait(q_full, 0);
-    if (num_n > 0) {                           // tile 0: S, softmax, P
-        float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
-        mbar_wait(k_full(0), 0);
-        take_turn();
-        wgmma_fence();
-        issue_qk(s, 0);
-        pass_turn();
-        wgmma_wait<0>();
-        fence_regs(flat(s));
-        mbar_arrive(k_empty(0));
-        const bool rescale = probabilities(s, j0, alpha, rs);
-        softmax::frag_rescale(o, l_run, rescale, alpha, rs);
-        to_operand(s);
-    }
-    for (int j = 1; j < num_n; ++j) {
-        // S_j = Q K_j^T, then O += P_{j-1} V_{j-1} behind it on the tensor cores;
-        // the softmax of S_j runs while P V does
-        float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
-        mbar_wait(k_full(j % STAGES), (j / STAGES) & 1);
-        mbar_wait(v_full((j - 1) % STAGES), ((j - 1) / STAGES) & 1);
-        take_turn();
-        wgmma_fence();
-        issue_qk(s, j);
-        issue_pv(j - 1);
-        pass_turn();
-        wgmma_wait<1>();                       // S_j is ready: K_j is free
-        fence_regs(flat(s));
-        mbar_arrive(k_empty(j % STAGES));
-        auto pv_done = [&] {
-            wgmma_wait<0>();                   // P_{j-1} V_{j-1} is done: V_{j-1} is free
-            fence_regs(flat(o));
-            mbar_arrive(v_empty((j - 1) % STAGES));
-        };
-        if constexpr (!OVERLAP_PV) pv_done();
-        const bool rescale = probabilities(s, j0 + j, alpha, rs);
-        if constexpr (OVERLAP_PV) pv_done();
-        softmax::frag_rescale(o, l_run, rescale, alpha, rs);
-        to_operand(s);
-    }
-    if (num_n > 0) {                           // the last tile's P V
-        mbar_wait(v_full((num_n - 1) % STAGES), ((num_n - 1) / STAGES) & 1);
-        take_turn();
-        wgmma_fence();
-        issue_pv(num_n - 1);
-        pass_turn();
-        wgmma_wait<0>();
-        fence_regs(flat(o));
-        mbar_arrive(v_empty((num_n - 1) % STAGES));
-    }
+    int ring = 0;                              // ring position of the tile's first key tile
+    for (int tn = 0;; ++tn) {
+        mbar_wait(q_full(wg), tn & 1);
+        const int tile_index = next_tile[wg];
+        if (tile_index < 0) break;
+        Sequence<ADDR> sqn;  // the tile's sequence: where its queries and keys are
+        const PrefillTile<CAUSAL, M::WINDOW> tile =
+            prefill_tile_seq<CAUSAL, BLOCK_M, M::WINDOW, ADDR>(p, seqlens_k, sp, group, left, right, sqn, tile_index);
+        const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, packed_rows = tile.packed_rows;
+        const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
+        const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;
+        const int j0 = keys.start / BLOCK_N;
+        const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N - j0;
 
-    // ---- epilogue: O / l into this warpgroup's rows of the Q tile, then out ----------
-    // (only this warpgroup's wgmmas read those rows, and they are done)
+        // the wgmma accumulators as m16n8 fragments (wgmma.cuh: the same layout)
+        float o[DT][4];                        // O: DT n8 tiles of head dims
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        float l = softmax::frag_row_sum(l_run[hf]);
-        float inv = softmax::out_scale(l, len < 0);
-        const int r = my_row + 8 * hf;
-        if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
-            const int pr = row0 + r;
-            const float alpha =
-                softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
-            inv = softmax::out_scale(l, len < 0) * alpha;
-        }
+        for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8
-            const unsigned addr = (dt / 8) * L::Q_SLAB + swizzle128(r, dt % 8) + 4 * (lane & 3);
-            *reinterpret_cast<unsigned*>(smem + (sQ - base) + addr) = pack2<T>(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
-        }
-        if (lse != nullptr && (lane & 3) == 0) {
-            const int pr = row0 + r;
-            if (pr < packed_rows) {
-                const int t = pr / group, g = pr - (pr / group) * group;
-                lse[sqn.lse_at(kvh, g, group, t, num_q_heads, seqlen_q)] = softmax::lse(m_run[hf], l, len < 0);
+            for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
+        float m_run[2] = {neg_inf<float>(), neg_inf<float>()};  // reference max, log2 units
+        float l_run[2] = {0.f, 0.f};           // the lane's part of the row sums
+        unsigned pa[BLOCK_N / 16][4];          // P of the last tile as wgmma A fragments
+
+        // the modifiers' view of the lane's rows (common.cuh: mods)
+        const mods::Seq sq = mods::seq(b, sqn.seqlen_q(seqlen_q), seqlen_k);
+        mods::Diag mrow[2];
+        if constexpr (M::ANY) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int pr = row0 + my_row + 8 * hf;
+                mrow[hf] = mods::diag<M>(mp, sq, pr / group, q_head_of(kvh, pr % group, group));
             }
         }
-    }
-    if (bulk_qo) {
-        // this warpgroup's 64 rows to out by one bulk copy per slab; the writes above
-        // (generic proxy) are ordered before the copy engine's reads by each
-        // thread's proxy fence and the warpgroup's barrier
-        fence_proxy_async();
-        warpgroup_sync(EPILOGUE_BAR + wg);
-        if (tid % 128 == 0) {
+
+        // S = Q K_j^T and O += P V_j (asynchronous: committed, not waited for); j
+        // counts the tile's key tiles, ring + j is its ring position
+        auto issue_qk = [&](float (&s)[NT][4], int j) {
+            const unsigned long long desc_k = desc_k0 + stage_off(ring + j);
 #pragma unroll
-            for (int sl = 0; sl < L::SLABS; ++sl)
-                tma_store_4d(o_map, sQ + sl * L::Q_SLAB + wg * 64 * 128, sl * 64, kvh * group, (row0 + wg * 64) / group, b);
-            bulk_commit();
-            bulk_wait_read();  // shared memory stays until the copies have read it
+            for (int kd = 0; kd < KD; ++kd)
+                Wgmma<T, BLOCK_N>::ss(flat(s), desc_q + kstep(kd, L::Q_SLAB), desc_k + kstep(kd, L::KV_SLAB), kd);
+            wgmma_commit();
+        };
+        auto issue_pv = [&](int jv) {
+            const unsigned long long desc_v = desc_v0 + stage_off(ring + jv);
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+                Wgmma<T, HEAD_DIM_PAD>::rs(flat(o), pa[kk], desc_v + (unsigned long long)((kk * 16 * 128) >> 4), 1);
+            wgmma_commit();
+        };
+        auto wait_k = [&](int j) { mbar_wait(k_full((ring + j) % STAGES), ((ring + j) / STAGES) & 1); };
+        auto wait_v = [&](int j) { mbar_wait(v_full((ring + j) % STAGES), ((ring + j) / STAGES) & 1); };
+
+        // Mask S of key tile j (tiles crossing the diagonal or the end of the keys), then
+        // P = exp2(S * scale_log2 - m) in place (softmax.cuh, lazy rescale).
+        auto probabilities = [&](float (&s)[NT][4], int j, float (&alpha)[2], float (&rs)[2]) {
+            const int n0 = j * BLOCK_N;
+            if constexpr (!M::ANY) {
+                if (n0 + BLOCK_N > keys.free) {
+                    const int last[2] = {keys.last_key(row0 + my_row), keys.last_key(row0 + my_row + 8)};
+                    softmax::frag_mask(s, n0, lane, last);
+                }
+                return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2,
+                                                                            softmax::FastExp2());
+            } else {
+                // modifiers (softmax.cuh: frag_modify), then the probabilities
+                const float scale =
+                    softmax::frag_modify<M, CAUSAL>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
+                return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale,
+                                                                            softmax::FastExp2());
+            }
+        };
+        // P as the A operand of the next P V: the S fragment of keys 16 kk .. is P's
+        auto to_operand = [&](const float (&s)[NT][4]) {
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+                pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);          // row r,     keys 16 kk + 2c, +1
+                pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);          // row r + 8
+                pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);  // row r,     keys 16 kk + 8 + 2c, +1
+                pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);  // row r + 8
+            }
+        };
+
+        if (num_n > 0) {                       // tile 0: S, softmax, P
+            float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
+            wait_k(0);
+            take_turn();
+            wgmma_fence();
+            issue_qk(s, 0);
+            pass_turn();
+            wgmma_wait<0>();
+            fence_regs(flat(s));
+            mbar_arrive(k_empty(ring % STAGES));
+            const bool rescale = probabilities(s, j0, alpha, rs);
+            softmax::frag_rescale(o, l_run, rescale, alpha, rs);
+            to_operand(s);
         }
-        return;
-    }
-    warpgroup_sync(EPILOGUE_BAR + wg);
-    const int ch_used = p.head_dim / 8;
-    for (int c = tid - wg * 128; c < 64 * ch_used; c += 128) {
-        const int r = wg * 64 + c / ch_used, ch = c - (c / ch_used) * ch_used;
-        const int pr = row0 + r;
-        if (pr < packed_rows) {
-            const int t = pr / group, g = pr - (pr / group) * group;
-            T* dst = out + (index_t)b * p.o_stride[0] + (index_t)(sqn.q0() + t) * p.o_stride[1] +
-                     (index_t)q_head_of(kvh, g, group) * p.o_stride[2] + ch * 8;
-            *reinterpret_cast<uint4*>(dst) =
-                *reinterpret_cast<const uint4*>(smem + (sQ - base) + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8));
+        for (int j = 1; j < num_n; ++j) {
+            // S_j = Q K_j^T, then O += P_{j-1} V_{j-1} behind it on the tensor cores;
+            // the softmax of S_j runs while P V does
+            float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
+            wait_k(j);
+            wait_v(j - 1);
+            take_turn();
+            wgmma_fence();
+            issue_qk(s, j);
+            issue_pv(j - 1);
+            pass_turn();
+            wgmma_wait<1>();                   // S_j is ready: K_j is free
+            fence_regs(flat(s));
+            mbar_arrive(k_empty((ring + j) % STAGES));
+            auto pv_done = [&] {
+                wgmma_wait<0>();               // P_{j-1} V_{j-1} is done: V_{j-1} is free
+                fence_regs(flat(o));
+                mbar_arrive(v_empty((ring + j - 1) % STAGES));
+            };
+            if constexpr (!OVERLAP_PV) pv_done();
+            const bool rescale = probabilities(s, j0 + j, alpha, rs);
+            if constexpr (OVERLAP_PV) pv_done();
+            softmax::frag_rescale(o, l_run, rescale, alpha, rs);
+            to_operand(s);
         }
+        if (num_n > 0) {                       // the last tile's P V
+            wait_v(num_n - 1);
+            take_turn();
+            wgmma_fence();
+            issue_pv(num_n - 1);
+            pass_turn();
+            wgmma_wait<0>();
+            fence_regs(flat(o));
+            mbar_arrive(v_empty((ring + num_n - 1) % STAGES));
+        }
+        ring += num_n;
+
+        // ---- epilogue: O / l into this warpgroup's rows of the Q tile, then out ----------
+        // (only this warpgroup's wgmmas read those rows, and they are done)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float l = softmax::frag_row_sum(l_run[hf]);
+            float inv = softmax::out_scale(l, len < 0);
+            const int r = my_row + 8 * hf;
+            if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
+                const int pr = row0 + r;
+                const float alpha =
+                    softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
+                inv = softmax::out_scale(l, len < 0) * alpha;
+            }
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8
+                const unsigned addr = (dt / 8) * L::Q_SLAB + swizzle128(r, dt % 8) + 4 * (lane & 3);
+                *reinterpret_cast<unsigned*>(smem + (sQ - base) + addr) =
+                    pack2<T>(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+            }
+            if (lse != nullptr && (lane & 3) == 0) {
+                const int pr = row0 + r;
+                if (pr < packed_rows) {
+                    const int t = pr / group, g = pr - (pr / group) * group;
+                    lse[sqn.lse_at(kvh, g, group, t, num_q_heads, seqlen_q)] = softmax::lse(m_run[hf], l, len < 0);
+                }
+            }
+        }
+        if (bulk_qo) {
+            // this warpgroup's 64 rows to out by one bulk copy per slab; the writes above
+            // (generic proxy) are ordered before the copy engine's reads by each
+            // thread's proxy fence and the warpgroup's barrier
+            fence_proxy_async();
+            warpgroup_sync(EPILOGUE_BAR + wg);
+            if (tid % 128 == 0) {
+#pragma unroll
+                for (int sl = 0; sl < L::SLABS; ++sl)
+                    tma_store_4d(o_map, sQ + sl * L::Q_SLAB + wg * 64 * 128, sl * 64, kvh * group, (row0 + wg * 64) / group, b);
+                bulk_commit();
+                bulk_wait_read();  // the rows stay until the copies have read them
+            }
+        } else {
+            warpgroup_sync(EPILOGUE_BAR + wg);
+            const int ch_used = p.head_dim / 8;
+            for (int c = tid - wg * 128; c < 64 * ch_used; c += 128) {
+                const int r = wg * 64 + c / ch_used, ch = c - (c / ch_used) * ch_used;
+                const int pr = row0 + r;
+                if (pr < packed_rows) {
+                    const int t = pr / group, g = pr - (pr / group) * group;
+                    T* dst = out + (index_t)b * p.o_stride[0] + (index_t)(sqn.q0() + t) * p.o_stride[1] +
+                             (index_t)q_head_of(kvh, g, group) * p.o_stride[2] + ch * 8;
+                    *reinterpret_cast<uint4*>(dst) =
+                        *reinterpret_cast<const uint4*>(smem + (sQ - base) + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8));
+                }
+            }
+        }
+        mbar_arrive(q_empty(wg));              // the warpgroup's Q rows are free for its next tile
     }
+    if (wg == 0) take_turn();                  // warpgroup 1's pass after its last turn
 }
 
 template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES>
@@ -636,9 +718,9 @@ hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                  float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
                  const __grid_constant__ hopper_detail::TensorMap k_map, const __grid_constant__ hopper_detail::TensorMap v_map,
                  const __grid_constant__ hopper_detail::TensorMap q_map, const __grid_constant__ hopper_detail::TensorMap o_map,
-                 const int qo_bulk) {
+                 const int qo_bulk, int* __restrict__ tile_counter) {
     hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, NoMods>(
-        q, k, v, out, lse, seqlens_k, p, NoModParams{}, k_map, v_map, q_map, o_map, qo_bulk);
+        q, k, v, out, lse, seqlens_k, p, NoModParams{}, k_map, v_map, q_map, o_map, qo_bulk, tile_counter);
 }
 
 // The same with modifiers (FLAGS: common.cuh, MOD_*), their ModParams after the
@@ -650,9 +732,10 @@ hopper_attention_mods(const T* __restrict__ q, const T* __restrict__ k, const T*
                       const ModParams mp, const __grid_constant__ hopper_detail::TensorMap k_map,
                       const __grid_constant__ hopper_detail::TensorMap v_map,
                       const __grid_constant__ hopper_detail::TensorMap q_map,
-                      const __grid_constant__ hopper_detail::TensorMap o_map, const int qo_bulk) {
+                      const __grid_constant__ hopper_detail::TensorMap o_map, const int qo_bulk,
+                      int* __restrict__ tile_counter) {
     hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(
-        q, k, v, out, lse, seqlens_k, p, mp, k_map, v_map, q_map, o_map, qo_bulk);
+        q, k, v, out, lse, seqlens_k, p, mp, k_map, v_map, q_map, o_map, qo_bulk, tile_counter);
 }
 
 // The same with per-sequence addressing ADDR (common.cuh: SEQ_*: varlen, left
@@ -664,7 +747,8 @@ hopper_attention_seq(const T* __restrict__ q, const T* __restrict__ k, const T* 
                      const __grid_constant__ hopper_detail::TensorMap k_map,
                      const __grid_constant__ hopper_detail::TensorMap v_map,
                      const __grid_constant__ hopper_detail::TensorMap q_map,
-                     const __grid_constant__ hopper_detail::TensorMap o_map, const int qo_bulk) {
+                     const __grid_constant__ hopper_detail::TensorMap o_map, const int qo_bulk,
+                     int* __restrict__ tile_counter) {
     hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, NoMods, NoModParams, ADDR>(
-        q, k, v, out, lse, seqlens_k, p, NoModParams{}, k_map, v_map, q_map, o_map, qo_bulk, &sp);
+        q, k, v, out, lse, seqlens_k, p, NoModParams{}, k_map, v_map, q_map, o_map, qo_bulk, tile_counter, &sp);
 }

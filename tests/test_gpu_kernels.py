@@ -410,3 +410,70 @@ def test_warmup_leaves_nothing_to_compile():
         cupy_gqa.attention(q, k, v)
         cupy_gqa.attention(q, k, v, causal=False, kernel="rowwise")
     assert set(_compile._kernels) == before
+
+
+# --- hopper: persistent CTAs ---------------------------------------------------------
+
+
+def _hopper_only():
+    if cupy.cuda.Device().compute_capability != "90":
+        pytest.skip("hopper: compute capability 9.0 only")
+
+
+@pytest.mark.parametrize("ctas", [1, 3, 7])
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(8, 2, 128), (6, 2, 64), (4, 4, 80)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_hopper_persistent_ctas_walk_every_tile(monkeypatch, ctas, num_q_heads, num_kv_heads, head_dim, causal):
+    """Few persistent CTAs (1, 3, 7) take every tile between them from the
+    stream's counter: tiles with no keys, Q and out by bulk copies (groups 4,
+    1) and by the threads (3), and a per-batch key count. Twice, so the second
+    launch finds the counter put back; the result equals one CTA per tile bit
+    for bit, and the counter reads 0 afterwards."""
+    _hopper_only()
+    from cupy_gqa import _plan
+
+    q, k, v = random_qkv(3, 300, 260, num_q_heads, num_kv_heads, head_dim, "bfloat16", seed=ctas + head_dim)
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    lens = cupy.asarray(np.array([260, 0, 97], np.int32))
+    monkeypatch.setattr(_plan.HopperLaunch, "ctas", lambda self, device: min(ctas, self.grid[0]))
+    outs = []
+    for _ in range(2):
+        out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+        cupy_gqa.attention(qd, kd, vd, causal=causal, out=out, kernel="hopper", seqlens_k=lens)
+        outs.append(out)
+    monkeypatch.setattr(_plan, "HOPPER_PERSISTENT", False)
+    single = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    cupy_gqa.attention(qd, kd, vd, causal=causal, out=single, kernel="hopper", seqlens_k=lens)
+    for b, n in enumerate((260, 0, 97)):
+        if n:
+            ref = reference_attention(q[b : b + 1], k[b : b + 1, :n], v[b : b + 1, :n], causal=causal)[0]
+            assert_close(cupy.asnumpy(outs[0][b : b + 1]), ref, TOLERANCE["bfloat16"], f"batch {b}")
+        else:
+            assert bool((outs[0][b] == 0).all())  # no keys: zeros
+    for out in outs:
+        assert cupy.asnumpy(out).tobytes() == cupy.asnumpy(single).tobytes()
+    stream = cupy.cuda.get_current_stream().ptr
+    counter = _plan.tile_counter(cupy.cuda.Device().id, stream)
+    value = cupy.ndarray((1,), cupy.int32, cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(counter, 4, None), 0))
+    assert int(value[0]) == 0
+
+
+def test_hopper_streams_run_at_once():
+    """Calls on several streams at once each take their own tile counter: every
+    result is right (a shared counter would hand one call's tiles to another's CTAs)."""
+    _hopper_only()
+    q, k, v = random_qkv(2, 700, 700, 16, 4, 128, "float16", seed=5)
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    ref = reference_attention(q, k, v)[0]
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(4)]
+    outs = []
+    for _ in range(3):
+        for s in streams:
+            with s:
+                out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+                cupy_gqa.attention(qd, kd, vd, out=out, kernel="hopper")
+                outs.append(out)
+    for s in streams:
+        s.synchronize()
+    for out in outs:
+        assert_close(cupy.asnumpy(out), ref, TOLERANCE["float16"], "stream")

@@ -216,15 +216,19 @@ def _stand_in_launches(monkeypatch):
 
     monkeypatch.setattr(_tma, "tile_map", encoder("tile"))
     monkeypatch.setattr(_tma, "packed_map", encoder("packed"))
+    # persistent hopper launches: 16 SMs, no capture, stream s's counter at 0x5000 + 4 s
+    monkeypatch.setattr(_plan, "sm_count", lambda device: 16)
+    monkeypatch.setattr(_plan, "_stream_is_capturing", lambda stream: False)
+    monkeypatch.setattr(_plan, "tile_counter", lambda device, stream: 0x5000 + 4 * stream)
     return launched, encoded
 
 
 def test_hopper_launch_passes_tensor_maps(monkeypatch):
     """A hopper launch hands the kernel the parameter struct, then the tensor
     maps of K and V (boxes of the spec's key tile) and of Q and out (boxes of
-    whole positions of the KV head's group: 128 rows for q, a warpgroup's 64
-    for out), each encoded at a new address, and the flag that Q and out go by
-    bulk copies."""
+    whole positions of the KV head's group: a warpgroup's 64 rows), each
+    encoded at a new address, the flag that Q and out go by bulk copies, and
+    the stream's tile counter; the grid is one CTA per SM, at most one per tile."""
     launched, encoded = _stand_in_launches(monkeypatch)
     problem = _plan.Problem(2, 300, 300, 8, 2, 80, "bfloat16", True, 80**-0.5)
     q_layout = ((2, 300, 8, 80), (300 * 8 * 160, 8 * 160, 160, 2), 2)
@@ -240,17 +244,24 @@ def test_hopper_launch_passes_tensor_maps(monkeypatch):
     plan.launch(99, 1 << 20, 4096, 12288, 3 << 20, 0, 0)  # a new V and a new out
     assert encoded == [
         ("tile", 4096, *kv_layout, 128), ("tile", 8192, *kv_layout, 128),
-        ("packed", 1 << 20, *q_layout, 4, 32), ("packed", 2 << 20, *q_layout, 4, 16),
+        ("packed", 1 << 20, *q_layout, 4, 16), ("packed", 2 << 20, *q_layout, 4, 16),
         ("tile", 12288, *kv_layout, 128), ("packed", 3 << 20, *q_layout, 4, 16),
     ]  # fmt: skip
-    assert [a[:9] for a, _ in launched] == [(77, tiles, 1, 1, spec.threads, 1, 1, spec.smem, 99)] * 3
+    assert tiles > 16
+    assert [a[:9] for a, _ in launched] == [(77, 16, 1, 1, spec.threads, 1, 1, spec.smem, 99)] * 3
     args = plan.packed().arg_addresses(0)
-    assert len(args) == 12  # q k v out lse seqlens_k, params, k_map v_map q_map o_map, qo_bulk
+    assert len(args) == 13  # q k v out lse seqlens_k, params, k_map v_map q_map o_map, qo_bulk, tile_counter
     for (_, buf), maps in zip(launched, ((1, 2, 3, 4), (1, 2, 3, 4), (1, 5, 3, 6))):
         for arg, m in zip(args[7:11], maps):
             assert buf[arg : arg + 128] == bytes([m]) * 128
         assert buf[args[6] : args[6] + plan.params.nbytes] == plan.params.tobytes()
         assert buf[args[11] : args[11] + 4] == (1).to_bytes(4, "little")
+        assert buf[args[12] : args[12] + 8] == (0x5000 + 4 * 99).to_bytes(8, "little")
+    # a launch being captured into a CUDA graph: one CTA per tile, no counter
+    monkeypatch.setattr(_plan, "_stream_is_capturing", lambda stream: True)
+    plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
+    (a, buf) = launched[-1]
+    assert a[1] == tiles and buf[args[12] : args[12] + 8] == bytes(8)
 
 
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", [(6, 2), (128, 1)])
@@ -475,7 +486,7 @@ def test_hopper_varlen_plan_passes_seq_params_and_packed_tensor_maps(monkeypatch
     assert encoded == [("tile", 4096, *layout[1], 128), ("tile", 8192, *layout[2], 128)]
     assert encoded[0][2] == (1, 1100, 8, 128)
     args = plan.packed().arg_addresses(0)
-    assert len(args) == 13  # q k v out lse seqlens_k, params, SeqParams, k_map v_map q_map o_map, qo_bulk
+    assert len(args) == 14  # q k v out lse seqlens_k, params, SeqParams, k_map v_map q_map o_map, qo_bulk, tile_counter
     (_, buf), = launched
     assert buf[args[7] : args[7] + 56] == problem.seq.params()
     assert buf[args[8] : args[8] + 128] == bytes([1]) * 128 and buf[args[9] : args[9] + 128] == bytes([2]) * 128
