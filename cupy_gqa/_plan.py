@@ -20,6 +20,7 @@ from ._compile import get_kernel
 from ._launch import PackedLaunch
 
 MAX_GRID_X = 2**31 - 1  # CUDA's limit on gridDim.x
+FLOAT32_TINY = 2.0**-126  # float32's smallest normal number
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,13 @@ def make_params(problem: Problem, layout: tuple, total_threads: int = 0) -> np.n
     for field, (_, strides, itemsize) in zip(("q_stride", "k_stride", "v_stride", "o_stride"), layout):
         params[field] = element_strides(strides, itemsize)
     params["total_threads"] = total_threads
-    params["scale_log2"] = problem.softmax_scale * math.log2(math.e)
+    scale_log2 = problem.softmax_scale * math.log2(math.e)
+    if 0 < abs(scale_log2) < FLOAT32_TINY:
+        # the kernels' float32 arithmetic flushes a subnormal scale to 0, and a
+        # masked score (-inf) times 0 is NaN; at either scale exp2(score *
+        # scale) rounds to 1 for every finite score below 2**100
+        scale_log2 = math.copysign(FLOAT32_TINY, scale_log2)
+    params["scale_log2"] = scale_log2
     for field in ("batch", "seqlen_q", "seqlen_k", "num_q_heads", "num_kv_heads", "group_size", "head_dim", "causal"):
         params[field] = getattr(problem, field)
     if problem.seq is not None and problem.seq.varlen:  # packed rows: sequence b is found by cu_seqlens, not axis 0

@@ -471,7 +471,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 next_tile[2] = after;
             }
             producer_sync();
-            tile = next_tile[2];
+            tile = __shfl_sync(0xffffffffu, next_tile[2], 0);
             producer_sync();                   // read by all before thread 0 writes it again
         }
         // no more tiles: each warpgroup learns it once it is done with its last
@@ -489,7 +489,10 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // ============================ consumer warpgroups ============================
     regs_inc<CONSUMER_REGS>();
     const float scale_log2 = (float)p.scale_log2;
-    const int wg = tid / 128;                  // rows [64 wg, 64 wg + 64) of the tile
+    // (warp-uniform values through a shuffle from lane 0 are known uniform to
+    // ptxas, which then keeps the wgmma descriptors built from them in uniform
+    // registers: no register-to-uniform moves between the wgmmas)
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // rows [64 wg, 64 wg + 64) of the tile
     const int lane = tid & 31;
     const int my_row = wg * 64 + ((tid / 32) & 3) * 16 + (lane >> 2);  // + 8 hf: the lane's rows hf = 0, 1
 
@@ -519,7 +522,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     int ring = 0;                              // ring position of the tile's first key tile
     for (int tn = 0;; ++tn) {
         mbar_wait(q_full(wg), tn & 1);
-        const int tile_index = next_tile[wg];
+        const int tile_index = __shfl_sync(0xffffffffu, next_tile[wg], 0);
         if (tile_index < 0) break;
         Sequence<ADDR> sqn;  // the tile's sequence: where its queries and keys are
         const PrefillTile<CAUSAL, M::WINDOW> tile =

@@ -192,6 +192,7 @@ def test_large_scores_and_custom_scale(kernel, dtype):
     q, k, v = random_qkv(1, 65, 65, 4, 2, 32, dtype, scale=30.0)
     run_case(kernel, q, k, v, softmax_scale=1.0)  # scores of several hundred
     run_case(kernel, q, k, v, softmax_scale=-0.5)  # a negative scale flips the max
+    run_case(kernel, q, k, v, softmax_scale=1e-45)  # subnormal in float32: uniform weights, masked keys still out
 
 
 @pytest.mark.parametrize("kernel", ("auto", *cupy_gqa.KERNELS))
