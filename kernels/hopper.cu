@@ -488,7 +488,11 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
 
     // ============================ consumer warpgroups ============================
     regs_inc<CONSUMER_REGS>();
-    const float scale_log2 = (float)p.scale_log2;
+    // converted once: opaque to ptxas, which would otherwise convert the
+    // double again on every key tile (F2F and DSETP on the FP64 pipe, in the
+    // loop's critical path) rather than hold it in a register
+    float scale_log2 = (float)p.scale_log2;
+    asm volatile("" : "+f"(scale_log2));
     // (warp-uniform values through a shuffle from lane 0 are known uniform to
     // ptxas, which then keeps the wgmma descriptors built from them in uniform
     // registers: no register-to-uniform moves between the wgmmas)
