@@ -466,6 +466,7 @@ def test_hopper_streams_run_at_once():
     q, k, v = random_qkv(2, 700, 700, 16, 4, 128, "float16", seed=5)
     qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
     ref = reference_attention(q, k, v)[0]
+    cupy.cuda.Device().synchronize()  # the inputs are there before streams that don't wait for the default one
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(4)]
     outs = []
     for _ in range(3):
