@@ -27,14 +27,24 @@
  * (query position t, query head kv_head * group + g), so each K/V tile in
  * shared memory serves all heads of the group.
  *
- * Grid and roles.  1-D grid of num_m_tiles * batch * num_kv_heads CTAs, mapped
- * by prefill_tile (common.cuh: causal tiles heaviest first; with per-sequence
- * addressing, below, num_m_tiles is that of max_seqlen_q). A CTA has
- * two consumer warpgroups (BLOCK_M = 128) and one producer warpgroup (the last),
- * 128 threads each:
- *   producer   (setmaxnreg down to PRODUCER_REGS): the Q tile, by bulk
- *              tensor copies where the host allows (qo_bulk, below), else by
- *              the warpgroup's cp.async;
+ * Tiles and CTAs.  num_m_tiles * batch * num_kv_heads tiles, in the order of
+ * prefill_tile (common.cuh: causal tiles heaviest first; with per-sequence
+ * addressing, below, num_m_tiles is that of max_seqlen_q). Eager launches are
+ * persistent: at most one CTA per SM, each CTA taking its next tile from a
+ * counter in device memory (tile_counter, one per stream: cupy_gqa/_plan.py)
+ * when it is done with its last, so the CTAs share the tiles out as the
+ * hardware's scheduler would, and a CTA loads its next tile's K_0 and Q rows
+ * while it finishes the last one. A launch being captured into a CUDA graph
+ * passes no counter: one CTA per tile (the grid is num_tiles).
+ *
+ * Roles. A CTA has two consumer warpgroups (BLOCK_M = 128) and one producer
+ * warpgroup (the last), 128 threads each:
+ *   producer   (setmaxnreg down to PRODUCER_REGS): the tiles' order (above);
+ *              per tile K_0, then each consumer warpgroup's 64 rows of Q once
+ *              that warpgroup is done with its last tile, by bulk tensor
+ *              copies where the host allows (qo_bulk, below), else by the
+ *              warpgroup's cp.async, each with the tile's index for the
+ *              consumers (next_tile) on the warpgroup's q_full mbarrier;
  *              then K_j and V_j into rings of STAGES stages each, by bulk
  *              tensor copies (TMA: one thread, tensor maps from the host) that
  *              complete on the stage's "full" mbarrier; it waits only for the
@@ -46,13 +56,14 @@
  *              a zero weight in P V (0 * NaN = NaN);
  *   consumer w (setmaxnreg up to CONSUMER_REGS): packed rows [64 w, 64 w + 64)
  *              of the tile, both matrix products and the softmax for them;
- *              then its rows of out through the Q tile's space (by one bulk
- *              copy per slab where qo_bulk, else by 16-byte stores).
+ *              then its rows of out through its rows of the Q tile (by one
+ *              bulk copy per slab where qo_bulk, else by 16-byte stores),
+ *              which it then frees for its next tile (q_empty).
  *
  * Q and out by bulk copies (qo_bulk, cupy_gqa/_plan.py: hopper_bulk_qo).  The
- * packed rows of a tile are a box of the (head_dim, heads, seqlen_q, batch)
- * view of q or out when group divides 64: group heads by BLOCK_M / group
- * positions (a warpgroup's rows: 64 / group). The copy engine fills the rows
+ * packed rows of a consumer warpgroup are a box of the (head_dim, heads,
+ * seqlen_q, batch) view of q or out when group divides 64: group heads by
+ * 64 / group positions. The copy engine fills the rows
  * and columns past the array's ends with zeros on loads and drops them on
  * stores, so the short last tile and padded head dims need no code. With
  * other groups, and for per-sequence calls (a sequence's rows end inside the
@@ -83,7 +94,7 @@
  * is 128 bytes and its 16-byte chunk c sits at r * 128 + ((c ^ (r % 8)) * 16)
  * -- the 128-byte swizzle that wgmma reads without bank conflicts
  * (descriptor layout type 1):
- *   [ Q: BLOCK_M rows | K stages 0 .. STAGES-1 | V stages 0 .. STAGES-1 | mbarriers ]
+ *   [ Q: BLOCK_M rows | K stages 0 .. STAGES-1 | V stages 0 .. STAGES-1 | mbarriers | next_tile ]
  * K is read K-major (contiguous along head_dim, the reduction of Q K^T); V is
  * read by the same layout as the N-major B operand of P V (trans-b). The
  * output tile is staged through the Q tile's space, in the same layout.

@@ -491,3 +491,18 @@ def test_hopper_varlen_plan_passes_seq_params_and_packed_tensor_maps(monkeypatch
     assert buf[args[7] : args[7] + 56] == problem.seq.params()
     assert buf[args[8] : args[8] + 128] == bytes([1]) * 128 and buf[args[9] : args[9] + 128] == bytes([2]) * 128
     assert buf[args[10] : args[10] + 256] == bytes(256) and buf[args[12] : args[12] + 4] == bytes(4)
+
+
+def test_hopper_barrier_protocol_model():
+    """benchmarks/dev/hopper_barriers.py, the model of hopper.cu's barriers over a
+    persistent CTA's tiles: the protocol as built never deadlocks nor confuses
+    phases, and the model does catch a broken one (no wait for q_empty)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "dev" / "hopper_barriers.py"
+    spec = importlib.util.spec_from_file_location("hopper_barriers", path)
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    assert model.check(q_empty_wait=True) is None
+    assert "waited for phase" in model.check(q_empty_wait=False)

@@ -1,74 +1,153 @@
-"""A model check of the mbarrier protocol of kernels/hopper.cu (K and V in
-pipelines of their own), no GPU needed.
+"""A model check of the barrier protocol of kernels/hopper.cu, no GPU needed:
+a persistent CTA's producer and its two consumer warpgroups over several
+tiles (each with its own number of key tiles, none included).
 
-The producer and the consumers are two coroutines that make the kernel's
-waits and arrivals in the kernel's order; a scheduler interleaves them at
-random, 200 schedules per (STAGES, tiles). It checks that every run ends (no
-deadlock) and that a wait by parity never finds its barrier two phases on
-(which parity could not tell apart). The consumers' arrivals are modelled as
-one: a phase needs every consumer thread, so the slower warpgroup sets it.
+Three coroutines make the kernel's waits and arrivals in the kernel's order:
+the K and V rings (mbarriers full / empty per stage, the empty ones needing
+both warpgroups), each warpgroup's Q rows (q_full / q_empty, the last q_full
+carrying "no more tiles"), and the turns of the two warpgroups (named
+barriers: one warpgroup's bar.arrive meets the other's bar.sync). A
+scheduler interleaves them at random. Every run must end (no deadlock); a
+wait by parity must never find its barrier two phases on (parity could not
+tell them apart); a turn must never be passed twice before it is taken (the
+named barrier would complete with one warpgroup's threads alone).
 
-    python benchmarks/dev/hopper_barriers.py
+    python benchmarks/dev/hopper_barriers.py            # the protocol as built
+    python benchmarks/dev/hopper_barriers.py --no-q-empty  # a broken one: must fail
 """
 import random
+import sys
+
+EMPTY_ARRIVALS = 2  # k_empty / v_empty: both consumer warpgroups
 
 
-def run(stages: int, tiles: int, seed: int) -> bool:
+class Broken(Exception):
+    pass
+
+
+def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True) -> bool:
     phase: dict = {}  # barrier -> phases completed
+    pending: dict = {}  # barrier -> arrivals towards its current phase
+    turn = [0, 0]  # passes waiting to be taken, per warpgroup
 
     def done(bar, use):
         """try_wait.parity for the use-th phase of bar (parity use & 1)."""
         ok = (phase.get(bar, 0) & 1) != (use & 1)
-        assert not ok or phase.get(bar, 0) == use + 1, (bar, phase.get(bar, 0), use)
+        if ok and phase.get(bar, 0) != use + 1:
+            raise Broken(f"{bar}: waited for phase {use}, found {phase.get(bar, 0)} completed")
         return ok
 
-    def arrive(bar):
-        phase[bar] = phase.get(bar, 0) + 1
+    def arrive(bar, count=1):
+        pending[bar] = pending.get(bar, 0) + 1
+        if pending[bar] == count:
+            pending[bar] = 0
+            phase[bar] = phase.get(bar, 0) + 1
+
+    def pass_turn(to):
+        turn[to] += 1
+        if turn[to] > 1:
+            raise Broken(f"turn of warpgroup {to} passed twice before it was taken")
 
     def producer():
-        for j in range(tiles):
-            s = j % stages
-            while j >= stages and not done(("k_empty", s), j // stages - 1):
-                yield
-            arrive(("k_full", s))
-            while j >= stages and not done(("v_empty", s), j // stages - 1):
-                yield
-            arrive(("v_full", s))
+        ring = published = 0
 
-    def consumers():
-        if tiles:
-            while not done(("k_full", 0), 0):
+        def fill(kind, r):
+            s = r % stages
+            while r >= stages and not done((kind + "_empty", s), r // stages - 1):
                 yield
-            arrive(("k_empty", 0))
-        for j in range(1, tiles):
-            while not done(("k_full", j % stages), j // stages):
+            arrive((kind + "_full", s))
+
+        for n in tiles:
+            if n > 0:
+                yield from fill("k", ring)
+            for h in (0, 1):
+                while q_empty_wait and published > 0 and not done(("q_empty", h), published - 1):
+                    yield
+                arrive(("q_full", h))
+            for i in range(n):
+                if i > 0:
+                    yield from fill("k", ring + i)
+                yield from fill("v", ring + i)
+            ring += n
+            published += 1
+        for h in (0, 1):  # no more tiles
+            while q_empty_wait and published > 0 and not done(("q_empty", h), published - 1):
                 yield
-            while not done(("v_full", (j - 1) % stages), (j - 1) // stages):
+            arrive(("q_full", h))
+
+    def consumer(wg):
+        ring = 0
+
+        def wait(kind, r):
+            while not done((kind + "_full", r % stages), r // stages):
                 yield
-            arrive(("k_empty", j % stages))  # Q K_j^T done
-            arrive(("v_empty", (j - 1) % stages))  # P_{j-1} V_{j-1} done
-        if tiles:
-            while not done(("v_full", (tiles - 1) % stages), (tiles - 1) // stages):
+
+        def take():
+            while turn[wg] == 0:
                 yield
-            arrive(("v_empty", (tiles - 1) % stages))
+            turn[wg] -= 1
+
+        if wg == 1:
+            pass_turn(0)
+        for t in range(len(tiles) + 1):
+            while not done(("q_full", wg), t):
+                yield
+            if t == len(tiles):
+                break
+            n = tiles[t]
+            for j in range(n + 1 if n else 0):
+                if j < n:
+                    yield from wait("k", ring + j)
+                if j > 0:
+                    yield from wait("v", ring + j - 1)
+                yield from take()
+                pass_turn(wg ^ 1)
+                if j < n:
+                    arrive(("k_empty", (ring + j) % stages), EMPTY_ARRIVALS)
+                if j > 0:
+                    arrive(("v_empty", (ring + j - 1) % stages), EMPTY_ARRIVALS)
+            ring += n
+            arrive(("q_empty", wg))
+        if wg == 0:
+            yield from take()  # warpgroup 1's pass after its last turn
 
     rng = random.Random(seed)
-    sides, idle = [producer(), consumers()], 0
+    sides, idle = [producer(), consumer(0), consumer(1)], 0
     while sides:
         side = rng.choice(sides)
         try:
             next(side)
             idle += 1
             if idle > 100_000:
-                return False  # neither side moves: deadlock
+                return False  # nobody moves: deadlock
         except StopIteration:
             sides.remove(side)
             idle = 0
     return True
 
 
-if __name__ == "__main__":
+def check(q_empty_wait: bool) -> str | None:
+    """None if every schedule of every case passes, else what broke."""
+    rng = random.Random(0)
     for stages in (2, 3, 4):
-        for tiles in range(12):
-            assert all(run(stages, tiles, seed) for seed in range(200)), (stages, tiles)
-    print("hopper barrier protocol: no deadlock, no phase ambiguity (STAGES 2-4, 0-11 tiles, 200 schedules each)")
+        for case in range(60):
+            tiles = [rng.choice((0, 1, 1, 2, 3, 5, 8)) for _ in range(rng.randint(1, 6))]
+            for seed in range(40):
+                try:
+                    if not run(stages, tiles, seed, q_empty_wait):
+                        return f"deadlock: STAGES {stages}, key tiles per tile {tiles}, schedule {seed}"
+                except Broken as e:
+                    return f"{e}: STAGES {stages}, key tiles per tile {tiles}, schedule {seed}"
+    return None
+
+
+if __name__ == "__main__":
+    if "--no-q-empty" in sys.argv:
+        problem = check(q_empty_wait=False)
+        print(f"without the q_empty waits: {problem or 'no failure found'}")
+        sys.exit(0 if problem else 1)
+    problem = check(q_empty_wait=True)
+    if problem:
+        sys.exit(f"hopper barrier protocol: {problem}")
+    print("hopper barrier protocol: no deadlock, no phase ambiguity, no turn passed twice "
+          "(STAGES 2-4, 60 tile lists of 1-6 tiles with 0-8 key tiles each, 40 schedules each)")
