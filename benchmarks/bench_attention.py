@@ -13,7 +13,10 @@ What is measured
       with a 256 MB buffer zeroed before every repetition so no call finds its inputs
       in L2 (as triton.testing.do_bench does). The median is reported. A call measured
       under SLOW_CALL_MS = 50 ms gets FAST_REPS = 20 repetitions (--quick: 5), a slower
-      one SLOW_REPS = 3 (--quick: 1); the count is in every row.
+      one SLOW_REPS = 3 (--quick: 1), rounded up to whole rounds: a case's
+      implementations (cupy_gqa's and torch's) are timed in TIMING_ROUNDS = 4 rounds,
+      in turn, the order reversed every other round, because a long run heats the
+      GPU and slows whatever is timed after it. The count is in every row.
     * TFLOP/s = 4 * head_dim * visible (query, key) pairs * batch * num_q_heads / time,
       with causal masking aligned bottom-right (see visible_pairs).
     * GB/s = bytes of K and V (batch * seqlen_k * num_kv_heads * head_dim * itemsize * 2)
@@ -83,6 +86,12 @@ DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
 FAST_REPS, SLOW_REPS = 20, 3  # the spec: median of >= 20 runs unless a call takes > 50 ms
 QUICK_FAST_REPS, QUICK_SLOW_REPS = 5, 1
 SLOW_CALL_MS = 50.0
+# The implementations of a case are timed in rounds, in turn, the order reversed
+# every other round: a long implementation heats the GPU and the ones timed
+# after it run slower (up to 13% on the H200: the same cuDNN kernel as
+# torch_auto and as torch_cudnn, measured at different points of a case),
+# so no implementation may owe its time to its place in the order.
+TIMING_ROUNDS = 4
 L2_FLUSH_BYTES = 256 * 2**20
 # per-call cases (kind "call"): back-to-back calls, and the host time of one call
 CALLS, QUICK_CALLS = 2000, 200
@@ -372,7 +381,8 @@ def run_modifier_case(torch, cupy_gqa, timer, mc: ModCase, log) -> dict:
     plain = lambda: cupy_gqa.attention(q, k, v, causal=c.causal)  # noqa: E731
     for fn in (with_mods, plain):
         _first_call(torch, fn)
-    t_mod, t_plain = timer(with_mods), timer(plain)
+    timings = timer.many({"mods": with_mods, "plain": plain})
+    t_mod, t_plain = timings["mods"], timings["plain"]
     base_ms = t_plain.ms
     if mc.baseline == "causal_scaled":
         base_ms *= modifier_flops(mc) / attention_flops(c)
@@ -529,14 +539,29 @@ class Timer:
         cuda.synchronize()
         return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
-    def __call__(self, fn) -> Timing:
+    def _reps(self, fn) -> int:
         first = self._timed(fn, 1)[0]  # warm-up, and the slow/fast decision
         if first < self.slow_ms:
             self._timed(fn, 2)  # more warm-up for fast calls (clocks, allocator)
-            n = self.fast_reps
-        else:
-            n = self.slow_reps
+            return self.fast_reps
+        return self.slow_reps
+
+    def __call__(self, fn) -> Timing:
+        n = self._reps(fn)
         return Timing(statistics.median(self._timed(fn, n)), n)
+
+    def many(self, fns: dict) -> dict:
+        """Time the implementations of one case (name -> fn) in TIMING_ROUNDS
+        rounds, in turn, the order reversed every other round; each is warmed up
+        and gets its reps as __call__ gives them (rounded up to whole rounds).
+        Returns name -> Timing (the median over all its reps)."""
+        reps = {name: -(-self._reps(fn) // TIMING_ROUNDS) for name, fn in fns.items()}
+        times: dict = {name: [] for name in fns}
+        names = list(fns)
+        for r in range(TIMING_ROUNDS):
+            for name in names if r % 2 == 0 else names[::-1]:
+                times[name] += self._timed(fns[name], reps[name])
+        return {name: Timing(statistics.median(t), len(t)) for name, t in times.items()}
 
 
 def per_call_ms(fn, sync, calls: int, warmup: int = CALL_WARMUP, clock=time.perf_counter) -> float:
@@ -792,8 +817,34 @@ def _first_call(torch, fn):
     return out, time.perf_counter() - t0
 
 
-def measure(torch, timer: Timer, case: Case, name: str, fn, ref, scope: str, index) -> Row:
-    """One row: the first call (compile, or peak memory for a memory case), rel_err, then the timer."""
+def measure_all(torch, timer: Timer, case: Case, impls: list, ref, scope: str, index, on_error) -> list[Row]:
+    """The rows of a case's implementations ((name, fn) pairs): each one's first
+    call and rel_err (measure_first), then all of them timed together
+    (Timer.many). on_error(name, exception) hears of each that fails; its row
+    is left out."""
+    first = []
+    for name, fn in impls:
+        try:
+            first.append((measure_first(torch, case, name, fn, ref, scope, index), fn))
+        except Exception as e:
+            on_error(name, e)
+            torch.cuda.empty_cache()
+    timed = {row.impl: fn for (row, _), fn in first if case.kind != "memory"}
+    timings = timer.many(timed) if timed else {}
+    rows = []
+    for (row, first_s), _ in first:
+        t = timings.get(row.impl)
+        if t is not None:
+            row.ms, row.reps = t.ms, t.reps
+            if row.impl.startswith("cupy_gqa"):
+                row.compile_s = max(0.0, first_s - t.ms * 1e-3)
+        rows.append(finish_row(row, case))
+    return rows
+
+
+def measure_first(torch, case: Case, name: str, fn, ref, scope: str, index) -> tuple[Row, float]:
+    """One row's first call (compile, or peak memory for a memory case) and
+    rel_err; with the first call's seconds."""
     row = Row(case.name, name, ref_scope=scope)
     if case.kind == "memory":
         torch.cuda.synchronize()
@@ -807,12 +858,7 @@ def measure(torch, timer: Timer, case: Case, name: str, fn, ref, scope: str, ind
         row.note = "one call; peak beyond inputs and output"
     row.rel_err = rel_err(out, ref, index)
     del out
-    if case.kind != "memory":
-        t = timer(fn)
-        row.ms, row.reps = t.ms, t.reps
-        if name.startswith("cupy_gqa"):
-            row.compile_s = max(0.0, first_s - t.ms * 1e-3)
-    return finish_row(row, case)
+    return row, first_s
 
 
 # ---------------------------------------------------------------------------
@@ -1041,20 +1087,16 @@ def run_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row],
     ours = cupy_gqa_impls(cupy_gqa, case, q, k, v)
     if case.kind == "memory":
         ours = ours[:1]  # cupy_gqa[auto] only
-    rows, skipped, failed = [], [], False
+    skipped, failures = [], []
     for name, why in left_out:
         skipped.append({"case": case.name, "impl": name, "reason": why})
         log(f"  {case.name:4} {name}: skipped ({why})")
-    for name, fn in ours + anchors:
-        try:
-            row = measure(torch, timer, case, name, fn, ref, scope, index)
-        except Exception as e:
-            failed |= _not_run(case, name, e, skipped, log)
-            torch.cuda.empty_cache()
-            continue
-        if name == "cupy_gqa[auto]":
+    rows = measure_all(torch, timer, case, ours + anchors, ref, scope, index,
+                       lambda name, e: failures.append(_not_run(case, name, e, skipped, log)))  # fmt: skip
+    failed = any(failures)
+    for row in rows:
+        if row.impl == "cupy_gqa[auto]":
             row.note = (row.note + "; " if row.note else "") + f"auto runs {auto_kernel(case, q, k, v)}"
-        rows.append(row)
         log("  " + _progress(row))
     del q, k, v, ref
     torch.cuda.empty_cache()
@@ -1136,19 +1178,24 @@ def run_seq_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[R
             break
         flops = sum(4 * case.head_dim * visible_pairs(n, n, True) * case.num_q_heads for n in lengths)
         nbytes = 2 * total * case.num_kv_heads * case.head_dim * case.itemsize
+    firsts = []  # (name, fn, first call's seconds, rel_err), then all timed together
     for name, fn in impls:
         try:
             compile_start = time.perf_counter()
             out = fn()
             torch.cuda.synchronize()
             first = time.perf_counter() - compile_start
-            t = timer(fn)
         except Exception as e:
             failed |= _not_run(case, name, e, skipped, log)
             continue
         if out.dim() == 4 and case.kind == "varlen":
             out = torch.cat([o[:, :n].transpose(0, 1) for o, n in zip(out, lengths)])
         err = None if ref is None else float((out.float() - ref).norm() / ref.norm())
+        firsts.append((name, fn, first, err))
+        del out
+    timings = timer.many({name: fn for name, fn, _, _ in firsts}) if firsts else {}
+    for name, fn, first, err in firsts:
+        t = timings[name]
         row = Row(case.name, name, ms=t.ms, reps=t.reps, rel_err=err, ref_scope=scope, compile_s=first)
         row.tflops = flops / (t.ms * 1e-3) / 1e12
         row.gbps = nbytes / (t.ms * 1e-3) / 1e9
@@ -1215,16 +1262,11 @@ def run_shape_sweep(torch, cupy_gqa, timer: Timer, cases, log) -> list[dict]:
         wanted = ("cupy_gqa[auto]", *best_torch_anchors(case))
         impls = [(n, f) for n, f in cupy_gqa_impls(cupy_gqa, case, q, k, v) + torch_impls(torch, case, q, k, v)[0] if n in wanted]
         point = {}
-        for name, fn in impls:
-            try:
-                row = measure(torch, timer, case, name, fn, ref, scope, index)
-            except Exception as e:
-                log(f"  {case.name:4} {name}: skipped ({_short(e)})")
-                torch.cuda.empty_cache()
-                continue
-            if name == "cupy_gqa[auto]":
+        for row in measure_all(torch, timer, case, impls, ref, scope, index,
+                               lambda name, e: log(f"  {case.name:4} {name}: skipped ({_short(e)})")):  # fmt: skip
+            if row.impl == "cupy_gqa[auto]":
                 row.note = f"auto runs {auto_kernel(case, q, k, v)}"
-            point[name] = row
+            point[row.impl] = row
             log("  " + _progress(row))
         ours = point.get("cupy_gqa[auto]")
         anchors = [point[a] for a in best_torch_anchors(case) if a in point]

@@ -710,3 +710,108 @@ def test_seq_cases_list_and_lengths(capsys):
     lengths = bench.varlen_lengths(bench.CASE_BY_NAME["v1"])
     assert lengths == bench.varlen_lengths(bench.CASE_BY_NAME["v1"]) and len(lengths) == 16
     assert all(128 <= n <= 4096 for n in lengths) and len(set(lengths)) > 1
+
+
+# ---------------------------------------------------------------------------
+# timing in rounds
+# ---------------------------------------------------------------------------
+class _FakeCuda:
+    """torch.cuda as the Timer uses it, on a clock that only the timed calls move:
+    each call of an implementation takes its fixed time plus the GPU's "heat",
+    which every call raises, so an implementation timed late in a sequential
+    order would read slower."""
+
+    def __init__(self):
+        self.now, self.heat = 0.0, 0.0
+
+    def Event(self, enable_timing=True):  # noqa: N802 (torch's name)
+        cuda = self
+
+        class _Event:
+            def record(self):
+                self.t = cuda.now
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+        return _Event()
+
+    def synchronize(self):
+        pass
+
+    def empty_cache(self):
+        pass
+
+
+class _FakeTorch:
+    int32 = "int32"
+
+    def __init__(self):
+        self.cuda = _FakeCuda()
+
+    def empty(self, n, dtype=None, device=None):
+        return type("Buf", (), {"zero_": lambda self: None})()
+
+
+def test_timer_many_times_implementations_in_turn():
+    """Timer.many: every implementation warmed up, reps rounded up to whole
+    rounds, the order reversed every other round; two implementations of equal
+    cost read equal although the GPU heats up as the calls go on (timed one
+    after the other, the second would read slower)."""
+    torch = _FakeTorch()
+    calls = []
+
+    def impl(name, ms):
+        def fn():
+            calls.append(name)
+            torch.cuda.now += ms + torch.cuda.heat
+            torch.cuda.heat += 0.001
+
+        return fn
+
+    timer = bench.Timer(torch, fast_reps=20, slow_reps=3)
+    fns = {"a": impl("a", 1.0), "b": impl("b", 1.0), "slow": impl("slow", 60.0)}
+    sequential = {name: timer(fn).ms for name, fn in fns.items()}
+    assert sequential["b"] > sequential["a"]  # the heat the test models
+    calls.clear()
+    timings = timer.many(fns)
+    assert {n: t.reps for n, t in timings.items()} == {"a": 20, "b": 20, "slow": 4}
+    timed = calls[2 * 3 + 1:]  # after the warm-up calls (a: 3, b: 3, slow: 1)
+    per_round = 5 + 5 + 1
+    rounds = [timed[i : i + per_round] for i in range(0, len(timed), per_round)]
+    assert len(rounds) == bench.TIMING_ROUNDS
+    assert rounds[0] == ["a"] * 5 + ["b"] * 5 + ["slow"] and rounds[1] == ["slow"] + ["b"] * 5 + ["a"] * 5
+    assert abs(timings["a"].ms - timings["b"].ms) < abs(sequential["a"] - sequential["b"])
+
+
+def test_measure_all_leaves_out_what_fails():
+    """measure_all: an implementation whose first call raises is reported to
+    on_error and has no row; the others are timed together and keep their order."""
+    torch = _FakeTorch()
+    torch.cuda.max_memory_allocated = lambda: 0
+    case = bench.CASES[0]
+    out = type("Out", (), {})()
+
+    def ok(ms):
+        def fn():
+            torch.cuda.now += ms
+            return out
+        return fn
+
+    def broken():
+        raise RuntimeError("no kernel for this call")
+
+    errors = []
+    orig_rel_err, orig_first = bench.rel_err, bench._first_call
+    bench.rel_err = lambda o, ref, index: 0.0
+    bench._first_call = lambda torch_, fn: (fn(), 0.5)
+    try:
+        rows = bench.measure_all(torch, bench.Timer(torch, fast_reps=4, slow_reps=1), case,
+                                 [("cupy_gqa[auto]", ok(2.0)), ("broken", broken), ("torch_cudnn", ok(3.0))],
+                                 None, "full", (), lambda name, e: errors.append((name, str(e))))  # fmt: skip
+    finally:
+        bench.rel_err, bench._first_call = orig_rel_err, orig_first
+    assert errors == [("broken", "no kernel for this call")]
+    assert [r.impl for r in rows] == ["cupy_gqa[auto]", "torch_cudnn"]
+    assert [r.ms for r in rows] == [2.0, 3.0] and all(r.reps == 4 for r in rows)
+    assert rows[0].compile_s == pytest.approx(0.5 - 2.0e-3)
