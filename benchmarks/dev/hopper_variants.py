@@ -1,4 +1,4 @@
-"""Time the hopper kernel of several checkouts in one GPU session.
+"""Time the hopper kernel of several checkouts in one process.
 
     python benchmarks/dev/hopper_variants.py DIR [DIR ...] [--cases H1,H3] [--reps 20]
 
