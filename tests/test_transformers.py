@@ -78,6 +78,68 @@ def test_static_cache_prefill_and_decode_match_sdpa(calls):
     assert [shape[2] for shape in calls] == [17, 17]  # the prefill into the empty static cache ran cupy_gqa
 
 
+def _static_decode_steps(model, ids, steps, device="cpu", graph=False):
+    """A prompt prefilled into a static cache, then greedy decode steps of one
+    token with cache_position as a tensor and no attention_mask (a serving
+    loop's, and the one a CUDA graph captures); with graph, the step is
+    captured once and replayed, its token and position updated in place."""
+    cache = transformers.StaticCache(config=model.config, max_cache_len=ids.shape[1] + steps + 3)
+    n = ids.shape[1]
+    logits = model(ids, past_key_values=cache, cache_position=torch.arange(n, device=device), use_cache=True).logits
+    token = logits[:, -1:].argmax(-1)
+    pos = torch.tensor([n], device=device)
+    step = lambda: model(token, past_key_values=cache, cache_position=pos, use_cache=True).logits  # noqa: E731
+    if graph:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()  # warm-up (compiles, plans), into the cache slot the replays then overwrite
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = step()
+        step = lambda: g.replay() or out  # noqa: E731
+    seen, all_logits = [token], []
+    for _ in range(steps):
+        step_logits = step()[:, -1].clone()
+        all_logits.append(step_logits)
+        token.copy_(step_logits.argmax(-1, keepdim=True))
+        pos += 1
+        seen.append(token.clone())
+    return torch.cat(seen, 1), torch.stack(all_logits, 1)
+
+
+def test_static_cache_decode_steps_without_a_mask_run_cupy_gqa_and_match_sdpa(calls):
+    """A static cache's decode steps, called as a serving loop calls them (no
+    attention_mask, cache_position a tensor): transformers asks for the whole
+    mask there, and cupy_gqa runs them with seqlens_k = position + 1 made on
+    the device (CachedKeys) over the whole preallocated cache."""
+    ids = torch.randint(0, 101, (2, 13), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        tokens_a, logits_a = _static_decode_steps(_model("llama", "cupy_gqa"), ids, 6)
+        ours = list(calls)
+        tokens_b, logits_b = _static_decode_steps(_model("llama", "sdpa"), ids, 6)
+    assert torch.equal(tokens_a, tokens_b)
+    assert (logits_a - logits_b).abs().max() < 1e-4
+    # the prefill (cut to its 13 keys), then 6 steps, 2 layers each, over the whole cache
+    assert ours == [(2, 4, 13, 16)] * 2 + [(2, 4, 1, 16)] * 12
+
+
+def test_cached_keys_mask_is_transformers_mask():
+    """CachedKeys' fallback mask is transformers' own, and its seqlens_k sees
+    the keys up to the query's position."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    kwargs = dict(batch_size=3, q_length=1, kv_length=20, q_offset=torch.tensor(7), kv_offset=0,
+                  mask_function=causal_mask_function, attention_mask=None, allow_is_causal_skip=False)  # fmt: skip
+    cached = hf._mask(**kwargs)
+    assert isinstance(cached, hf.CachedKeys)
+    assert cached.seqlens_k.tolist() == [8, 8, 8] and cached.seqlens_k.dtype == torch.int32
+    full = sdpa_mask(**kwargs)
+    assert torch.equal(cached.mask(), full) and full[0, 0, 0].tolist() == [j <= 7 for j in range(20)]
+    assert hf._mask(**{**kwargs, "q_length": 2}) is not None and not isinstance(hf._mask(**{**kwargs, "q_length": 2}), hf.CachedKeys)
+
+
 @pytest.fixture
 def leftpads(monkeypatch):
     """(q shape, k shape, cache_leftpad as a list or None) of each call that reaches cupy_gqa.attention."""
@@ -291,6 +353,32 @@ def test_gpu_logits_match_sdpa(dtype):
     err_theirs = float((b.double() - ref).norm() / ref.norm())
     assert err_theirs < (1e-5 if dt == torch.float32 else 2e-2), err_theirs  # the same model in every dtype
     assert err_ours <= 1.5 * err_theirs + 1e-6, (err_ours, err_theirs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_static_cache_decode_step_in_a_cuda_graph(dtype, calls):
+    """The static-cache decode step captured in a CUDA graph runs cupy_gqa
+    (seqlens_k made on the device from the cache position), and its replays,
+    with the position moved on, match the same steps run eagerly and sdpa's
+    (float32: the same tokens, logits within 1e-4; bfloat16: the first step's
+    logits within bfloat16's error, later steps may take other tokens)."""
+    dt = getattr(torch, dtype)
+    ids = torch.randint(0, 101, (2, 29), generator=torch.Generator().manual_seed(6)).cuda()
+    ours = _model("llama", "cupy_gqa", "cuda", dt)
+    with torch.no_grad():
+        tokens_g, logits_g = _static_decode_steps(ours, ids, 8, "cuda", graph=True)
+        assert (2, 4, 1, 16) in calls  # the captured step ran cupy_gqa, not a fallback
+        tokens_e, logits_e = _static_decode_steps(ours, ids, 8, "cuda")
+        tokens_s, logits_s = _static_decode_steps(_model("llama", "sdpa", "cuda", dt), ids, 8, "cuda")
+    if dt == torch.float32:
+        assert torch.equal(tokens_g, tokens_e) and torch.equal(tokens_e, tokens_s)
+        assert (logits_g - logits_e).abs().max() < 1e-4 and (logits_e - logits_s).abs().max() < 1e-4
+    else:
+        first = [x[:, 0].float() for x in (logits_g, logits_e, logits_s)]
+        scale = first[2].abs().max()
+        assert (first[0] - first[1]).abs().max() <= 0.05 * scale and (first[1] - first[2]).abs().max() <= 0.05 * scale
 
 
 @pytest.mark.gpu

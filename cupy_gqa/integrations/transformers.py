@@ -16,10 +16,15 @@ A causal batch with a padding mask (attention_mask) gets a
 padding (transformers' batched generation), right padding of a prompt or a
 static cache's unwritten tail: cupy_gqa runs it with ``cache_leftpad`` and the
 keys cut after the last query (PaddedBatch says how, and which rows differ).
+A decode step into a static cache without a padding mask (a serving loop's,
+and the step a CUDA graph captures) gets a :class:`CachedKeys`: cupy_gqa runs
+it over the whole cache with ``seqlens_k`` made on the device from the cache
+position, reading nothing on the host.
 
 cupy_gqa runs a call when:
-  - there is no mask, or a PaddedBatch (with left padding: no sliding window,
-    softcap or sinks, and no inputs that require grad);
+  - there is no mask, a PaddedBatch (with left padding: no sliding window,
+    softcap or sinks, and no inputs that require grad) or a CachedKeys (no
+    inputs that require grad);
   - no dropout is active;
   - it has no position bias;
   - inputs that require grad (or a torch.compile trace) have no sliding
@@ -72,12 +77,27 @@ def _mask(*args, local_size=None, **kwargs):
     :class:`PaddedBatch` where cupy_gqa can run it (see there), or None where
     nothing is padded; not where the caller asks for the mask itself
     (``allow_is_causal_skip=False``: models that combine it with other masks,
-    and a static cache's decode steps, whose mask transformers builds whole)."""
+    and a static cache's decode steps, whose mask transformers builds whole),
+    except a static cache's decode step without a padding mask, which gets a
+    :class:`CachedKeys`."""
     from transformers.masking_utils import causal_mask_function, is_tracing, prepare_padding_mask, sdpa_mask
 
     padding, q_offset = kwargs.get("attention_mask"), kwargs.get("q_offset", 0)
     if isinstance(padding, PaddedBatch):  # generate's premade mask, passed on by the model's forward
         return padding if kwargs.get("mask_function") is causal_mask_function else padding.mask(**kwargs)
+    if (
+        padding is None
+        and not args
+        and kwargs.get("mask_function") is causal_mask_function
+        and not kwargs.get("allow_is_causal_skip", True)
+        and kwargs.get("kv_offset", 0) == 0
+        and kwargs.get("q_length") == 1
+        and isinstance(q_offset, _torch().Tensor)
+        and not is_tracing(q_offset)
+        and not getattr(kwargs.get("config"), "alibi", False)  # a model that adds ALiBi to the mask tensor itself
+    ):
+        # a decode step into a static cache, whose mask transformers asks for whole
+        return CachedKeys(q_offset, kwargs)
     if (
         args
         or kwargs.get("mask_function") is not causal_mask_function  # a window, chunks, packed sequences, ...
@@ -107,6 +127,36 @@ def _torch():
     return torch
 
 
+class CachedKeys:
+    """The mask of a decode step into a static (preallocated) cache, as cupy_gqa
+    runs it: the query at position q_offset sees the cache's keys
+    ``[0, q_offset]``, the keys after them unwritten. transformers asks for this
+    mask whole (``allow_is_causal_skip=False`` on the decode steps of a cache
+    that torch.compile can take), where cupy_gqa needs only the number of keys:
+    ``seqlens_k = q_offset + 1`` for every row of the batch, made on q_offset's
+    device. Nothing is read on the host, so the step can be captured in a CUDA
+    graph and replayed with the cache position moved on."""
+
+    ndim = 4  # transformers passes a premade mask of 4 dimensions on to the mask function
+
+    def __init__(self, q_offset, mask_kwargs: dict):
+        torch = _torch()
+        self.seqlens_k = (q_offset.reshape(-1)[:1] + 1).to(torch.int32).expand(mask_kwargs["batch_size"]).contiguous()
+        self._mask_kwargs = mask_kwargs
+
+    @property
+    def shape(self):
+        k = self._mask_kwargs
+        return (k["batch_size"], 1, k["q_length"], k["kv_length"])
+
+    def mask(self, **kwargs):
+        """transformers' sdpa mask of the step (for a fallback), with the mask
+        function of ``kwargs`` if given."""
+        from transformers.masking_utils import sdpa_mask
+
+        return sdpa_mask(**{**self._mask_kwargs, **kwargs})
+
+
 class PaddedBatch:
     """The attention mask of a causal batch with padding, as cupy_gqa runs it.
 
@@ -123,7 +173,8 @@ class PaddedBatch:
     real token), a static cache. A padded row with padding inside (a
     right-padded prompt that then generates) makes :func:`_mask` build the full
     mask, and the calls fall back to sdpa; so do a static cache's decode steps
-    (transformers asks for their whole mask).
+    with a padding mask (transformers asks for their whole mask; without one
+    they run as :class:`CachedKeys`).
 
     The rows of padding tokens are not transformers': each sees the keys from
     its row's first unpadded one to itself (none for left padding: zeros),
@@ -194,7 +245,10 @@ def _unsupported(module, query, key, value, attention_mask, dropout, kwargs) -> 
     from cupy_gqa import api
 
     modifiers = kwargs.get("sliding_window") or kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None
-    if isinstance(attention_mask, PaddedBatch):
+    if isinstance(attention_mask, CachedKeys):
+        if api._torch_op_call(query, key, value):
+            return "a static cache's decode step with inputs that require grad (or torch.compile)"
+    elif isinstance(attention_mask, PaddedBatch):
         if attention_mask.cache_leftpad is not None:
             if modifiers:
                 return "left padding and a sliding window, softcap or sinks (cache_leftpad takes no modifiers)"
@@ -295,14 +349,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 
     reason = _unsupported(module, query, key, value, attention_mask, dropout, kwargs)
     if reason is not None:
-        if isinstance(attention_mask, PaddedBatch):
+        if isinstance(attention_mask, (PaddedBatch, CachedKeys)):
             attention_mask = attention_mask.mask()
         return _fall_back(reason, module, query, key, value, attention_mask, dropout, scaling, kwargs)
     is_causal = kwargs.get("is_causal")
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
-    cache_leftpad = None
-    if isinstance(attention_mask, PaddedBatch):
+    cache_leftpad = seqlens_k = None
+    if isinstance(attention_mask, CachedKeys):
+        seqlens_k = attention_mask.seqlens_k  # the keys written so far, on the device
+    elif isinstance(attention_mask, PaddedBatch):
         # padding (PaddedBatch): each row's keys from its first unpadded one, up to the last query
         cache_leftpad = attention_mask.cache_leftpad
         if attention_mask.num_keys < seqlen_k:
@@ -317,6 +373,6 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         query, key, value, causal=causal, softmax_scale=scaling, layout="bhsd",
         window=(int(sliding_window) - 1, 0 if causal else int(sliding_window) - 1) if sliding_window else None,
         softcap=kwargs.get("softcap"), sinks=None if sinks is None else sinks.detach().float(),
-        cache_leftpad=cache_leftpad,
+        cache_leftpad=cache_leftpad, seqlens_k=seqlens_k,
     )  # fmt: skip
     return out.transpose(1, 2), None  # (batch, seqlen_q, heads, head_dim), no copy
