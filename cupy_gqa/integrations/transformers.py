@@ -127,7 +127,22 @@ def _torch():
     return torch
 
 
-class CachedKeys:
+class _Premade:
+    """A mask that the mask function hands on to the attention calls in place of
+    transformers' tensor (mask_kwargs: the mask function's arguments)."""
+
+    ndim = 4  # transformers passes a premade mask of 4 dimensions on to the mask function
+
+    def __init__(self, mask_kwargs: dict):
+        self._mask_kwargs = mask_kwargs
+
+    @property
+    def shape(self):
+        k = self._mask_kwargs
+        return (k["batch_size"], 1, k["q_length"], k["kv_length"])
+
+
+class CachedKeys(_Premade):
     """The mask of a decode step into a static (preallocated) cache, as cupy_gqa
     runs it: the query at position q_offset sees the cache's keys
     ``[0, q_offset]``, the keys after them unwritten. transformers asks for this
@@ -137,17 +152,10 @@ class CachedKeys:
     device. Nothing is read on the host, so the step can be captured in a CUDA
     graph and replayed with the cache position moved on."""
 
-    ndim = 4  # transformers passes a premade mask of 4 dimensions on to the mask function
-
     def __init__(self, q_offset, mask_kwargs: dict):
+        super().__init__(mask_kwargs)
         torch = _torch()
         self.seqlens_k = (q_offset.reshape(-1)[:1] + 1).to(torch.int32).expand(mask_kwargs["batch_size"]).contiguous()
-        self._mask_kwargs = mask_kwargs
-
-    @property
-    def shape(self):
-        k = self._mask_kwargs
-        return (k["batch_size"], 1, k["q_length"], k["kv_length"])
 
     def mask(self, **kwargs):
         """transformers' sdpa mask of the step (for a fallback), with the mask
@@ -157,7 +165,7 @@ class CachedKeys:
         return sdpa_mask(**{**self._mask_kwargs, **kwargs})
 
 
-class PaddedBatch:
+class PaddedBatch(_Premade):
     """The attention mask of a causal batch with padding, as cupy_gqa runs it.
 
     transformers' mask for a batch with a 2D padding mask lets query position t
@@ -193,18 +201,11 @@ class PaddedBatch:
     the kernels read it in place.
     """
 
-    ndim = 4  # transformers passes a premade mask of 4 dimensions on to the mask function
-
     def __init__(self, cache_leftpad, num_keys: int, mask_kwargs: dict):
+        super().__init__(mask_kwargs)
         self.cache_leftpad = cache_leftpad  # (batch,) int32 on the mask's device, or None: no left padding
         self.num_keys = num_keys
-        self._mask_kwargs = mask_kwargs
         self._full = None
-
-    @property
-    def shape(self):
-        k = self._mask_kwargs
-        return (k["batch_size"], 1, k["q_length"], k["kv_length"])
 
     def mask(self, **kwargs):
         """transformers' sdpa mask of the batch (for a fallback), with the mask
@@ -349,7 +350,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 
     reason = _unsupported(module, query, key, value, attention_mask, dropout, kwargs)
     if reason is not None:
-        if isinstance(attention_mask, (PaddedBatch, CachedKeys)):
+        if isinstance(attention_mask, _Premade):
             attention_mask = attention_mask.mask()
         return _fall_back(reason, module, query, key, value, attention_mask, dropout, scaling, kwargs)
     is_causal = kwargs.get("is_causal")
