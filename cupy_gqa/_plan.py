@@ -8,6 +8,7 @@ the grid and passes element strides as 64-bit integers. The CUDA side is in
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import struct
 import threading
@@ -372,40 +373,39 @@ def hopper_auto_min_keys(problem: Problem, q, out) -> int:
 
 # The hopper kernel's tile counters (kernels/hopper.cu: persistent CTAs take
 # their next tile from one). A counter reads 0 between launches: the launch's
-# last fetch puts it back. One per stream, so launches that may run at once
-# never share one (a stream runs its launches one after another); a launch
-# captured into a CUDA graph takes none (it may be replayed on any stream,
-# beside another replay) and runs one tile per CTA.
-PER_THREAD_STREAM = 2  # cudaStreamPerThread: a different stream in each host thread
-COUNTERS_PER_BLOCK = 256  # counters per device allocation (4 bytes each)
+# last fetch puts it back. Each launch takes the next counter of a ring of
+# COUNTER_SLOTS per device, so launches that may run at once (on other
+# streams, from other threads) never share one: a counter comes round again
+# only COUNTER_SLOTS launches later, far more than a device queues. A launch
+# captured into a CUDA graph takes none (its replays could run beside each
+# other) and runs one CTA per tile.
+COUNTER_SLOTS = 1 << 16
 HOPPER_PERSISTENT = True  # eager launches run persistent CTAs (tests and benchmarks/dev switch it)
-_counters: dict = {}  # (device, stream[, thread]) -> address of its counter
-_counter_blocks: dict = {}  # device -> [(cupy allocation, counters handed out)]
+_counter_rings: dict = {}  # device -> its ring's allocation, zeroed once
+_next_counter = itertools.count()
 _counters_lock = threading.Lock()
 
 
-def tile_counter(device: int, stream: int) -> int:
-    """The address of ``stream``'s tile counter on ``device`` (the current
-    device), zeroed on ``stream`` when first handed out."""
-    key = (device, stream, threading.get_ident()) if stream == PER_THREAD_STREAM else (device, stream)
-    address = _counters.get(key)
-    if address is None:
+def counter_ring(device: int):
+    """``device``'s ring of tile counters (the current device): its own
+    allocation, outside the memory pool, zeroed once when first asked for."""
+    ring = _counter_rings.get(device)
+    if ring is None:
         with _counters_lock:
-            address = _counters.get(key)
-            if address is None:
+            ring = _counter_rings.get(device)
+            if ring is None:
                 from cupy.cuda import memory, runtime
 
-                blocks = _counter_blocks.setdefault(device, [])
-                if not blocks or blocks[-1][1] == COUNTERS_PER_BLOCK:
-                    # its own allocation, outside the memory pool: no other
-                    # stream's work can still be using it
-                    blocks.append([memory.Memory(4 * COUNTERS_PER_BLOCK), 0])
-                block = blocks[-1]
-                address = block[0].ptr + 4 * block[1]
-                block[1] += 1
-                runtime.memsetAsync(address, 0, 4, stream)
-                _counters[key] = address
-    return address
+                ring = memory.Memory(4 * COUNTER_SLOTS)
+                runtime.memsetAsync(ring.ptr, 0, 4 * COUNTER_SLOTS, 0)
+                runtime.streamSynchronize(0)  # zero before any stream's launch reads it (once per device)
+                _counter_rings[device] = ring
+    return ring
+
+
+def tile_counter(device: int) -> int:
+    """The address of the next tile counter of ``device``'s ring."""
+    return counter_ring(device).ptr + 4 * (next(_next_counter) % COUNTER_SLOTS)
 
 
 @dataclass(frozen=True, eq=False)
@@ -440,7 +440,7 @@ class HopperLaunch(Launch):
             packed(stream, q, k, v, out, lse, seqlens_k, blobs=maps, seq=seq)  # one CTA per tile, no counter
         else:
             device = packed.device
-            packed(stream, q, k, v, out, lse, seqlens_k, blobs=maps, seq=seq, counter=tile_counter(device, stream),
+            packed(stream, q, k, v, out, lse, seqlens_k, blobs=maps, seq=seq, counter=tile_counter(device),
                    grid_x=self.ctas(device))  # fmt: skip
 
     def _tensor_map(self, which: int, ptr: int) -> bytes:

@@ -31,7 +31,7 @@
  * prefill_tile (common.cuh: causal tiles heaviest first; with per-sequence
  * addressing, below, num_m_tiles is that of max_seqlen_q). Eager launches are
  * persistent: at most one CTA per SM, each CTA taking its next tile from a
- * counter in device memory (tile_counter, one per stream: cupy_gqa/_plan.py)
+ * counter in device memory (tile_counter, the launch's own: cupy_gqa/_plan.py)
  * when it is done with its last, so the CTAs share the tiles out as the
  * hardware's scheduler would, and a CTA loads its next tile's K_0 and Q rows
  * while it finishes the last one. A launch being captured into a CUDA graph

@@ -425,11 +425,11 @@ def _hopper_only():
 @pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(8, 2, 128), (6, 2, 64), (4, 4, 80)])
 @pytest.mark.parametrize("causal", [True, False])
 def test_hopper_persistent_ctas_walk_every_tile(monkeypatch, ctas, num_q_heads, num_kv_heads, head_dim, causal):
-    """Few persistent CTAs (1, 3, 7) take every tile between them from the
-    stream's counter: tiles with no keys, Q and out by bulk copies (groups 4,
+    """Few persistent CTAs (1, 3, 7) take every tile between them from a
+    counter of the device's ring: tiles with no keys, Q and out by bulk copies (groups 4,
     1) and by the threads (3), and a per-batch key count. Twice, so the second
-    launch finds the counter put back; the result equals one CTA per tile bit
-    for bit, and the counter reads 0 afterwards."""
+    launch finds its counter at 0 too; the result equals one CTA per tile bit
+    for bit, and every counter of the ring reads 0 afterwards."""
     _hopper_only()
     from cupy_gqa import _plan
 
@@ -453,15 +453,15 @@ def test_hopper_persistent_ctas_walk_every_tile(monkeypatch, ctas, num_q_heads, 
             assert bool((outs[0][b] == 0).all())  # no keys: zeros
     for out in outs:
         assert cupy.asnumpy(out).tobytes() == cupy.asnumpy(single).tobytes()
-    stream = cupy.cuda.get_current_stream().ptr
-    counter = _plan.tile_counter(cupy.cuda.Device().id, stream)
-    value = cupy.ndarray((1,), cupy.int32, cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(counter, 4, None), 0))
-    assert int(value[0]) == 0
+    ring = _plan.counter_ring(cupy.cuda.Device().id)
+    counters = cupy.ndarray((_plan.COUNTER_SLOTS,), cupy.int32, cupy.cuda.MemoryPointer(ring, 0))
+    assert not bool(counters.any())
 
 
 def test_hopper_streams_run_at_once():
-    """Calls on several streams at once each take their own tile counter: every
-    result is right (a shared counter would hand one call's tiles to another's CTAs)."""
+    """Calls on several streams at once each take a tile counter of their own:
+    every result is right (a shared counter would hand one call's tiles to
+    another's CTAs)."""
     _hopper_only()
     q, k, v = random_qkv(2, 700, 700, 16, 4, 128, "float16", seed=5)
     qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))

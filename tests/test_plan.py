@@ -1,4 +1,5 @@
 """Launch plans (cupy_gqa/_plan.py) and the specialization table, as pure functions."""
+import itertools
 import math
 import re
 
@@ -216,10 +217,12 @@ def _stand_in_launches(monkeypatch):
 
     monkeypatch.setattr(_tma, "tile_map", encoder("tile"))
     monkeypatch.setattr(_tma, "packed_map", encoder("packed"))
-    # persistent hopper launches: 16 SMs, no capture, stream s's counter at 0x5000 + 4 s
+    # persistent hopper launches: 16 SMs, no capture, a ring of counters from 0x5000
     monkeypatch.setattr(_plan, "sm_count", lambda device: 16)
     monkeypatch.setattr(_plan, "_stream_is_capturing", lambda stream: False)
-    monkeypatch.setattr(_plan, "tile_counter", lambda device, stream: 0x5000 + 4 * stream)
+    ring = type("Ring", (), {"ptr": 0x5000})()
+    monkeypatch.setattr(_plan, "counter_ring", lambda device: ring)
+    monkeypatch.setattr(_plan, "_next_counter", itertools.count())
     return launched, encoded
 
 
@@ -228,7 +231,8 @@ def test_hopper_launch_passes_tensor_maps(monkeypatch):
     maps of K and V (boxes of the spec's key tile) and of Q and out (boxes of
     whole positions of the KV head's group: a warpgroup's 64 rows), each
     encoded at a new address, the flag that Q and out go by bulk copies, and
-    the stream's tile counter; the grid is one CTA per SM, at most one per tile."""
+    the next tile counter of the device's ring; the grid is one CTA per SM, at
+    most one per tile."""
     launched, encoded = _stand_in_launches(monkeypatch)
     problem = _plan.Problem(2, 300, 300, 8, 2, 80, "bfloat16", True, 80**-0.5)
     q_layout = ((2, 300, 8, 80), (300 * 8 * 160, 8 * 160, 160, 2), 2)
@@ -256,7 +260,8 @@ def test_hopper_launch_passes_tensor_maps(monkeypatch):
             assert buf[arg : arg + 128] == bytes([m]) * 128
         assert buf[args[6] : args[6] + plan.params.nbytes] == plan.params.tobytes()
         assert buf[args[11] : args[11] + 4] == (1).to_bytes(4, "little")
-        assert buf[args[12] : args[12] + 8] == (0x5000 + 4 * 99).to_bytes(8, "little")
+    for i, (_, buf) in enumerate(launched):  # each launch the next counter of the ring
+        assert buf[args[12] : args[12] + 8] == (0x5000 + 4 * i).to_bytes(8, "little")
     # a launch being captured into a CUDA graph: one CTA per tile, no counter
     monkeypatch.setattr(_plan, "_stream_is_capturing", lambda stream: True)
     plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
