@@ -327,7 +327,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         // launch order as they get free, as the hardware's CTA scheduler would.
         // The counter's values run 0 .. num_tiles - 1 over the launch (one per
         // tile; a CTA's last fetch is past the end); the fetch of the last value
-        // puts it back to 0 for the next launch on the stream.
+        // puts it back to 0 for the launch that takes this counter next.
         // A tile: K_0 first (it needs only a free stage), then each warpgroup's Q
         // rows once that warpgroup is done with its last tile, then V_0, K_1,
         // V_1, ...; each copy waits only for its stage to be free.
