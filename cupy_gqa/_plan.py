@@ -450,10 +450,10 @@ class HopperLaunch(Launch):
         if encoded is None:
             shape, strides, itemsize = self.layouts[which]
             if which in (1, 2):  # key tiles
-                encoded = _tma.tile_map(ptr, shape, strides, itemsize, self.spec.block_n).tobytes()
+                encoded = _tma.tile_map(ptr, shape, strides, itemsize, self.spec.block_n)
             else:  # packed rows: a consumer warpgroup's 64 rows of the tile
                 group = self.problem.group_size
-                encoded = _tma.packed_map(ptr, shape, strides, itemsize, group, 64 // group).tobytes()
+                encoded = _tma.packed_map(ptr, shape, strides, itemsize, group, 64 // group)
             if len(maps) >= self.MAPS_KEPT:
                 maps.clear()
             maps[(which, ptr)] = encoded

@@ -49,3 +49,33 @@ def test_packed_geometry_boxes_whole_positions_of_a_group():
     shape, strides = (1, 50, 8, 128), (8 * 50 * 256, 256, 50 * 256, 2)
     dims, byte_strides, box = _tma.packed_geometry(shape, strides, 2, 1, 64)
     assert dims == (128, 8, 50, 1) and byte_strides == (50 * 256, 256, 16) and box == (64, 1, 64, 1)
+
+
+def test_map_encoder_builds_the_drivers_arguments_once(monkeypatch):
+    """MapEncoder hands the driver the geometry's dims, byte strides and box,
+    the call's address, and a 64-byte aligned map buffer (the driver's rule);
+    each call returns that map's bytes, and a failure names the array."""
+    import ctypes
+
+    calls = []
+    proto = ctypes.CFUNCTYPE(
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+    )  # fmt: skip
+
+    def encode(out, dtype, rank, ptr, dims, strides, box, element_strides, *enums):
+        calls.append((out % 64, dtype, rank, ptr, tuple(dims[:4]), tuple(strides[:3]), tuple(box[:4]), enums))
+        ctypes.memmove(out, (ptr or 0).to_bytes(8, "little") * 16, 128)  # a map that names its address
+        return 0 if ptr != 0xBAD0 else 1
+
+    fn = proto(encode)
+    monkeypatch.setattr(_tma, "_encoder", lambda: fn)
+    shape, strides = (2, 300, 4, 80), (300 * 4 * 80 * 2, 4 * 80 * 2, 80 * 2, 2)
+    encoder = _tma.MapEncoder(shape, strides, _tma.map_geometry(shape, strides, 2, 96))
+    first, second = encoder(0x10000), encoder(0x20000)
+    assert first == (0x10000).to_bytes(8, "little") * 16 and second == (0x20000).to_bytes(8, "little") * 16
+    dims, byte_strides, box = _tma.map_geometry(shape, strides, 2, 96)
+    assert calls[0] == (0, 1, 4, 0x10000, dims, byte_strides, box, (0, 3, 3, 0)) and calls[1][3] == 0x20000
+    with pytest.raises(RuntimeError, match=r"CUresult 1 for an array at 0xbad0 of shape \(2, 300, 4, 80\)"):
+        encoder(0xBAD0)
