@@ -5,8 +5,8 @@ the array addresses: the parameter struct, the number of key ranges, grid,
 block and shared memory. :class:`PackedLaunch` writes those values once into
 one host buffer, with an argument-pointer array per kernel pointing into it;
 a launch then writes the nine address slots (q, k, v, out, lse, seqlens_k, the
-two halves of the decode workspace and the hopper kernel's tile counter) with one ``struct.pack_into`` and
-calls ``cuLaunchKernel`` for each kernel. The driver copies the argument
+two halves of the decode workspace and the hopper kernel's tile counter) with
+one ``struct.pack_into`` and calls ``cuLaunchKernel`` for each kernel. The driver copies the argument
 values when it enqueues the launch, so the buffer can be rewritten as soon as
 the call returns; a lock keeps two threads from writing it at once.
 

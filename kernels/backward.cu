@@ -320,7 +320,7 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
     const int head_dim = p.a.head_dim;
 
     // ---- this CTA's (b, kv head, rows) and keys: the forward's (common.cuh) ----
-    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p.a, seqlens_k, p.a.group_size);
+    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p.a, seqlens_k, p.a.group_size, blockIdx.x);
     const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
     const int len = tile.len, seqlen_k = tile.seqlen_k;  // len -1: a bad seqlens_k value, NaN rows
     const KeyRange<CAUSAL>& keys = tile.keys;

@@ -222,10 +222,9 @@ __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seql
 
 template <bool CAUSAL, int BLOCK_M>
 __device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group,
-                                                        int tile = -1) {
+                                                        int tile) {
     const int packed_rows = p.seqlen_q * group;
-    const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads,
-                                                tile < 0 ? (int)blockIdx.x : tile);
+    const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, tile);
     const int row0 = t.m_tile * BLOCK_M;
     const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
     const int seqlen_k = max(len, 0);
@@ -264,8 +263,7 @@ __device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const
 template <bool CAUSAL, int BLOCK_M, bool WINDOW, int ADDR>
 __device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_seq(const AttnParams& p, const int* seqlens_k,
                                                                        const SeqParams* sp, int group, int left, int right,
-                                                                       Sequence<ADDR>& sqn, int index = -1) {
-    if (index < 0) index = (int)blockIdx.x;
+                                                                       Sequence<ADDR>& sqn, int index) {
     if constexpr (ADDR == 0) {
         const PrefillTile<CAUSAL, WINDOW> tile =
             prefill_tile_mods<CAUSAL, BLOCK_M, WINDOW>(p, seqlens_k, group, left, right, index);

@@ -139,7 +139,7 @@ __device__ __forceinline__ void tiled_body(
     // ---- this CTA's (b, kv head, rows) and keys (common.cuh) ---------------
     Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
     const PrefillTile<CAUSAL, M::WINDOW> tile = prefill_tile_seq<CAUSAL, BLOCK_M, M::WINDOW, ADDR>(
-        p, seqlens_k, sp, num_q_heads / num_kv_heads, mp.window_left, mp.window_right, sqn);
+        p, seqlens_k, sp, num_q_heads / num_kv_heads, mp.window_left, mp.window_right, sqn, blockIdx.x);
     if constexpr (ADDR != 0) {
         if (tile.row0 >= tile.packed_rows) return;  // past its sequence's rows (the whole CTA)
     }

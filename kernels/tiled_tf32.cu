@@ -184,7 +184,7 @@ __device__ __forceinline__ void tiled_tf32_body(
     // ---- which (b, kvh, m_tile) this CTA owns ----------------------------------
     Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
     const PrefillTile<CAUSAL, M::WINDOW> tile = prefill_tile_seq<CAUSAL, BLOCK_M, M::WINDOW, ADDR>(
-        p, seqlens_k, sp, p.group_size, mp.window_left, mp.window_right, sqn);
+        p, seqlens_k, sp, p.group_size, mp.window_left, mp.window_right, sqn, blockIdx.x);
     if constexpr (ADDR != 0) {
         if (tile.row0 >= tile.packed_rows) return;  // past its sequence's rows (the whole CTA)
     }
