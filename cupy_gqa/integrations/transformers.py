@@ -93,7 +93,7 @@ def _mask(*args, local_size=None, **kwargs):
         and kwargs.get("kv_offset", 0) == 0
         and kwargs.get("q_length") == 1
         and isinstance(q_offset, _torch().Tensor)
-        and not is_tracing(q_offset)
+        and not _traced(q_offset, is_tracing)
         and not getattr(kwargs.get("config"), "alibi", False)  # a model that adds ALiBi to the mask tensor itself
     ):
         # a decode step into a static cache, whose mask transformers asks for whole
@@ -125,6 +125,18 @@ def _torch():
     import torch
 
     return torch
+
+
+def _traced(tensor, is_tracing) -> bool:
+    """transformers' ``is_tracing(tensor)`` without its clause for a CUDA graph
+    being captured: a :class:`CachedKeys` step reads nothing on the host, so a
+    capture can hold it, where torch.compile, torch.jit and torch.fx can't."""
+    torch = _torch()
+    if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        return is_tracing(tensor)
+    from torch._subclasses import FakeTensor
+
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or isinstance(tensor, (torch.fx.Proxy, FakeTensor))
 
 
 class _Premade:
