@@ -105,16 +105,20 @@ def _static_decode_steps(model, ids, steps, device="cpu", graph=False):
     captured once and replayed, its token and position updated in place."""
     cache = transformers.StaticCache(config=model.config, max_cache_len=ids.shape[1] + steps + 3)
     n = ids.shape[1]
-    logits = model(ids, past_key_values=cache, cache_position=torch.arange(n, device=device), use_cache=True).logits
-    token = logits[:, -1:].argmax(-1)
+    prefill = lambda: model(ids, past_key_values=cache, cache_position=torch.arange(n, device=device), use_cache=True)  # noqa: E731
+    token = prefill().logits[:, -1:].argmax(-1)
     pos = torch.tensor([n], device=device)
     step = lambda: model(token, past_key_values=cache, cache_position=pos, use_cache=True).logits  # noqa: E731
     if graph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            step()  # warm-up (compiles, plans), into the cache slot the replays then overwrite
+            step()  # warm-up (compiles, plans)
         torch.cuda.current_stream().wait_stream(side)
+        # the static cache counts its own length (the query offset, advanced in place by every step):
+        # back to the prompt alone, in place, so the graph's addresses stay those of the cache
+        cache.reset()
+        prefill()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             out = step()
