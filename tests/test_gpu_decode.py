@@ -314,3 +314,65 @@ def test_host_seqlens_k_is_refused_during_graph_capture():
     stream.synchronize()
     ref = reference_attention(*(cupy.asnumpy(x) for x in (q, k, v)), seqlens_k=[256, 100])[0]
     assert_close(cupy.asnumpy(out), ref, TOLERANCE["bfloat16"], "replayed graph")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_m", [1, 4, 16, 64])
+def test_split_launch_merges_in_its_last_ctas(dtype, block_m):
+    """A split launch merges its key ranges in the last CTA of each row block
+    (one launch, counters of the device's ring): the same bits as the combine
+    kernel that follows it under capture, on several row blocks (group 71),
+    ragged device lengths (0, out of range: NaN rows) and lse; run twice, and
+    every counter of the ring reads 0 afterwards."""
+    arch = _plan.device_arch(cupy.cuda.Device().id)
+    if _specs.decode_spec(dtype, 128, block_m, arch) is None:
+        pytest.skip(f"no decode layout of {block_m} rows for {dtype}")
+    q, k, v = random_qkv(4, 1, 2500, 71, 1, 128, dtype, seed=block_m)
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    lens = cupy.asarray(np.array([2500, 0, 3000, 977], np.int32))  # 3000: out of range
+    problem = _plan.Problem.of(qd, kd, dtype=dtype, causal=True, softmax_scale=1 / np.sqrt(128))
+    results = []
+    for fused in (True, True, False):
+        _plan.DECODE_FUSED_MERGE = fused
+        try:
+            out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+            lse = cupy.full((4, 71, 1), np.nan, dtype=cupy.float32)
+            _plan._launch_decode_forced_splits(problem, qd, kd, vd, out, lse, lens, 7, block_m=block_m)
+            results.append((cupy.asnumpy(out), cupy.asnumpy(lse)))
+        finally:
+            _plan.DECODE_FUSED_MERGE = True
+    for out, lse in results[1:]:
+        assert out.tobytes() == results[0][0].tobytes() and lse.tobytes() == results[0][1].tobytes()
+    out, lse = results[0]
+    assert np.isnan(out[2]).all() and np.isnan(lse[2]).all()
+    for b, n in ((0, 2500), (3, 977)):
+        ref, ref_lse = reference_attention(q[b : b + 1], k[b : b + 1, :n], v[b : b + 1, :n])
+        assert_close(out[b : b + 1], ref, TOLERANCE[dtype], f"batch {b}")
+        assert_lse_close(lse[b : b + 1], ref_lse, 1e-5, f"batch {b}")
+    assert (out[1] == 0).all() and np.isneginf(lse[1]).all()
+    ring = _plan.counter_ring(cupy.cuda.Device().id)
+    counters = cupy.ndarray((_plan.COUNTER_SLOTS,), cupy.int32, cupy.cuda.MemoryPointer(ring, 0))
+    assert not bool(counters.any())
+
+
+def test_split_launches_on_streams_at_once():
+    """Split calls on several streams at once each count on counters of their
+    own: every result is right (shared counters would let one call's CTA merge
+    another's row block before its splits are written)."""
+    q, k, v = random_qkv(2, 1, 8192, 32, 8, 128, "bfloat16", seed=9)
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    ref = reference_attention(q, k, v)[0]
+    problem = _plan.Problem.of(qd, kd, dtype="bfloat16", causal=True, softmax_scale=1 / np.sqrt(128))
+    cupy.cuda.Device().synchronize()  # the inputs are there before streams that don't wait for the default one
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(4)]
+    outs = []
+    for _ in range(8):
+        for s in streams:
+            with s:
+                out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+                lse = cupy.empty((2, 32, 1), dtype=cupy.float32)
+                _plan._launch_decode_forced_splits(problem, qd, kd, vd, out, lse, None, 16)
+                outs.append(out)
+    cupy.cuda.Device().synchronize()
+    for out in outs:
+        assert_close(cupy.asnumpy(out), ref, TOLERANCE["bfloat16"], "a stream's call")
