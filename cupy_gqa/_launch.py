@@ -5,7 +5,7 @@ the array addresses: the parameter struct, the number of key ranges, grid,
 block and shared memory. :class:`PackedLaunch` writes those values once into
 one host buffer, with an argument-pointer array per kernel pointing into it;
 a launch then writes the nine address slots (q, k, v, out, lse, seqlens_k, the
-two halves of the decode workspace and a counter address: _plan.counters) with
+two halves of the decode workspace and the hopper kernel's tile counter) with
 one ``struct.pack_into`` and calls ``cuLaunchKernel`` for each kernel. The driver copies the argument
 values when it enqueues the launch, so the buffer can be rewritten as soon as
 the call returns; a lock keeps two threads from writing it at once.
@@ -114,13 +114,12 @@ class PackedLaunch:
         return SLOTS.index(name) * 8
 
     def __call__(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
-                 blobs: tuple = (), seq: tuple = (), counter: int = 0, grid_x: int = 0, kernels: int = 0) -> None:
-        """Launch the kernels on ``stream`` (a cudaStream_t) with these addresses
+                 blobs: tuple = (), seq: tuple = (), counter: int = 0, grid_x: int = 0) -> None:
+        """Launch every kernel on ``stream`` (a cudaStream_t) with these addresses
         (0 for a null pointer), ``blobs`` (BLOBS' values, in order), ``seq``
         (SeqParams' four index-array addresses; none: the plan's own) and
         ``counter``; ``grid_x``: the grid of a one-kernel launch, if not the
-        packed one; ``kernels``: launch only the first that many (0: all). The
-        current device must be ``device``."""
+        packed one. The current device must be ``device``."""
         if self.device not in _bound.__dict__:
             _bind_context(self.device)
         part_lse = workspace + self._part_lse_offset if workspace else 0
@@ -131,7 +130,7 @@ class PackedLaunch:
                 self._bytes[start : start + BLOB_BYTES] = blob
             if self._seq:
                 _SEQ_ADDRESSES.pack_into(self._buffer, _SEQ_OFFSET, *(seq or self._seq))
-            for function, grid, threads, smem, argv in self._calls[: kernels or None]:
+            for function, grid, threads, smem, argv in self._calls:
                 _driver_launch(function, grid_x or grid, 1, 1, threads, 1, 1, smem, stream, argv, 0)
 
     def values(self) -> bytes:

@@ -371,28 +371,24 @@ def hopper_auto_min_keys(problem: Problem, q, out) -> int:
     return _specs.HOPPER_AUTO_MIN_KEYS
 
 
-# Counters in device memory that a launch's CTAs count on: the hopper kernel's
-# tile counter (kernels/hopper.cu: persistent CTAs take their next tile from
-# it) and a split decode launch's, one per row block (kernels/decode.cu:
-# merge_if_last, the last CTA of a row block merges its splits). A counter
-# reads 0 between launches: the launch puts it back. Each launch takes the
-# next of a ring of COUNTER_SLOTS per device, so launches that may run at once
-# (on other streams, from other threads) never share one: a counter comes
-# round again only after COUNTER_SLOTS more have been handed out, far more than
-# a device queues. A launch captured into a CUDA graph takes none (its replays
-# could run beside each other): hopper then runs one CTA per tile, decode its
-# combine kernel.
-COUNTER_SLOTS = 1 << 20
+# The hopper kernel's tile counters (kernels/hopper.cu: persistent CTAs take
+# their next tile from one). A counter reads 0 between launches: the launch's
+# last fetch puts it back. Each launch takes the next counter of a ring of
+# COUNTER_SLOTS per device, so launches that may run at once (on other
+# streams, from other threads) never share one: a counter comes round again
+# only COUNTER_SLOTS launches later, far more than a device queues. A launch
+# captured into a CUDA graph takes none (its replays could run beside each
+# other) and runs one CTA per tile.
+COUNTER_SLOTS = 1 << 16
 HOPPER_PERSISTENT = True  # eager launches run persistent CTAs (tests and benchmarks/dev switch it)
-DECODE_FUSED_MERGE = True  # eager split decode launches merge in their last CTAs (tests and benchmarks/dev switch it)
 _counter_rings: dict = {}  # device -> its ring's allocation, zeroed once
-_next_counter = 0
+_next_counter = itertools.count()
 _counters_lock = threading.Lock()
 
 
 def counter_ring(device: int):
-    """``device``'s ring of counters (the current device): its own allocation,
-    outside the memory pool, zeroed once when first asked for."""
+    """``device``'s ring of tile counters (the current device): its own
+    allocation, outside the memory pool, zeroed once when first asked for."""
     ring = _counter_rings.get(device)
     if ring is None:
         with _counters_lock:
@@ -407,15 +403,9 @@ def counter_ring(device: int):
     return ring
 
 
-def counters(device: int, n: int = 1) -> int:
-    """The address of the next ``n`` consecutive counters of ``device``'s ring
-    (n <= COUNTER_SLOTS)."""
-    global _next_counter
-    ptr = counter_ring(device).ptr
-    with _counters_lock:
-        start = _next_counter if _next_counter + n <= COUNTER_SLOTS else 0
-        _next_counter = start + n
-    return ptr + 4 * start
+def tile_counter(device: int) -> int:
+    """The address of the next tile counter of ``device``'s ring."""
+    return counter_ring(device).ptr + 4 * (next(_next_counter) % COUNTER_SLOTS)
 
 
 @dataclass(frozen=True, eq=False)
@@ -450,7 +440,7 @@ class HopperLaunch(Launch):
             packed(stream, q, k, v, out, lse, seqlens_k, blobs=maps, seq=seq)  # one CTA per tile, no counter
         else:
             device = packed.device
-            packed(stream, q, k, v, out, lse, seqlens_k, blobs=maps, seq=seq, counter=counters(device),
+            packed(stream, q, k, v, out, lse, seqlens_k, blobs=maps, seq=seq, counter=tile_counter(device),
                    grid_x=self.ctas(device))  # fmt: skip
 
     def _tensor_map(self, which: int, ptr: int) -> bytes:
@@ -698,8 +688,7 @@ def sm_count(device: int) -> int:
 
 @dataclass(frozen=True, eq=False)
 class DecodeLaunch(_PackedPerDevice):
-    """The split-KV decode kernel and, with num_splits > 1, its combine kernel
-    (launched only where the decode kernel can't merge by itself: see launch).
+    """The split-KV decode kernel and, with num_splits > 1, its combine kernel.
 
     Workspace (num_splits > 1): workspace_bytes of float32 values, the partial
     outputs (packed_rows * num_splits * head_dim, packed_rows = batch *
@@ -738,7 +727,7 @@ class DecodeLaunch(_PackedPerDevice):
         kernel = get_kernel(self.spec)
         mods = self.problem.mod_args(self.spec, device) if self.problem is not None else ()
         seq = self.problem.seq_args() if self.problem is not None else ()
-        args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, "counter", *mods, *seq)
+        args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods, *seq)
         kernels, keep = [(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], [kernel]
         if self.num_splits > 1:
             combine = get_kernel(self.combine)
@@ -751,25 +740,8 @@ class DecodeLaunch(_PackedPerDevice):
 
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
                seq: tuple = ()) -> None:
-        """``workspace``: the address of a checked workspace when num_splits > 1.
-        A split launch merges the splits in its own last CTAs, on counters of
-        the device's ring (kernels/decode.cu: merge_if_last), except while the
-        stream is being captured into a CUDA graph: then the combine kernel
-        follows it."""
-        packed = self.packed()
-        if self.num_splits == 1:
-            packed(stream, q, k, v, out, lse, seqlens_k, 0, seq=seq)
-        elif DECODE_FUSED_MERGE and self.row_block_count <= COUNTER_SLOTS and not _stream_is_capturing(stream):
-            packed(stream, q, k, v, out, lse, seqlens_k, workspace, seq=seq,
-                   counter=counters(packed.device, self.row_block_count), kernels=1)  # fmt: skip
-        else:
-            packed(stream, q, k, v, out, lse, seqlens_k, workspace, seq=seq)
-
-    @property
-    def row_block_count(self) -> int:
-        """Row blocks of the launch (batch * num_kv_heads * row_blocks): a split
-        launch's counters, one each."""
-        return self.grid[0] // self.num_splits
+        """``workspace``: the address of a checked workspace when num_splits > 1."""
+        self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace if self.num_splits > 1 else 0, seq=seq)
 
     def __call__(self, q, k, v, out, lse, seqlens_k, workspace=None) -> None:
         stream = current_stream_ptr()

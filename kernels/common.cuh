@@ -619,14 +619,9 @@ __device__ __forceinline__ A score_nat(A x, const ModParams& mp, const Seq& sq, 
 }
 
 // A sink in log2 units, for query head h (0 without sinks: unused).
-// (sinks: ModParams::sinks, where a caller has only that.)
-template <class M, typename A>
-__device__ __forceinline__ A sink2(const float* sinks, int h) {
-    return M::SINKS ? (A)sinks[h] * (A)1.44269504088896340736 : (A)0;
-}
 template <class M, typename A>
 __device__ __forceinline__ A sink2(const ModParams& mp, int h) {
-    return sink2<M, A>(mp.sinks, h);
+    return M::SINKS ? (A)mp.sinks[h] * (A)1.44269504088896340736 : (A)0;
 }
 
 }  // namespace mods

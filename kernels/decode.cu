@@ -35,12 +35,8 @@
 //   groups of a warp (xor-shuffles), then across warps in shared memory.
 //   With num_splits == 1 the CTA writes out = o / l and lse = (m + log2 l) ln 2.
 //   Otherwise it writes the fp32 partial o / l and its lse (log2 domain) to a
-//   workspace, and the splits of each row are merged:
+//   workspace, and decode_combine merges the splits of each row:
 //       M = max_s lse_s,  out = sum_s exp2(lse_s - M) o_s / sum_s exp2(lse_s - M)
-//   by the last CTA of each row block to finish (merge_if_last: it counts
-//   itself on the row block's counter in `done`, one launch), or, where the
-//   launch has no counters (done == nullptr: one being captured into a CUDA
-//   graph, whose replays could run beside each other), by decode_combine.
 //   These rules (and the end of a row below) are kernels/softmax.cuh's.
 //   Causal masking is aligned bottom-right per sequence: query t of batch b
 //   sees keys j <= t + len - seqlen_q. A row that sees no key writes 0 and
@@ -62,12 +58,8 @@
 //   part_o   float [prow][num_splits][head_dim]   partial out, normalised
 //   part_lse float [prow][num_splits]              its lse, log2 domain
 //
-// Counters (num_splits > 1, eager launches; cupy_gqa/_plan.py: decode_counters)
-//   int done[batch * num_kv_heads * row_blocks], 0 at the launch's start, the
-//   launch's own; its last CTA of each row block puts its counter back to 0.
-//
 // Grid mapping (decode_combine)
-//   1-D grid-stride loop, J lanes (combine_lanes) per (prow, 4 dims).
+//   1-D grid-stride loop, one thread per (prow, 4 dims).
 //
 // Template parameters
 //   T         __half, __nv_bfloat16 or float
@@ -288,113 +280,6 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
     }
 }
 
-
-// The combine's lanes per output quad (cupy_gqa/_plan.py: decode_combine_lanes; each
-// keeps up to 8 of its splits' loads in flight, _plan.DECODE_COMBINE_UNROLL).
-__device__ __forceinline__ int combine_lanes(int num_splits) {
-    return num_splits >= 8 ? 8 : num_splits >= 4 ? 4 : num_splits >= 2 ? 2 : 1;
-}
-// Merge the num_splits partial results of output quad d (4 dims) of packed row
-// prow (see the top): J adjacent lanes (mask `lanes`) share the quad, lane j
-// taking splits j, j + J, .. (its loads all in flight at once, up to 8), then
-// they merge through shuffles: a few round trips to L2 for any number of
-// splits, not one per few splits. Every lane of the J must call it. The loads
-// go through L2 only (ld.global.cg): in the fused merge (merge_if_last) the
-// partials were written during this launch by other CTAs. M: the modifiers,
-// of which only the sinks act here (sinks: ModParams::sinks). ADDR: the per-sequence addressing
-// (common.cuh: Sequence; 0: contiguous) of sp.
-template <typename T, class M, int ADDR>
-__device__ __forceinline__ void combine_quad(T* __restrict__ out, float* __restrict__ lse,
-                                             const int* __restrict__ seqlens_k, const AttnParams& p,
-                                             const float* part_o, const float* part_lse, int num_splits,
-                                             const float* sinks, const SeqParams* sp, int b, int kv_head, int r,
-                                             int d, int j, int J, unsigned lanes) {
-    const float NEG_INF = neg_inf<float>();
-    const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
-    const index_t prow = ((index_t)b * p.num_kv_heads + kv_head) * rows_total + r;
-    const int t = r / group_size, q_head = q_head_of(kv_head, r % group_size, group_size);
-    Sequence<ADDR> sqn;  // the row's sequence: its rows and length
-    if constexpr (ADDR == 0) {
-        sqn.b = b;
-    } else {
-        sqn = sequence_of<ADDR>(p, seqlens_k, sp, b);
-        if (t >= sqn.seqlen_q(p.seqlen_q)) return;  // past the sequence's queries (the J lanes alike)
-    }
-    const bool bad = (ADDR == 0 ? seqlen_k_of(seqlens_k, b, p.seqlen_k) : sqn.len) < 0;
-    T* o_row = out + b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2] + d;
-    float* lse_row = lse != nullptr && d == 0 ? lse + sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q) : nullptr;
-
-    const float* lse_s = part_lse + prow * num_splits;
-    float mm = NEG_INF;
-#pragma unroll 8
-    for (int s = j; s < num_splits; s += J) mm = fmaxf(mm, __ldcg(lse_s + s));
-    float ls = 0.f;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
-    for (int s = j; s < num_splits; s += J) {
-        const float wt = softmax::merge_weight(__ldcg(lse_s + s), mm);  // 0 for a split that saw no key
-        const float4 ov = __ldcg(reinterpret_cast<const float4*>(part_o + (prow * num_splits + s) * p.head_dim + d));
-        ls += wt;
-        acc[0] = fmaf(wt, ov.x, acc[0]);
-        acc[1] = fmaf(wt, ov.y, acc[1]);
-        acc[2] = fmaf(wt, ov.z, acc[2]);
-        acc[3] = fmaf(wt, ov.w, acc[3]);
-    }
-#pragma unroll
-    for (int off = 1; off < 8; off *= 2)  // the J lanes' states, pairwise (J <= 8)
-        if (off < J) softmax::shfl_merge(lanes, off, mm, ls, acc);
-    if (j != 0) return;
-    if constexpr (M::SINKS) {  // the sink joins the denominator once (softmax.cuh: fold_sink)
-        const float alpha = softmax::fold_sink(mm, ls, mods::sink2<M, float>(sinks, q_head));
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[e] *= alpha;
-    }
-    const float inv = softmax::out_scale(ls, ls != 0.f, bad);  // NaN when bad
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o_row[e] = from_acc<T>(acc[e] * inv);
-    if (lse_row != nullptr) *lse_row = softmax::lse(mm, ls, ls != 0.f, bad);
-}
-
-// The fused merge of a split launch (num_splits > 1, done given): once a CTA
-// has written its partials, it counts itself done on its row block's counter
-// done[(b * num_kv_heads + kv_head) * row_blocks + rb]; the CTA that counts
-// last merges the row block's rows, as decode_combine would, and puts the
-// counter back to 0 for the launch that takes it next (cupy_gqa/_plan.py:
-// decode_counters). The CTA's writes are made visible device-wide before it
-// counts (__threadfence), so the last one reads every split's partials.
-// ROWS, THREADS: the kernel's packed rows and threads per CTA.
-template <typename T, int ROWS, int HEAD_DIM, int THREADS, class M, int ADDR>
-__device__ __forceinline__ void merge_if_last(int* done, T* __restrict__ out, float* __restrict__ lse,
-                                              const int* __restrict__ seqlens_k, const AttnParams& p,
-                                              const float* part_o, const float* part_lse, int num_splits,
-                                              const float* sinks, const SeqParams* sp) {
-    __shared__ int last;
-    // the CTA's row block, from its index again (nothing kept live through the key loop for it)
-    const DecodeWork w = decode_work<ROWS>(p, nullptr, num_splits);
-    const int b = w.b, kv_head = w.kv_head, rb = w.rb;
-    const int rows_total = p.seqlen_q * p.group_size;
-    const int row_blocks = (rows_total + ROWS - 1) / ROWS;
-    __threadfence();  // this thread's partials, before the count
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* counter = done + ((index_t)b * p.num_kv_heads + kv_head) * row_blocks + rb;
-        last = atomicAdd(counter, 1) == num_splits - 1;
-        if (last) *counter = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();  // the other CTAs' partials, after their counts
-    constexpr int QUADS = HEAD_DIM / 4;
-    const int J = combine_lanes(num_splits);
-    const int lane = threadIdx.x % 32, j = lane % J;
-    const unsigned lanes = ((1u << J) - 1u) << (lane - j);
-    for (int x = threadIdx.x; x < ROWS * QUADS * J; x += THREADS) {
-        const int r = rb * ROWS + x / J / QUADS;
-        if (r >= rows_total) break;  // rows are the slow index: the rest are past it too
-        combine_quad<T, M, ADDR>(out, lse, seqlens_k, p, part_o, part_lse, num_splits, sinks, sp, b, kv_head, r,
-                                 x / J % QUADS * 4, j, J, lanes);
-    }
-}
 }  // namespace decode_detail
 
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
@@ -404,8 +289,8 @@ template <typename T, int HEAD_DIM, int ROWS, class M, int ADDR = 0>
 __device__ __forceinline__ void decode_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, int* __restrict__ done,
-    const ModParams& mp, const SeqParams* sp = nullptr)
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams& mp,
+    const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
     constexpr int W = 16 / (int)sizeof(T);        // elements per 16-byte chunk
@@ -542,18 +427,15 @@ __device__ __forceinline__ void decode_body(
     write_cta_result<T, HEAD_DIM, ROWS, NUM_WARPS, DECODE_THREADS, M>(&sm_m[0][0], &sm_l[0][0], &sm_o[0][0][0], out, lse,
                                                                       p, b, kv_head, rb, split, num_splits, len, part_o,
                                                                       part_lse, &mp, sqn);
-    if (num_splits > 1 && done != nullptr)
-        merge_if_last<T, ROWS, HEAD_DIM, DECODE_THREADS, M, ADDR>(done, out, lse, seqlens_k, p, part_o, part_lse,
-                                                                  num_splits, M::SINKS ? mp.sinks : nullptr, sp);
 }
 
 template <typename T, int HEAD_DIM, int ROWS>
 __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS : 1) decode_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, int* __restrict__ done)
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)
 {
-    decode_body<T, HEAD_DIM, ROWS, NoMods>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits, done, ModParams{});
+    decode_body<T, HEAD_DIM, ROWS, NoMods>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits, ModParams{});
 }
 
 // The same with the modifiers FLAGS (common.cuh: MOD_*), whose values are in mp.
@@ -561,10 +443,9 @@ template <typename T, int HEAD_DIM, int ROWS, int FLAGS>
 __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS : 1) decode_attention_mods(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, int* __restrict__ done,
-    const ModParams mp)
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams mp)
 {
-    decode_body<T, HEAD_DIM, ROWS, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits, done, mp);
+    decode_body<T, HEAD_DIM, ROWS, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits, mp);
 }
 
 // ---- decode_mma_attention: fp16 / bf16 on tensor cores -----------------------
@@ -601,6 +482,11 @@ enum : int {
 };
 
 namespace decode_detail {
+// The combine's lanes per output quad (cupy_gqa/_plan.py: decode_combine_lanes; each
+// keeps up to 8 of its splits' loads in flight, _plan.DECODE_COMBINE_UNROLL).
+__device__ __forceinline__ int combine_lanes(int num_splits) {
+    return num_splits >= 8 ? 8 : num_splits >= 4 ? 4 : num_splits >= 2 ? 2 : 1;
+}
 // cp_async_16 with an L2::128B prefetch size hint (H200: 2% faster than none
 // with padded K/V rows, the same once they are swizzled).
 __device__ __forceinline__ void copy_16(unsigned dst, const void* src, bool pred) {
@@ -663,8 +549,8 @@ template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, c
 __device__ __forceinline__ void decode_mma_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, int* __restrict__ done,
-    const ModParams& mp, const SeqParams* sp = nullptr)
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams& mp,
+    const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
     constexpr int NW = DECODE_MMA_WARPS, THREADS = NW * 32;
@@ -963,19 +849,16 @@ __device__ __forceinline__ void decode_mma_body(
     __syncthreads();
     write_cta_result<T, HEAD_DIM, ROWS, NS, THREADS, M>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, split, num_splits,
                                                          len, part_o, part_lse, &mp, sqn);
-    if (num_splits > 1 && done != nullptr)
-        merge_if_last<T, ROWS, HEAD_DIM, THREADS, M, ADDR>(done, out, lse, seqlens_k, p, part_o, part_lse, num_splits,
-                                                           M::SINKS ? mp.sinks : nullptr, sp);
 }
 
 template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES>
 __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, int* __restrict__ done)
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)
 {
     decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, NoMods>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
-                                                            num_splits, done, ModParams{});
+                                                            num_splits, ModParams{});
 }
 
 // The same with the modifiers FLAGS (common.cuh: MOD_*), whose values are in mp.
@@ -983,16 +866,15 @@ template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, i
 __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention_mods(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, int* __restrict__ done,
-    const ModParams mp)
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams mp)
 {
     decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
-                                                                 num_splits, done, mp);
+                                                                 num_splits, mp);
 }
 
-// The separate merge (decode_combine): a grid-stride loop, J lanes per output
-// quad of every packed row (decode_detail::combine_quad). It runs where a split
-// launch has no counters (one being captured into a CUDA graph).
+// Merge the num_splits partial results of each packed row (see the top); M:
+// the modifiers, of which only the sinks act here.
+// ADDR: the per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
 template <typename T, class M, int ADDR = 0>
 __device__ __forceinline__ void decode_combine_body(
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
@@ -1000,17 +882,63 @@ __device__ __forceinline__ void decode_combine_body(
     const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
+    const float NEG_INF = neg_inf<float>();
+    const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
     const int quads = p.head_dim / 4;
+    // J adjacent lanes share an output quad, lane j taking splits j, j + J, .. (its loads
+    // all in flight at once, up to 8), then merge through shuffles: a few
+    // round trips to L2 for any number of splits, not one per few splits
     const int J = combine_lanes(num_splits);
     const int lane = threadIdx.x % 32, j = lane % J;
-    const unsigned lanes = ((1u << J) - 1u) << (lane - j);
-    const index_t total = (index_t)p.batch * p.num_kv_heads * p.seqlen_q * p.group_size * quads * J;
-    const int rows_total = p.seqlen_q * p.group_size;
+    const unsigned group = ((1u << J) - 1u) << (lane - j);
+    const index_t total = (index_t)p.batch * p.num_kv_heads * rows_total * quads * J;
     for (index_t x = (index_t)blockIdx.x * blockDim.x + threadIdx.x; x < total; x += (index_t)gridDim.x * blockDim.x) {
-        const index_t prow = x / J / quads, bh = prow / rows_total;
-        combine_quad<T, M, ADDR>(out, lse, seqlens_k, p, part_o, part_lse, num_splits, M::SINKS ? mp->sinks : nullptr,
-                                 sp, (int)(bh / p.num_kv_heads), (int)(bh % p.num_kv_heads), (int)(prow % rows_total),
-                                 (int)(x / J % quads) * 4, j, J, lanes);
+        const index_t prow = x / J / quads;
+        const int d = (int)(x / J % quads) * 4;
+        const int r = (int)(prow % rows_total);
+        const index_t bh = prow / rows_total;
+        const int kv_head = (int)(bh % p.num_kv_heads), b = (int)(bh / p.num_kv_heads);
+        const int t = r / group_size, q_head = q_head_of(kv_head, r % group_size, group_size);
+        Sequence<ADDR> sqn;  // the row's sequence: its rows and length
+        if constexpr (ADDR == 0) {
+            sqn.b = b;
+        } else {
+            sqn = sequence_of<ADDR>(p, seqlens_k, sp, b);
+            if (t >= sqn.seqlen_q(p.seqlen_q)) continue;  // past the sequence's queries (the group's lanes alike)
+        }
+        const bool bad = (ADDR == 0 ? seqlen_k_of(seqlens_k, b, p.seqlen_k) : sqn.len) < 0;
+        T* o_row = out + b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2] + d;
+        float* lse_row = lse != nullptr && d == 0 ? lse + sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q) : nullptr;
+
+        const float* lse_s = part_lse + prow * num_splits;
+        float mm = NEG_INF;
+#pragma unroll 8
+        for (int s = j; s < num_splits; s += J) mm = fmaxf(mm, lse_s[s]);
+        float ls = 0.f;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+        for (int s = j; s < num_splits; s += J) {
+            const float wt = softmax::merge_weight(lse_s[s], mm);  // 0 for a split that saw no key
+            const float4 ov = *reinterpret_cast<const float4*>(part_o + (prow * num_splits + s) * p.head_dim + d);
+            ls += wt;
+            acc[0] = fmaf(wt, ov.x, acc[0]);
+            acc[1] = fmaf(wt, ov.y, acc[1]);
+            acc[2] = fmaf(wt, ov.z, acc[2]);
+            acc[3] = fmaf(wt, ov.w, acc[3]);
+        }
+#pragma unroll
+        for (int off = 1; off < 8; off *= 2)  // the group's states, pairwise (J <= 8)
+            if (off < J) softmax::shfl_merge(group, off, mm, ls, acc);
+        if (j != 0) continue;
+        if constexpr (M::SINKS) {  // the sink joins the denominator once (softmax.cuh: fold_sink)
+            const float alpha = softmax::fold_sink(mm, ls, mods::sink2<M, float>(*mp, q_head));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[e] *= alpha;
+        }
+        const float inv = softmax::out_scale(ls, ls != 0.f, bad);  // NaN when bad
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_row[e] = from_acc<T>(acc[e] * inv);
+        if (lse_row != nullptr) *lse_row = softmax::lse(mm, ls, ls != 0.f, bad);
     }
 }
 
@@ -1037,22 +965,20 @@ template <typename T, int HEAD_DIM, int ROWS, int ADDR>
 __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS : 1) decode_attention_seq(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, int* __restrict__ done,
-    const SeqParams sp)
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const SeqParams sp)
 {
     decode_body<T, HEAD_DIM, ROWS, NoMods, ADDR>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits,
-                                                 done, ModParams{}, &sp);
+                                                 ModParams{}, &sp);
 }
 
 template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, int ADDR>
 __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention_seq(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, int* __restrict__ done,
-    const SeqParams sp)
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const SeqParams sp)
 {
     decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, NoMods, ADDR>(q, k, v, out, lse, seqlens_k, p, part_o,
-                                                                              part_lse, num_splits, done, ModParams{}, &sp);
+                                                                              part_lse, num_splits, ModParams{}, &sp);
 }
 
 template <typename T, int ADDR>

@@ -1,4 +1,5 @@
 """Launch plans (cupy_gqa/_plan.py) and the specialization table, as pure functions."""
+import itertools
 import math
 import re
 
@@ -221,7 +222,7 @@ def _stand_in_launches(monkeypatch):
     monkeypatch.setattr(_plan, "_stream_is_capturing", lambda stream: False)
     ring = type("Ring", (), {"ptr": 0x5000})()
     monkeypatch.setattr(_plan, "counter_ring", lambda device: ring)
-    monkeypatch.setattr(_plan, "_next_counter", 0)
+    monkeypatch.setattr(_plan, "_next_counter", itertools.count())
     return launched, encoded
 
 
@@ -266,45 +267,6 @@ def test_hopper_launch_passes_tensor_maps(monkeypatch):
     plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
     (a, buf) = launched[-1]
     assert a[1] == tiles and buf[args[12] : args[12] + 8] == bytes(8)
-
-
-def test_split_decode_launch_merges_in_its_last_ctas_on_counters_of_the_ring(monkeypatch):
-    """A split decode launch is one kernel that takes one counter of the device's
-    ring per row block (consecutive, the next ones at each launch, from the
-    ring's start again when too few are left); while the stream is being
-    captured it takes none and the combine kernel follows; unsplit, none."""
-    launched, _ = _stand_in_launches(monkeypatch)
-    monkeypatch.setattr(_plan, "COUNTER_SLOTS", 100)
-    problem = _plan.Problem(3, 1, 4096, 8, 2, 128, "bfloat16", True, 128**-0.5)
-    q_layout = ((3, 1, 8, 128), (8 * 256, 8 * 256, 256, 2), 2)
-    kv_layout = ((3, 4096, 2, 128), (4096 * 2 * 256, 2 * 256, 256, 2), 2)
-    layout = (q_layout, kv_layout, kv_layout, q_layout)
-    spec = _specs.decode_spec("bfloat16", 128, 16, _specs.arch_of(9, 0))
-    plan = _plan._decode_plan(problem, layout, spec, 8)
-    assert plan.row_block_count == 3 * 2 and plan.grid == (3 * 2 * 8,)
-    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, plan.packed().values())))
-    args = plan.packed().arg_addresses(0)
-    assert len(args) == 11  # q k v out lse seqlens_k, params, part_o part_lse, num_splits, counter
-    for _ in range(17):
-        plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0, workspace=3 << 20)
-    assert [a[0] for a, _ in launched] == [77] * 17  # the decode kernel alone
-    starts = [int.from_bytes(buf[args[10] : args[10] + 8], "little") for _, buf in launched]
-    assert starts == [0x5000 + 4 * 6 * i for i in range(16)] + [0x5000]  # 16 launches of 6 fit in 100
-    for _, buf in launched:
-        assert int.from_bytes(buf[args[7] : args[7] + 8], "little") == 3 << 20  # part_o
-        assert int.from_bytes(buf[args[8] : args[8] + 8], "little") == (3 << 20) + plan.part_lse_offset
-    launched.clear()
-    monkeypatch.setattr(_plan, "_stream_is_capturing", lambda stream: True)
-    plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0, workspace=3 << 20)
-    assert len(launched) == 2  # the decode kernel, then the combine
-    (first, buf), (combine, _) = launched
-    assert buf[args[10] : args[10] + 8] == bytes(8) and combine[1] == plan.combine_grid[0]
-    launched.clear()
-    monkeypatch.setattr(_plan, "_stream_is_capturing", lambda stream: False)
-    unsplit = _plan._decode_plan(problem, layout, spec, 1)
-    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, unsplit.packed().values())))
-    unsplit.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
-    assert len(launched) == 1 and launched[0][1][args[10] : args[10] + 8] == bytes(8)
 
 
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", [(6, 2), (128, 1)])
