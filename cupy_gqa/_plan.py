@@ -434,7 +434,9 @@ class HopperLaunch(Launch):
                seq: tuple = ()) -> None:
         maps = (self._tensor_map(1, k), self._tensor_map(2, v))
         if self.bulk_qo:
-            maps += (self._tensor_map(0, q), self._tensor_map(3, out))
+            # at head dim 64 the kernel writes out from its registers (kernels/hopper.cu: epilogue)
+            maps += (self._tensor_map(0, q),)
+            maps += (self._tensor_map(3, out) if self.spec.head_dim > 64 else bytes(_launch.BLOB_BYTES),)
         packed = self.packed()
         if not HOPPER_PERSISTENT or _stream_is_capturing(stream):
             packed(stream, q, k, v, out, lse, seqlens_k, blobs=maps, seq=seq)  # one CTA per tile, no counter

@@ -56,9 +56,18 @@
  *              a zero weight in P V (0 * NaN = NaN);
  *   consumer w (setmaxnreg up to CONSUMER_REGS): packed rows [64 w, 64 w + 64)
  *              of the tile, both matrix products and the softmax for them;
- *              then its rows of out through its rows of the Q tile (by one
- *              bulk copy per slab where qo_bulk, else by 16-byte stores),
- *              which it then frees for its next tile (q_empty).
+ *              then its rows of out (the epilogue, below).
+ *
+ * Epilogue.  Above head dim 64 a warpgroup writes its rows of out through its
+ * rows of the Q tile (by one bulk copy per slab where qo_bulk, else by
+ * 16-byte stores), then frees them for its next tile (q_empty). At head dim
+ * 64 it frees its Q rows once its last Q K^T is done, so that the next tile's
+ * Q lands during the last softmax and P V, and writes out straight from the
+ * accumulator registers (4-byte stores, four lanes making 16 contiguous bytes
+ * of a row); o_map is unused there. Measured on the H200 (benchmarks/
+ * NOTES_hopper.md, step 9): the direct way cuts a tile's fixed cost at head
+ * dim 64 (4.56 to 3.84 us) and raises it at 128 (4.98 to 5.41), where a lane
+ * has 32 such stores.
  *
  * Q and out by bulk copies (qo_bulk, cupy_gqa/_plan.py: hopper_bulk_qo).  The
  * packed rows of a consumer warpgroup are a box of the (head_dim, heads,
@@ -255,6 +264,9 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                                             int* __restrict__ tile_counter, const SeqParams* sp = nullptr) {
     using namespace hopper_detail;
     static_assert(HEAD_DIM_PAD % 64 == 0 && HEAD_DIM_PAD <= 256, "head dims are padded to 64, 128, 192 or 256");
+    // The epilogue (see the top): at head dim 64 out goes from the registers and the
+    // Q rows are freed after the last Q K^T; above, out is staged through them.
+    constexpr bool DIRECT_OUT = HEAD_DIM_PAD == 64;
     static_assert(BLOCK_M == 128 && BLOCK_N % 16 == 0, "two consumer warpgroups of 64 rows; 16 keys per step");
     using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES>;
     static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout (HopperSmem)");
@@ -628,6 +640,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             wgmma_wait<0>();
             fence_regs(flat(s));
             mbar_arrive(k_empty(ring % STAGES));
+            if (DIRECT_OUT && num_n == 1) mbar_arrive(q_empty(wg));  // the tile's last read of Q is done
             const bool rescale = probabilities(s, j0, alpha, rs);
             softmax::frag_rescale(o, l_run, rescale, alpha, rs);
             to_operand(s);
@@ -646,6 +659,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             wgmma_wait<1>();                   // S_j is ready: K_j is free
             fence_regs(flat(s));
             mbar_arrive(k_empty((ring + j) % STAGES));
+            if (DIRECT_OUT && j == num_n - 1) mbar_arrive(q_empty(wg));  // and so is Q after the last
             auto pv_done = [&] {
                 wgmma_wait<0>();               // P_{j-1} V_{j-1} is done: V_{j-1} is free
                 fence_regs(flat(o));
@@ -669,63 +683,96 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         }
         ring += num_n;
 
-        // ---- epilogue: O / l into this warpgroup's rows of the Q tile, then out ----------
-        // (only this warpgroup's wgmmas read those rows, and they are done)
+        if constexpr (DIRECT_OUT) {
+            if (num_n == 0) mbar_arrive(q_empty(wg));  // Q was never read
+
+            // ---- epilogue: O / l from the registers straight to out ---------------------------
+            // (a lane holds columns 8 dt + 2 (lane % 4) + {0, 1} of its two rows: four
+            // lanes write 16 contiguous bytes of a row per dt; the Q rows were freed
+            // after the last Q K^T, so the producer loads the next tile's meanwhile)
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            float l = softmax::frag_row_sum(l_run[hf]);
-            float inv = softmax::out_scale(l, len < 0);
-            const int r = my_row + 8 * hf;
-            if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
-                const int pr = row0 + r;
-                const float alpha =
-                    softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
-                inv = softmax::out_scale(l, len < 0) * alpha;
-            }
-#pragma unroll
-            for (int dt = 0; dt < DT; ++dt) {
-                // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8
-                const unsigned addr = (dt / 8) * L::Q_SLAB + swizzle128(r, dt % 8) + 4 * (lane & 3);
-                *reinterpret_cast<unsigned*>(smem + (sQ - base) + addr) =
-                    pack2<T>(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
-            }
-            if (lse != nullptr && (lane & 3) == 0) {
-                const int pr = row0 + r;
-                if (pr < packed_rows) {
-                    const int t = pr / group, g = pr - (pr / group) * group;
-                    lse[sqn.lse_at(kvh, g, group, t, num_q_heads, seqlen_q)] = softmax::lse(m_run[hf], l, len < 0);
+            for (int hf = 0; hf < 2; ++hf) {
+                float l = softmax::frag_row_sum(l_run[hf]);
+                float inv = softmax::out_scale(l, len < 0);
+                const int pr = row0 + my_row + 8 * hf;
+                const int g = pr % group;
+                if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
+                    const float alpha =
+                        softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, g, group)));
+                    inv = softmax::out_scale(l, len < 0) * alpha;
                 }
-            }
-        }
-        if (bulk_qo) {
-            // this warpgroup's 64 rows to out by one bulk copy per slab; the writes above
-            // (generic proxy) are ordered before the copy engine's reads by each
-            // thread's proxy fence and the warpgroup's barrier
-            fence_proxy_async();
-            warpgroup_sync(EPILOGUE_BAR + wg);
-            if (tid % 128 == 0) {
+                if (pr < packed_rows) {
+                    const int t = pr / group;
+                    T* dst = out + (index_t)b * p.o_stride[0] + (index_t)(sqn.q0() + t) * p.o_stride[1] +
+                             (index_t)q_head_of(kvh, g, group) * p.o_stride[2] + 2 * (lane & 3);
 #pragma unroll
-                for (int sl = 0; sl < L::SLABS; ++sl)
-                    tma_store_4d(o_map, sQ + sl * L::Q_SLAB + wg * 64 * 128, sl * 64, kvh * group, (row0 + wg * 64) / group, b);
-                bulk_commit();
-                bulk_wait_read();  // the rows stay until the copies have read them
+                    for (int dt = 0; dt < DT; ++dt)
+                        if (dt * 8 < p.head_dim)
+                            *reinterpret_cast<unsigned*>(dst + dt * 8) =
+                                pack2<T>(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+                    if (lse != nullptr && (lane & 3) == 0)
+                        lse[sqn.lse_at(kvh, g, group, t, num_q_heads, seqlen_q)] = softmax::lse(m_run[hf], l, len < 0);
+                }
             }
         } else {
-            warpgroup_sync(EPILOGUE_BAR + wg);
-            const int ch_used = p.head_dim / 8;
-            for (int c = tid - wg * 128; c < 64 * ch_used; c += 128) {
-                const int r = wg * 64 + c / ch_used, ch = c - (c / ch_used) * ch_used;
-                const int pr = row0 + r;
-                if (pr < packed_rows) {
-                    const int t = pr / group, g = pr - (pr / group) * group;
-                    T* dst = out + (index_t)b * p.o_stride[0] + (index_t)(sqn.q0() + t) * p.o_stride[1] +
-                             (index_t)q_head_of(kvh, g, group) * p.o_stride[2] + ch * 8;
-                    *reinterpret_cast<uint4*>(dst) =
-                        *reinterpret_cast<const uint4*>(smem + (sQ - base) + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8));
+            // ---- epilogue: O / l into this warpgroup's rows of the Q tile, then out ----------
+            // (only this warpgroup's wgmmas read those rows, and they are done)
+    #pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                float l = softmax::frag_row_sum(l_run[hf]);
+                float inv = softmax::out_scale(l, len < 0);
+                const int r = my_row + 8 * hf;
+                if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
+                    const int pr = row0 + r;
+                    const float alpha =
+                        softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
+                    inv = softmax::out_scale(l, len < 0) * alpha;
+                }
+    #pragma unroll
+                for (int dt = 0; dt < DT; ++dt) {
+                    // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8
+                    const unsigned addr = (dt / 8) * L::Q_SLAB + swizzle128(r, dt % 8) + 4 * (lane & 3);
+                    *reinterpret_cast<unsigned*>(smem + (sQ - base) + addr) =
+                        pack2<T>(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+                }
+                if (lse != nullptr && (lane & 3) == 0) {
+                    const int pr = row0 + r;
+                    if (pr < packed_rows) {
+                        const int t = pr / group, g = pr - (pr / group) * group;
+                        lse[sqn.lse_at(kvh, g, group, t, num_q_heads, seqlen_q)] = softmax::lse(m_run[hf], l, len < 0);
+                    }
                 }
             }
+            if (bulk_qo) {
+                // this warpgroup's 64 rows to out by one bulk copy per slab; the writes above
+                // (generic proxy) are ordered before the copy engine's reads by each
+                // thread's proxy fence and the warpgroup's barrier
+                fence_proxy_async();
+                warpgroup_sync(EPILOGUE_BAR + wg);
+                if (tid % 128 == 0) {
+    #pragma unroll
+                    for (int sl = 0; sl < L::SLABS; ++sl)
+                        tma_store_4d(o_map, sQ + sl * L::Q_SLAB + wg * 64 * 128, sl * 64, kvh * group, (row0 + wg * 64) / group, b);
+                    bulk_commit();
+                    bulk_wait_read();  // the rows stay until the copies have read them
+                }
+            } else {
+                warpgroup_sync(EPILOGUE_BAR + wg);
+                const int ch_used = p.head_dim / 8;
+                for (int c = tid - wg * 128; c < 64 * ch_used; c += 128) {
+                    const int r = wg * 64 + c / ch_used, ch = c - (c / ch_used) * ch_used;
+                    const int pr = row0 + r;
+                    if (pr < packed_rows) {
+                        const int t = pr / group, g = pr - (pr / group) * group;
+                        T* dst = out + (index_t)b * p.o_stride[0] + (index_t)(sqn.q0() + t) * p.o_stride[1] +
+                                 (index_t)q_head_of(kvh, g, group) * p.o_stride[2] + ch * 8;
+                        *reinterpret_cast<uint4*>(dst) =
+                            *reinterpret_cast<const uint4*>(smem + (sQ - base) + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8));
+                    }
+                }
+            }
+            mbar_arrive(q_empty(wg));          // the warpgroup's Q rows are free for its next tile
         }
-        mbar_arrive(q_empty(wg));              // the warpgroup's Q rows are free for its next tile
     }
     if (wg == 0) take_turn();                  // warpgroup 1's pass after its last turn
 }

@@ -269,6 +269,25 @@ def test_hopper_launch_passes_tensor_maps(monkeypatch):
     assert a[1] == tiles and buf[args[12] : args[12] + 8] == bytes(8)
 
 
+def test_hopper_launch_at_head_dim_64_encodes_no_map_of_out(monkeypatch):
+    """At head dim 64 (48 padded to it) the kernel writes out from its registers
+    (kernels/hopper.cu: epilogue): Q still goes by a bulk copy, its map encoded,
+    and the slot of out's map stays zero, with nothing encoded for it."""
+    launched, encoded = _stand_in_launches(monkeypatch)
+    problem = _plan.Problem(2, 300, 300, 8, 2, 48, "bfloat16", True, 48**-0.5)
+    q_layout = ((2, 300, 8, 48), (300 * 8 * 96, 8 * 96, 96, 2), 2)
+    kv_layout = ((2, 300, 2, 48), (300 * 2 * 96, 2 * 96, 96, 2), 2)
+    plan = _plan.plan_hopper(problem, (q_layout, kv_layout, kv_layout, q_layout))
+    assert plan.spec.head_dim == 64 and plan.bulk_qo
+    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, plan.packed().values())))
+    plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
+    assert [e[:2] for e in encoded] == [("tile", 4096), ("tile", 8192), ("packed", 1 << 20)]
+    args = plan.packed().arg_addresses(0)
+    (_, buf), = launched
+    assert buf[args[9] : args[9] + 128] == bytes([3]) * 128  # q's map, the third encoded
+    assert buf[args[10] : args[10] + 128] == bytes(128)  # no map of out
+
+
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", [(6, 2), (128, 1)])
 def test_hopper_launch_keeps_thread_copies_of_q_and_out_for_other_groups(monkeypatch, num_q_heads, num_kv_heads):
     """A group that does not divide 64 (3; 128) has no box of whole positions
@@ -509,5 +528,6 @@ def test_hopper_barrier_protocol_model():
     spec = importlib.util.spec_from_file_location("hopper_barriers", path)
     model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(model)
-    assert model.check(q_empty_wait=True) is None
-    assert "waited for phase" in model.check(q_empty_wait=False)
+    for direct_out in (False, True):  # the two epilogues (head dim 64: Q freed after the last Q K^T)
+        assert model.check(q_empty_wait=True, direct_out=direct_out) is None
+        assert "waited for phase" in model.check(q_empty_wait=False, direct_out=direct_out)
