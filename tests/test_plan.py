@@ -517,6 +517,21 @@ def test_hopper_varlen_plan_passes_seq_params_and_packed_tensor_maps(monkeypatch
     assert buf[args[10] : args[10] + 256] == bytes(256) and buf[args[12] : args[12] + 4] == bytes(4)
 
 
+def test_hopper_timeline_finds_its_marks_in_the_kernel():
+    """benchmarks/dev/hopper_timeline.py puts its clock marks at named places of
+    kernels/hopper.cu: every place is still there, once, in every table kernel."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "dev" / "hopper_timeline.py"
+    spec = importlib.util.spec_from_file_location("hopper_timeline", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    for kernel in _specs.HOPPER.values():
+        source = tool.traced_source(kernel)
+        assert source.count("cg_mark(cg_n") == len(tool.INSERTIONS) - 1, kernel.name
+
+
 def test_hopper_barrier_protocol_model():
     """benchmarks/dev/hopper_barriers.py, the model of hopper.cu's barriers over a
     persistent CTA's tiles: the protocol as built never deadlocks nor confuses
