@@ -16,6 +16,9 @@
 #                                               alone), the report in $OUT/profile.txt
 #   benchmarks/dev/device_check.sh backward     one call for the backward pass: its GPU tests, the sanitizer
 #                                               on its kernels, a quick G1-G3 bench and the training check
+#   benchmarks/dev/device_check.sh pending      each patch of benchmarks/dev/pending in a copy of this tree: its
+#                                               hopper GPU tests, hopper_variants.py against this tree (both
+#                                               orders) and hopper_cta_cost.py in each
 #   benchmarks/dev/device_check.sh seq          one call for the per-sequence calls (varlen, paged, left
 #                                               padding): their GPU tests with decode, graphs and interop, a
 #                                               D1/P1-P3/V1 bench, then the sanitizer on every family's
@@ -118,5 +121,31 @@ case "$stage" in
     grep -E "^  [a-z_]+.*\(|Duration|Throughput|Achieved Occupancy|Registers Per|Block Limit|Stall|Issued Warp|No Eligible|Pipe|SM Busy|Issue Slots|Dispatch|^D[0-9]" \
       "$out/profile.txt" | cut -c1-150 | head -120
     exit $rc ;;
+  pending)
+    # each patch of benchmarks/dev/pending, applied to a copy of this tree: the hopper GPU tests
+    # in the copy, hopper_variants.py of this tree against the copy in both orders, and
+    # hopper_cta_cost.py in each (the patches are kernel steps built but not yet measured)
+    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
+    here=$PWD
+    for patch in benchmarks/dev/pending/*.patch; do
+      name=$(basename "$patch" .patch); d=/tmp/pending_$name
+      rm -rf "$d"; mkdir -p "$d"
+      cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
+      if ! (cd "$d" && patch -p1 -s <"$here/$patch"); then echo "$name: does not apply"; continue; fi
+      t0=$SECONDS
+      (cd "$d" && PYTHONPATH="$d" timeout -s KILL "${PENDING_TESTS_S:-240}" python3 -m pytest -q -n 16 -p no:cacheprovider \
+        -rf tests/test_gpu_kernels.py tests/test_gpu_seq.py tests/test_gpu_modifiers.py tests/test_gpu_graphs.py \
+        tests/test_gpu_fuzz.py -k hopper) >"$out/pending_${name}_tests.txt" 2>&1
+      echo "$name: tests rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/pending_${name}_tests.txt" | tail -8
+      cases=${PENDING_CASES:-H1,H2,H3,H4,N1,H6}
+      timeout -s KILL 150 python3 benchmarks/dev/hopper_variants.py . "$d" --cases "$cases" >"$out/pending_${name}_ab.txt" 2>&1
+      timeout -s KILL 150 python3 benchmarks/dev/hopper_variants.py "$d" . --cases "$cases" >>"$out/pending_${name}_ab.txt" 2>&1
+      reap; cat "$out/pending_${name}_ab.txt"
+      for t in "$here" "$d"; do
+        (cd "$t" && PYTHONPATH="$t" timeout -s KILL 60 python3 benchmarks/dev/hopper_cta_cost.py --kernels hopper \
+          --head-dims 64,128) 2>&1 | grep -E "per wave =" | sed "s|^|$(basename "$t"): |"
+        reap
+      done
+    done ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
