@@ -68,37 +68,35 @@ __device__ __forceinline__ void cg_mark(int& n, int role, int code, int value) {
 }}
 """
 
-CONSUMER = "if ((tid & 127) == 0) cg_mark(cg_n, wg, {code}, {value});"
-PRODUCER = "if (pt == 0) cg_mark(cg_n, 2, {code}, {value});"
+def _mark(indent: int, who: str, code: str, value: str) -> str:
+    """The text of one mark: by thread 0 of a consumer warpgroup, or of the producer."""
+    cond, role = ("(tid & 127) == 0", "wg") if who == "consumer" else ("pt == 0", "2")
+    return " " * indent + f"if ({cond}) cg_mark(cg_n, {role}, {code}, {value});\n"
 
-# (anchor in kernels/hopper.cu, text put before it or after it, occurrences expected)
+
+# (a place in kernels/hopper.cu, found exactly once; the text put before or after it)
 INSERTIONS = [
-    ("    const int tid = threadIdx.x;\n", "after", "    int cg_n = 0;\n", 1),
-    ("        mbar_wait(q_full(wg), tn & 1);\n", "before",
-     "        " + CONSUMER.format(code=CODES["qwait"], value="tn") + "\n", 1),
-    ("        if (tile_index < 0) break;\n", "after",
-     "        " + CONSUMER.format(code=CODES["qfull"], value="tile_index") + "\n", 1),
-    ("            mbar_arrive(k_empty(ring % STAGES));\n", "after",
-     "            " + CONSUMER.format(code=CODES["s0"], value="0") + "\n", 1),
+    ("    const int tid = threadIdx.x;\n", "after", "    int cg_n = 0;\n"),
+    ("        mbar_wait(q_full(wg), tn & 1);\n", "before", _mark(8, "consumer", CODES["qwait"], "tn")),
+    ("        if (tile_index < 0) break;\n", "after", _mark(8, "consumer", CODES["qfull"], "tile_index")),
+    ("            mbar_arrive(k_empty(ring % STAGES));\n", "after", _mark(12, "consumer", CODES["s0"], "0")),
     ("            mbar_arrive(v_empty((ring + num_n - 1) % STAGES));\n", "after",
-     "            " + CONSUMER.format(code=CODES["pvlast"], value="num_n") + "\n", 1),
-    ("    }\n    if (wg == 0) take_turn();", "before",
-     "        " + CONSUMER.format(code=CODES["end"], value="0") + "\n", 1),
-    ("                if (num_n > 0) fill_k(0);\n", "before",
-     "                " + PRODUCER.format(code=CODES["tile"], value="tile") + "\n", 1),
+     _mark(12, "consumer", CODES["pvlast"], "num_n")),
+    ("    }\n    if (wg == 0) take_turn();", "before", _mark(8, "consumer", CODES["end"], "0")),
+    ("                if (num_n > 0) fill_k(0);\n", "before", _mark(16, "producer", CODES["tile"], "tile")),
     ("                    if (published > 0) mbar_wait(q_empty(h), (published - 1) & 1);\n", "after",
-     "                    " + PRODUCER.format(code=f"{CODES['q0']} + h", value="published") + "\n", 1),
+     _mark(20, "producer", f"{CODES['q0']} + h", "published")),
     ("                for (int i = 0; i < num_n; ++i) {\n                    if (i > 0) fill_k(i);", "before",
-     "                " + PRODUCER.format(code=CODES["kv"], value="num_n") + "\n", 1),
+     _mark(16, "producer", CODES["kv"], "num_n")),
 ]
 
 
 def traced_source(spec) -> str:
     src = _compile.source_for(spec)
-    for anchor, where, text, count in INSERTIONS:
+    for anchor, where, text in INSERTIONS:
         found = src.count(anchor)
-        if found != count:
-            raise SystemExit(f"hopper_timeline: expected {count} of {anchor!r} in the hopper source, found {found}")
+        if found != 1:
+            raise SystemExit(f"hopper_timeline: expected one {anchor!r} in the hopper source, found {found}")
         src = src.replace(anchor, anchor + text if where == "after" else text + anchor)
     return PRELUDE + src
 
