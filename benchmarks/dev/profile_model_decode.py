@@ -3,13 +3,17 @@
 greedy generation under cProfile, after a warm-up generation of the same length.
 
     python3 benchmarks/dev/profile_model_decode.py [--config full] [--batch 1] [--new-tokens 32]
+    python3 benchmarks/dev/profile_model_decode.py --events [--batch 1]       # GPU time of the attention calls
     python3 benchmarks/dev/profile_model_decode.py --config tiny --device cpu   # a smoke run
 
 For each implementation: the wall time per token, the calls per token of the
 attention function, and of cupy_gqa's full path (api.attention's planning:
 _plan.choose_kernel) against its repeat path (_fast entries found), then the
-functions with the most time of their own. The model is bench_model.py's
-(random weights, no download). Notes: benchmarks/NOTES_overhead.md.
+functions with the most time of their own. With --events, no profiler: the
+wall time per token, then again with CUDA events around every attention call
+(the stream time between them: the kernels and any gap the host leaves), the
+attention calls' share of the step. The model is bench_model.py's (random
+weights, no download). Notes: benchmarks/NOTES_overhead.md.
 """
 import argparse
 import cProfile
@@ -31,6 +35,7 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--events", action="store_true", help="CUDA events around the attention calls, no profiler")
     args = ap.parse_args()
     import torch
     import transformers
@@ -43,6 +48,10 @@ def main():
     for impl in bench_model.IMPLS:
         model = bench_model.build(torch, transformers, args.config, impl, args.device, dtype)
         ids = bench_model.prompt(torch, args.batch, args.prompt_len, model.config.vocab_size, args.device, 2)
+        if args.events:
+            attention_events(torch, model, ids, gen, impl, args)
+            del model
+            continue
         with torch.no_grad():
             model.generate(ids, **gen)  # warm-up: the same lengths as the profiled run
             bench_model.sync(torch, args.device)
@@ -65,6 +74,48 @@ def main():
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
         print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[-4000:])
         del model
+
+
+def attention_events(torch, model, ids, gen, impl, args):
+    """Wall time per token of a greedy generation, then the stream time of its
+    attention calls (CUDA events around each) against the whole step's."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    with torch.no_grad():
+        model.generate(ids, **gen)  # warm-up: the same lengths as the timed runs
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(ids, **gen)
+        torch.cuda.synchronize()
+        plain = (time.perf_counter() - t0) / args.new_tokens
+        inner, marks = ALL_ATTENTION_FUNCTIONS[impl], []
+
+        def timed(*a, **kw):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = inner(*a, **kw)
+            stop.record()
+            marks.append((start, stop, a[1].shape))
+            return result
+
+        ALL_ATTENTION_FUNCTIONS[impl] = timed
+        try:
+            first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            first.record()
+            t0 = time.perf_counter()
+            model.generate(ids, **gen)
+            last.record()
+            torch.cuda.synchronize()
+            wrapped = (time.perf_counter() - t0) / args.new_tokens
+        finally:
+            del ALL_ATTENTION_FUNCTIONS[impl]
+    decode = [(s.elapsed_time(e), shape) for s, e, shape in marks if shape[2] == 1]
+    total = first.elapsed_time(last)
+    per_call = sorted(ms for ms, _ in decode)
+    print(f"== {impl}: {1e3 * plain:.2f} ms per token ({1e3 * wrapped:.2f} with the events), batch {args.batch}")
+    print(f"   attention calls {len(marks)} ({len(decode)} of one query); one-query calls' stream time: median "
+          f"{1e3 * per_call[len(per_call) // 2]:.1f} us, mean {1e3 * sum(per_call) / len(per_call):.1f} us, "
+          f"{sum(per_call) / total:.1%} of the generation's {total:.1f} ms")
 
 
 if __name__ == "__main__":
