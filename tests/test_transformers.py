@@ -87,6 +87,22 @@ def test_logits_and_greedy_tokens_match_sdpa(arch, calls):
     assert {shape[2] for shape in calls} == {23, 1} and len(calls) == 2 * (1 + 1 + 5)
 
 
+def test_unpadded_generate_reads_its_mask_once_per_step(calls, monkeypatch):
+    """generate passes an all-ones mask with every step of a dynamic cache: the
+    mask function finds it unpadded with one read (no PaddedBatch), and the
+    tokens are sdpa's."""
+    from cupy_gqa.integrations import transformers as integration
+
+    ids = torch.randint(0, 101, (2, 11), generator=torch.Generator().manual_seed(3))
+    ours, theirs = _model("llama", "cupy_gqa"), _model("llama", "sdpa")
+    monkeypatch.setattr(integration.PaddedBatch, "of", classmethod(lambda *a: pytest.fail("PaddedBatch.of called")))
+    with torch.no_grad():
+        gen_a = ours.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+        gen_b = theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+    assert torch.equal(gen_a, gen_b)
+    assert len(calls) == 2 * 4  # the prefill and 3 steps, 2 layers each, all on cupy_gqa
+
+
 def test_static_cache_prefill_and_decode_match_sdpa(calls):
     ids = torch.randint(0, 101, (1, 17), generator=torch.Generator().manual_seed(2))
     ours, theirs = _model("llama", "cupy_gqa"), _model("llama", "sdpa")

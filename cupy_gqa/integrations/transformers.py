@@ -113,6 +113,10 @@ def _mask(*args, local_size=None, **kwargs):
         padded = PaddedBatch(None, int(q_offset) + kwargs["q_length"], kwargs)
     else:
         padding = prepare_padding_mask(padding, kwargs["kv_length"], 0)  # (batch, kv_length)
+        if isinstance(q_offset, int) and q_offset + kwargs["q_length"] == kwargs["kv_length"] and bool(padding.all()):
+            # generate's mask of an unpadded batch over a dynamic cache (every step): one read,
+            # as sdpa's mask makes, in place of PaddedBatch.of's dozen small operations
+            return None
         padded = PaddedBatch.of(padding, kwargs["q_length"], q_offset, kwargs)
         if padded is None:  # padding inside a sequence, seen by its tokens: the full mask
             return sdpa_mask(*args, **kwargs)
