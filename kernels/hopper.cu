@@ -717,7 +717,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         } else {
             // ---- epilogue: O / l into this warpgroup's rows of the Q tile, then out ----------
             // (only this warpgroup's wgmmas read those rows, and they are done)
-    #pragma unroll
+#pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 float l = softmax::frag_row_sum(l_run[hf]);
                 float inv = softmax::out_scale(l, len < 0);
@@ -728,7 +728,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                         softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
                     inv = softmax::out_scale(l, len < 0) * alpha;
                 }
-    #pragma unroll
+#pragma unroll
                 for (int dt = 0; dt < DT; ++dt) {
                     // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8
                     const unsigned addr = (dt / 8) * L::Q_SLAB + swizzle128(r, dt % 8) + 4 * (lane & 3);
@@ -750,7 +750,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 fence_proxy_async();
                 warpgroup_sync(EPILOGUE_BAR + wg);
                 if (tid % 128 == 0) {
-    #pragma unroll
+#pragma unroll
                     for (int sl = 0; sl < L::SLABS; ++sl)
                         tma_store_4d(o_map, sQ + sl * L::Q_SLAB + wg * 64 * 128, sl * 64, kvh * group, (row0 + wg * 64) / group, b);
                     bulk_commit();
