@@ -9,7 +9,9 @@ The model is built from a config with random weights (no download):
     vocab 32000, bf16;
   - tiny: the same shape of model, small, float32.
 
-For each implementation it measures:
+Both models are built first and take turns in every measure (the order
+reversed every other repetition), so that a drift of the host's speed during
+the run reaches both alike. For each implementation it measures:
   - prefill: one forward of B4 S2048 (ms, median of the repetitions);
   - decode: greedy generate of 256 new tokens after a 512-token prompt, at
     B1 and at B8 (tokens/s = batch * new tokens / time), eager. It is measured
@@ -56,16 +58,22 @@ def sync(torch, device):
         torch.cuda.synchronize()
 
 
-def timed(torch, device, fn, reps: int) -> list[float]:
-    """Seconds of each of reps calls of fn, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(reps):
-        sync(torch, device)
-        t0 = time.perf_counter()
+def timed(torch, device, fns: dict, reps: int) -> dict:
+    """Seconds of each of reps calls of each fn of ``fns`` (name -> fn), after one
+    warm-up call of each. The implementations take turns, the order reversed
+    every other repetition, so that a drift of the host's or the GPU's speed
+    during the run reaches them alike."""
+    for fn in fns.values():
         fn()
-        sync(torch, device)
-        times.append(time.perf_counter() - t0)
+    times = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(reps):
+        for name in names if r % 2 == 0 else names[::-1]:
+            sync(torch, device)
+            t0 = time.perf_counter()
+            fns[name]()
+            sync(torch, device)
+            times[name].append(time.perf_counter() - t0)
     return times
 
 
@@ -73,34 +81,51 @@ def prompt(torch, batch: int, length: int, vocab: int, device: str, seed: int):
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed)).to(device)
 
 
-def measure(torch, model, args, device) -> dict:
-    vocab = model.config.vocab_size
-    res = {}
+def measure(torch, models: dict, args, device) -> dict:
+    """Every measure of every implementation (name -> model), taking turns."""
+    vocab = next(iter(models.values())).config.vocab_size
+    res = {name: {} for name in models}
+
+    def record(key, times, scale=None):
+        for name, t in times.items():
+            res[name][key] = statistics.median(t) * 1e3 if scale is None else scale / statistics.median(t)
+
     with torch.no_grad():
         ids = prompt(torch, args.prefill_batch, args.prefill_len, vocab, device, 1)
-        t = timed(torch, device, lambda: model(ids), args.reps)
-        res["prefill_ms"] = statistics.median(t) * 1e3
+        record("prefill_ms", timed(torch, device, {n: (lambda m=m: m(ids)) for n, m in models.items()}, args.reps))
         for batch in args.decode_batches:
             gen = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
             ids = prompt(torch, batch, args.prompt_len, vocab, device, 2)
-            t = timed(torch, device, lambda: model.generate(ids, **gen), args.reps)
-            res[f"decode_b{batch}_warm_tok_s"] = batch * args.new_tokens / statistics.median(t)
-            cold = []
-            for i in range(args.reps):  # a prompt length not seen before, each time
+            fns = {n: (lambda m=m: m.generate(ids, **gen)) for n, m in models.items()}
+            record(f"decode_b{batch}_warm_tok_s", timed(torch, device, fns, args.reps), batch * args.new_tokens)
+            cold = {name: [] for name in models}
+            names = list(models)
+            for i in range(args.reps):  # a prompt length not seen before, each time (the same for each model)
                 ids = prompt(torch, batch, args.prompt_len - 1 - i, vocab, device, 3 + i)
-                sync(torch, device)
-                t0 = time.perf_counter()
-                model.generate(ids, **gen)
-                sync(torch, device)
-                cold.append(time.perf_counter() - t0)
-            res[f"decode_b{batch}_cold_tok_s"] = batch * args.new_tokens / statistics.median(cold)
+                for name in names if i % 2 == 0 else names[::-1]:
+                    sync(torch, device)
+                    t0 = time.perf_counter()
+                    models[name].generate(ids, **gen)
+                    sync(torch, device)
+                    cold[name].append(time.perf_counter() - t0)
+            record(f"decode_b{batch}_cold_tok_s", cold, batch * args.new_tokens)
         if device != "cpu":
-            res.update(graph_step(torch, model, args, device))
+            replays = {}
+            for name, model in models.items():
+                made = graph_step(torch, model, args, device)
+                if callable(made):
+                    replays[name] = made
+                else:
+                    res[name]["graph_step_error"] = made
+            if replays:
+                for name, t in timed(torch, device, replays, max(20, args.reps)).items():
+                    res[name]["graph_step_us"] = statistics.median(t) * 1e6
     return res
 
 
-def graph_step(torch, model, args, device) -> dict:
-    """One decode step of batch 1 with a static cache, captured in a CUDA graph."""
+def graph_step(torch, model, args, device):
+    """One decode step of batch 1 with a static cache, captured in a CUDA graph:
+    the graph's replay, or the error of a capture that failed."""
     from transformers import StaticCache
 
     try:
@@ -123,10 +148,10 @@ def graph_step(torch, model, args, device) -> dict:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
-        t = timed(torch, device, graph.replay, max(20, args.reps))
-        return {"graph_step_us": statistics.median(t) * 1e6}
+        graph.keep = (cache, token, step_pos)  # what the replay reads and writes
+        return graph.replay
     except Exception as e:  # reported, not hidden: the capture of this implementation failed
-        return {"graph_step_error": f"{type(e).__name__}: {e}"[:300]}
+        return f"{type(e).__name__}: {e}"[:300]
 
 
 def environment(torch, transformers) -> dict:
@@ -189,14 +214,11 @@ def main(argv=None) -> int:
 
     cupy_gqa_hf.register()
     dtype = torch.bfloat16 if args.config == "full" else torch.float32
-    results = {}
+    models = {attn: build(torch, transformers, args.config, attn, args.device, dtype) for attn in IMPLS}
+    results = measure(torch, models, args, args.device)
     for attn in IMPLS:
-        model = build(torch, transformers, args.config, attn, args.device, dtype)
-        results[attn] = measure(torch, model, args, args.device)
         print(attn, json.dumps(results[attn]), flush=True)
-        del model
-        if args.device != "cpu":
-            torch.cuda.empty_cache()
+    del models
     env = environment(torch, transformers)
     from bench_attention import gpu_tag
 

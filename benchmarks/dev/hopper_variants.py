@@ -1,12 +1,15 @@
 """Time the hopper kernel of several checkouts in one process.
 
-    python benchmarks/dev/hopper_variants.py DIR [DIR ...] [--cases H1,H3] [--reps 20]
+    python benchmarks/dev/hopper_variants.py DIR [DIR ...] [--cases H1,H3] [--reps 20] [--rounds 1]
 
 Each DIR holds a copy of `cupy_gqa/` and `kernels/` (say from
 `git archive REV cupy_gqa kernels | tar -x -C DIR`). Each runs in a process of
 its own with DIR first on the import path, and prints one line per case: the
 median of --reps CUDA-event timings of `attention(..., kernel="hopper")` after
-a warm-up, with torch's cuDNN backend timed the same way in the first process.
+a warm-up (0.3 s of calls: the clocks up from idle), with torch's cuDNN
+backend timed the same way in the first DIR's process. With --rounds N the
+DIRs run N times, the order reversed every other round, and each keeps its
+best median (processes differ by a few per cent from one to the next).
 The table's cases and their shapes come from benchmarks/bench_attention.py.
 """
 import argparse
@@ -27,8 +30,11 @@ from bench_attention import CASES
 cases, reps, with_torch = sys.argv[3].split(","), int(sys.argv[4]), sys.argv[5] == "1"
 
 def median_ms(fn):
-    for _ in range(3):
+    import time
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.3:  # the clocks up from idle before timing
         fn()
+        cupy.cuda.runtime.deviceSynchronize()
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     times = []
     for _ in range(reps):
@@ -61,20 +67,26 @@ def main():
     parser.add_argument("dirs", nargs="+")
     parser.add_argument("--cases", default="H1,H2,H3,H4,N1,H5,H6,H7")
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the dirs this many times, the order reversed every other round; the best median of each")
     args = parser.parse_args()
     rows = {}
-    for i, d in enumerate(args.dirs):
-        proc = subprocess.run(
-            [sys.executable, "-c", WORKER, os.path.abspath(d), os.path.dirname(HERE), args.cases, str(args.reps),
-             "1" if i == 0 else "0"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        if proc.returncode:
-            print(f"{d}: failed\n{proc.stderr[-3000:]}", flush=True)
-            continue
-        for line in proc.stdout.splitlines():
-            row = json.loads(line)
-            rows.setdefault(row["case"], {}).update({d: row["hopper_ms"], **({"cudnn": row["cudnn_ms"]} if "cudnn_ms" in row else {})})
+    for r in range(args.rounds):
+        for i, d in enumerate(args.dirs if r % 2 == 0 else args.dirs[::-1]):
+            proc = subprocess.run(
+                [sys.executable, "-c", WORKER, os.path.abspath(d), os.path.dirname(HERE), args.cases, str(args.reps),
+                 "1" if d == args.dirs[0] else "0"],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            if proc.returncode:
+                print(f"{d}: failed\n{proc.stderr[-3000:]}", flush=True)
+                continue
+            for line in proc.stdout.splitlines():
+                row = json.loads(line)
+                best = rows.setdefault(row["case"], {})
+                for key, value in ((d, row["hopper_ms"]), ("cudnn", row.get("cudnn_ms"))):
+                    if value is not None:
+                        best[key] = min(best.get(key, value), value)
     names = [os.path.basename(os.path.normpath(d)) for d in args.dirs]
     print("case   " + " ".join(f"{n:>10}" for n in names) + "      cudnn")
     for case, r in rows.items():
