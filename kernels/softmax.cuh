@@ -185,12 +185,20 @@ __device__ __forceinline__ float frag_modify(float (&s)[NT][4], int n0, int n, i
     return M::SCORES ? 1.44269504088896340736f : scale_log2;
 }
 
-// Row hf's max of s over the quad.
+// Row hf's max of s over the quad: a tree of pairwise maxima, log2(2 NT) deep
+// where a running max is a chain of NT dependent instructions (each waiting
+// for the last). fmaxf drops a NaN operand, so the order changes nothing; the
+// -inf last makes a row of NaNs -inf, as a running max from -inf does.
 template <int NT>
 __device__ __forceinline__ float frag_row_max(const float (&s)[NT][4], int hf) {
-    float mx = neg_inf<float>();
+    float v[NT];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
+    for (int nt = 0; nt < NT; ++nt) v[nt] = fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]);
+#pragma unroll
+    for (int w = 1; w < NT; w *= 2)
+#pragma unroll
+        for (int nt = 0; nt + w < NT; nt += 2 * w) v[nt] = fmaxf(v[nt], v[nt + w]);
+    float mx = fmaxf(v[0], neg_inf<float>());
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     return mx;

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""This tree's hopper kernel against another checkout's, in one process.
+
+    python3 benchmarks/dev/hopper_ab.py DIR [--cases H3,H1] [--rounds 3] [--reps 30]
+
+DIR holds a copy of `cupy_gqa/` and `kernels/` (a patched tree, say). Its
+package is imported a second time under the name `cupy_gqa_b` (the package's
+imports of itself are relative, and its kernels are read from DIR/kernels), so
+both versions, and torch's cuDNN backend, are timed in turn in the same
+process, the order rotated every round: the drift of clocks and of the host
+from one process to the next (a few per cent on the H200 machine, enough to
+hide a kernel step) reaches all three alike. Each keeps its best median
+(bench_attention's Timer: CUDA events, L2 flushed before each rep). The two
+versions' outputs are compared bit for bit.
+"""
+import argparse
+import importlib.util
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import bench_attention as ba  # noqa: E402
+from hopper_persistent_ab import SHAPES  # noqa: E402
+
+
+def load_copy(directory: str, name: str = "cupy_gqa_b"):
+    """The package of DIR/cupy_gqa imported as ``name``."""
+    pkg = os.path.join(os.path.abspath(directory), "cupy_gqa")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(pkg, "__init__.py"),
+                                                  submodule_search_locations=[pkg])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dir")
+    ap.add_argument("--cases", default="H3,H1,H2,N1,H4")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    torch, cupy, cupy_gqa = ba.load_gpu_stack()
+    other = load_copy(args.dir)
+    assert other.attention is not cupy_gqa.attention
+    timer = ba.Timer(torch, fast_reps=args.reps, slow_reps=max(5, args.reps // 3))
+    want = args.cases.split(",")
+    label = os.path.basename(os.path.normpath(args.dir))
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}  "
+          f"B = {label}, {args.rounds} rounds")
+    print(f"{'case':10} {'A (here)':>9} {'B':>9} {'cudnn':>9} {'B/A':>7} {'A/cudnn':>8} {'B/cudnn':>8} equal")
+    for name, b, s, hq, hkv, d, dt, causal in SHAPES:
+        if name not in want:
+            continue
+        dtype = getattr(torch, dt)
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(b, s, hq, d, device="cuda", dtype=dtype, generator=g)
+        k = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype, generator=g)
+        v = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype, generator=g)
+        out_a, out_b = torch.empty_like(q), torch.empty_like(q)
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+        def cudnn():
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+                torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True)
+
+        fns = [lambda: cupy_gqa.attention(q, k, v, causal=causal, out=out_a, kernel="hopper"),
+               lambda: other.attention(q, k, v, causal=causal, out=out_b, kernel="hopper"),
+               cudnn]
+        for f in fns[:2]:
+            f()
+        torch.cuda.synchronize()
+        equal = torch.equal(out_a.view(torch.int16), out_b.view(torch.int16))
+        best = [float("inf")] * 3
+        for r in range(args.rounds):
+            order = [(i + r) % 3 for i in range(3)]
+            for i in order:
+                best[i] = min(best[i], timer(fns[i]).ms)
+        ta, tb, tc = best
+        print(f"{name:10} {ta:9.4f} {tb:9.4f} {tc:9.4f} {tb / ta:7.3f} {ta / tc:8.3f} {tb / tc:8.3f} {equal}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
