@@ -346,7 +346,7 @@ def tiled_head_dims(dtype: str) -> tuple:
 # padded to the next of these (any multiple of 8 up to 256 runs).
 HOPPER_TILES = {
     64: (128, 128, 4),
-    128: (128, 128, 3),
+    128: (128, 128, 2),
     192: (128, 96, 2),
     256: (128, 64, 2),
 }
@@ -368,13 +368,26 @@ def hopper_head_dim_pad(head_dim: int) -> int:
     return next(d for d in HOPPER_TILES if d >= head_dim)
 
 
+HOPPER_SMEM_MAX = 232448  # an sm_90 CTA's dynamic shared memory at most (227 KB)
+
+
+def hopper_q_slots(head_dim_pad: int, block_m: int, block_n: int, stages: int) -> int:
+    """Q tiles of kernels/hopper.cu (HopperSmem::Q_SLOTS, the same rule): two
+    where they fit beside the K/V stages (a warpgroup's next Q rows then load
+    while it works on its last tile), except at head dim 64, whose epilogue
+    frees Q early; else one."""
+    two = (2 * block_m + 2 * stages * block_n) * head_dim_pad * 2 + 8 * (8 + 4 * stages) + 32 + 1024
+    return 2 if head_dim_pad != 64 and two <= HOPPER_SMEM_MAX else 1
+
+
 def hopper_smem(head_dim_pad: int, block_m: int, block_n: int, stages: int) -> int:
     """Dynamic shared memory of kernels/hopper.cu, HopperSmem::BYTES (the kernel
-    static_asserts that the two agree): the Q tile and STAGES K and STAGES V
-    tiles, 2-byte elements, the 8-byte mbarriers (full and empty of each
-    warpgroup's Q rows, of each K and of each V stage), 16 bytes of tile indices,
-    1024 bytes of alignment slack."""
-    return (block_m + 2 * stages * block_n) * head_dim_pad * 2 + 8 * (4 + 4 * stages) + 16 + 1024
+    static_asserts that the two agree): hopper_q_slots Q tiles and STAGES K and
+    STAGES V tiles, 2-byte elements, the 8-byte mbarriers (full and empty of
+    each warpgroup's Q rows in each Q tile, of each K and of each V stage), 16
+    bytes of tile indices per Q tile, 1024 bytes of alignment slack."""
+    qs = hopper_q_slots(head_dim_pad, block_m, block_n, stages)
+    return (qs * block_m + 2 * stages * block_n) * head_dim_pad * 2 + 8 * (4 * qs + 4 * stages) + 16 * qs + 1024
 
 
 HOPPER = {

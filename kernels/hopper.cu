@@ -103,7 +103,13 @@
  * is 128 bytes and its 16-byte chunk c sits at r * 128 + ((c ^ (r % 8)) * 16)
  * -- the 128-byte swizzle that wgmma reads without bank conflicts
  * (descriptor layout type 1):
- *   [ Q: BLOCK_M rows | K stages 0 .. STAGES-1 | V stages 0 .. STAGES-1 | mbarriers | next_tile ]
+ *   [ Q tiles 0 .. Q_SLOTS-1: BLOCK_M rows each | K stages 0 .. STAGES-1 | V stages 0 .. STAGES-1 |
+ *     mbarriers | next_tile ]
+ * Q_SLOTS (HopperSmem) is 2 where two Q tiles fit beside the K/V stages
+ * (head dim 128, two stages) but not at head dim 64 (its epilogue frees Q
+ * early): a warpgroup's t-th tile uses Q tile t % Q_SLOTS, so the producer
+ * loads its next tile's rows while it still works on (and stages out through)
+ * the last one's.
  * K is read K-major (contiguous along head_dim, the reduction of Q K^T); V is
  * read by the same layout as the N-major B operand of P V (trans-b). The
  * output tile is staged through the Q tile's space, in the same layout.
@@ -240,12 +246,21 @@ struct HopperSmem {
     static constexpr int KV_SLAB = BLOCK_N * 128;  // ... of a K or V tile
     static constexpr int Q_BYTES = SLABS * Q_SLAB;
     static constexpr int KV_BYTES = SLABS * KV_SLAB;
-    // full and empty of each warpgroup's Q rows, of each K and of each V stage
-    static constexpr int BARRIERS = 4 + 4 * STAGES;
-    // tiles from a 1024-aligned base (Q, STAGES K tiles, STAGES V tiles), then
-    // the barriers, then the next tile of each consumer warpgroup and of the
-    // producer (16 bytes); + 1024 slack for the alignment
-    static constexpr int BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 16 + 1024;
+    // Q tiles: two where they fit beside the K/V stages in an SM's 227 KB (a
+    // warpgroup's next Q rows then load while it still works on its last
+    // tile), except at head dim 64, whose epilogue frees Q early anyway
+    // (cupy_gqa/_specs.py: hopper_q_slots, the same rule)
+    // (an enumerator: NVRTC emits this static member as an unused global otherwise)
+    enum : int {
+        Q_SLOTS = HEAD_DIM_PAD != 64 && 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * (8 + 4 * STAGES) + 32 + 1024 <= 232448 ? 2 : 1
+    };
+    // full and empty of each warpgroup's Q rows in each Q tile, of each K and of each V stage
+    static constexpr int BARRIERS = 4 * Q_SLOTS + 4 * STAGES;
+    // tiles from a 1024-aligned base (Q_SLOTS Q tiles, STAGES K tiles, STAGES V
+    // tiles), then the barriers, then the next tile of each consumer warpgroup
+    // in each Q tile and the producer's (16 bytes a Q tile); + 1024 slack for
+    // the alignment
+    static constexpr int BYTES = Q_SLOTS * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 16 * Q_SLOTS + 1024;
 };
 
 // The kernel's body, for the kernel without modifiers (M = NoMods, MP =
@@ -285,24 +300,26 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     const unsigned base = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
     unsigned char* const smem = smem_raw + (base - raw);
     const unsigned sQ = base;
-    const unsigned sK = sQ + L::Q_BYTES;       // K stage s at sK + s * KV_BYTES
+    constexpr int QS = L::Q_SLOTS;             // Q tile of a warpgroup's t-th tile: t % QS
+    const unsigned sK = sQ + QS * L::Q_BYTES;  // K stage s at sK + s * KV_BYTES
     const unsigned sV = sK + STAGES * L::KV_BYTES;
     const unsigned bars = sV + STAGES * L::KV_BYTES;
     // Each consumer warpgroup h has Q rows of its own (rows [64 h, 64 h + 64) of
     // the Q tile), loaded for its next tile once it is done with the last one,
     // so warpgroup 0 starts a tile while warpgroup 1 still finishes the one before.
-    auto q_full = [&](int h) { return bars + 8 * h; };                     // its Q rows have landed
-    auto q_empty = [&](int h) { return bars + 8 * (2 + h); };              // ... and are free again
+    // (in Q tile qs: with two, the next tile's rows land while the last's are in use)
+    auto q_full = [&](int h, int qs) { return bars + 8 * (2 * qs + h); };        // its Q rows have landed
+    auto q_empty = [&](int h, int qs) { return bars + 8 * (2 * QS + 2 * qs + h); };  // ... and are free again
     // K and V run in pipelines of their own: K_j is free again once Q K_j^T is
     // done, V_j only once P_j V_j is, a tile later (see the consumer loop). The
     // rings run on across a persistent CTA's tiles (ring position r: stage
     // r % STAGES, its (r / STAGES)-th use).
-    auto k_full = [&](int s) { return bars + 8 * (4 + s); };               // K stage s has landed
-    auto k_empty = [&](int s) { return bars + 8 * (4 + STAGES + s); };     // ... and has been read
-    auto v_full = [&](int s) { return bars + 8 * (4 + 2 * STAGES + s); }; // V stage s has landed
-    auto v_empty = [&](int s) { return bars + 8 * (4 + 3 * STAGES + s); }; // ... and has been read
-    // next_tile[h]: the tile consumer warpgroup h takes when q_full(h) completes
-    // (-1: none, the CTA is done); next_tile[2]: the producer's own copy
+    auto k_full = [&](int s) { return bars + 8 * (4 * QS + s); };               // K stage s has landed
+    auto k_empty = [&](int s) { return bars + 8 * (4 * QS + STAGES + s); };     // ... and has been read
+    auto v_full = [&](int s) { return bars + 8 * (4 * QS + 2 * STAGES + s); }; // V stage s has landed
+    auto v_empty = [&](int s) { return bars + 8 * (4 * QS + 3 * STAGES + s); }; // ... and has been read
+    // next_tile[2 qs + h]: the tile consumer warpgroup h takes when q_full(h, qs)
+    // completes (-1: none, the CTA is done); next_tile[2 QS]: the producer's own copy
     volatile int* const next_tile = reinterpret_cast<volatile int*>(smem + (bars - base) + 8 * L::BARRIERS);
 
     // Q in and out by bulk tensor copies (the host's choice, qo_bulk): the boxes
@@ -312,10 +329,11 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     const bool bulk_qo = ADDR == 0 && qo_bulk != 0;
     const int tid = threadIdx.x;
     if (tid == 0) {
-        for (int h = 0; h < 2; ++h) {
-            mbar_init(q_full(h), 1);           // one producer thread arrives (with the copies' bytes, if bulk)
-            mbar_init(q_empty(h), 128);        // every thread of warpgroup h
-        }
+        for (int qs = 0; qs < QS; ++qs)
+            for (int h = 0; h < 2; ++h) {
+                mbar_init(q_full(h, qs), 1);       // one producer thread arrives (with the copies' bytes, if bulk)
+                mbar_init(q_empty(h, qs), 128);    // every thread of warpgroup h
+            }
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);           // one producer thread arrives (and the copies' bytes land)
             mbar_init(v_full(s), 1);
@@ -452,15 +470,16 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 for (int h = 0; h < 2; ++h) {
                     // warpgroup h's 64 rows of the Q tile, rows past the queries and
                     // columns past head_dim zero-filled, once it is done with its last tile
-                    if (published > 0) mbar_wait(q_empty(h), (published - 1) & 1);
-                    if (pt == 0) next_tile[h] = tile;
-                    const unsigned dst = sQ + h * 64 * 128;
+                    const int qs = published % QS;  // its Q tile; its use published / QS
+                    if (published >= QS) mbar_wait(q_empty(h, qs), (published / QS - 1) & 1);
+                    if (pt == 0) next_tile[2 * qs + h] = tile;
+                    const unsigned dst = sQ + qs * L::Q_BYTES + h * 64 * 128;
                     if (bulk_qo) {
                         if (pt == 0) {
-                            mbar_expect_tx(q_full(h), L::Q_BYTES / 2);
+                            mbar_expect_tx(q_full(h, qs), L::Q_BYTES / 2);
 #pragma unroll
                             for (int sl = 0; sl < L::SLABS; ++sl)
-                                tma_load_4d(dst + sl * L::Q_SLAB, q_map, q_full(h), sl * 64, kvh * group,
+                                tma_load_4d(dst + sl * L::Q_SLAB, q_map, q_full(h, qs), sl * 64, kvh * group,
                                             (row0 + h * 64) / group, b);
                         }
                     } else {
@@ -474,7 +493,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                                               : q;
                             cp_async_16(dst + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
                         }
-                        copies_arrive(q_full(h));
+                        copies_arrive(q_full(h, qs));
                     }
                 }
                 for (int i = 0; i < num_n; ++i) {
@@ -491,18 +510,19 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                     if (fetched == num_tiles - 1) atomicExch(tile_counter, 0);  // the launch's last fetch
                     if (fetched < num_tiles - (int)gridDim.x) after = (int)gridDim.x + fetched;
                 }
-                next_tile[2] = after;
+                next_tile[2 * QS] = after;
             }
             producer_sync();
-            tile = __shfl_sync(0xffffffffu, next_tile[2], 0);
+            tile = __shfl_sync(0xffffffffu, next_tile[2 * QS], 0);
             producer_sync();                   // read by all before thread 0 writes it again
         }
         // no more tiles: each warpgroup learns it once it is done with its last
         for (int h = 0; h < 2; ++h) {
-            if (published > 0) mbar_wait(q_empty(h), (published - 1) & 1);
+            const int qs = published % QS;
+            if (published >= QS) mbar_wait(q_empty(h, qs), (published / QS - 1) & 1);
             if (pt == 0) {
-                next_tile[h] = -1;
-                mbar_arrive(q_full(h));
+                next_tile[2 * qs + h] = -1;
+                mbar_arrive(q_full(h, qs));
             }
         }
         cp_async_wait_all();                   // nothing in flight when the warpgroup exits
@@ -523,7 +543,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     const int lane = tid & 31;
     const int my_row = wg * 64 + ((tid / 32) & 3) * 16 + (lane >> 2);  // + 8 hf: the lane's rows hf = 0, 1
 
-    const unsigned long long desc_q = make_smem_desc(sQ + wg * 64 * 128, 16, 1024);
+    const unsigned long long desc_q0 = make_smem_desc(sQ + wg * 64 * 128, 16, 1024);
     const unsigned long long desc_k0 = make_smem_desc(sK, 16, 1024);
     const unsigned long long desc_v0 = make_smem_desc(sV, L::KV_SLAB, 1024);
     // a k-step of Q K^T moves 32 bytes inside a slab, then to the next slab
@@ -548,8 +568,11 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
 
     int ring = 0;                              // ring position of the tile's first key tile
     for (int tn = 0;; ++tn) {
-        mbar_wait(q_full(wg), tn & 1);
-        const int tile_index = __shfl_sync(0xffffffffu, next_tile[wg], 0);
+        const int qs = tn % QS;                // this tile's Q rows: Q tile qs, its use tn / QS
+        mbar_wait(q_full(wg, qs), (tn / QS) & 1);
+        const int tile_index = __shfl_sync(0xffffffffu, next_tile[2 * qs + wg], 0);
+        const unsigned sQt = sQ + qs * L::Q_BYTES;  // the Q tile, and the epilogue's staging
+        const unsigned long long desc_q = desc_q0 + (unsigned long long)((qs * L::Q_BYTES) >> 4);
         if (tile_index < 0) break;
         Sequence<ADDR> sqn;  // the tile's sequence: where its queries and keys are
         const PrefillTile<CAUSAL, M::WINDOW> tile =
@@ -640,7 +663,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             wgmma_wait<0>();
             fence_regs(flat(s));
             mbar_arrive(k_empty(ring % STAGES));
-            if (DIRECT_OUT && num_n == 1) mbar_arrive(q_empty(wg));  // the tile's last read of Q is done
+            if (DIRECT_OUT && num_n == 1) mbar_arrive(q_empty(wg, qs));  // the tile's last read of Q is done
             const bool rescale = probabilities(s, j0, alpha, rs);
             softmax::frag_rescale(o, l_run, rescale, alpha, rs);
             to_operand(s);
@@ -659,7 +682,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             wgmma_wait<1>();                   // S_j is ready: K_j is free
             fence_regs(flat(s));
             mbar_arrive(k_empty((ring + j) % STAGES));
-            if (DIRECT_OUT && j == num_n - 1) mbar_arrive(q_empty(wg));  // and so is Q after the last
+            if (DIRECT_OUT && j == num_n - 1) mbar_arrive(q_empty(wg, qs));  // and so is Q after the last
             auto pv_done = [&] {
                 wgmma_wait<0>();               // P_{j-1} V_{j-1} is done: V_{j-1} is free
                 fence_regs(flat(o));
@@ -684,7 +707,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         ring += num_n;
 
         if constexpr (DIRECT_OUT) {
-            if (num_n == 0) mbar_arrive(q_empty(wg));  // Q was never read
+            if (num_n == 0) mbar_arrive(q_empty(wg, qs));  // Q was never read
 
             // ---- epilogue: O / l from the registers straight to out ---------------------------
             // (a lane holds columns 8 dt + 2 (lane % 4) + {0, 1} of its two rows: four
@@ -732,7 +755,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 for (int dt = 0; dt < DT; ++dt) {
                     // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8
                     const unsigned addr = (dt / 8) * L::Q_SLAB + swizzle128(r, dt % 8) + 4 * (lane & 3);
-                    *reinterpret_cast<unsigned*>(smem + (sQ - base) + addr) =
+                    *reinterpret_cast<unsigned*>(smem + (sQt - base) + addr) =
                         pack2<T>(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
                 }
                 if (lse != nullptr && (lane & 3) == 0) {
@@ -752,7 +775,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 if (tid % 128 == 0) {
 #pragma unroll
                     for (int sl = 0; sl < L::SLABS; ++sl)
-                        tma_store_4d(o_map, sQ + sl * L::Q_SLAB + wg * 64 * 128, sl * 64, kvh * group, (row0 + wg * 64) / group, b);
+                        tma_store_4d(o_map, sQt + sl * L::Q_SLAB + wg * 64 * 128, sl * 64, kvh * group, (row0 + wg * 64) / group, b);
                     bulk_commit();
                     bulk_wait_read();  // the rows stay until the copies have read them
                 }
@@ -767,11 +790,11 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                         T* dst = out + (index_t)b * p.o_stride[0] + (index_t)(sqn.q0() + t) * p.o_stride[1] +
                                  (index_t)q_head_of(kvh, g, group) * p.o_stride[2] + ch * 8;
                         *reinterpret_cast<uint4*>(dst) =
-                            *reinterpret_cast<const uint4*>(smem + (sQ - base) + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8));
+                            *reinterpret_cast<const uint4*>(smem + (sQt - base) + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8));
                     }
                 }
             }
-            mbar_arrive(q_empty(wg));          // the warpgroup's Q rows are free for its next tile
+            mbar_arrive(q_empty(wg, qs));          // the warpgroup's Q rows are free for its next tile
         }
     }
     if (wg == 0) take_turn();                  // warpgroup 1's pass after its last turn

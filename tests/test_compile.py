@@ -239,7 +239,7 @@ def test_seq_instantiation_names():
     decode = _specs.with_seq(_specs.decode_spec("bfloat16", 128, 64, arch), 6)  # the 64-row layout
     assert decode.name == "decode_mma_attention_seq<__nv_bfloat16, 128, 4, 9, 91136, 6>" and decode.block_m == 64
     hopper = _specs.with_seq(_specs.hopper_spec("bfloat16", 128, True, arch), 1)  # the same tile and threads
-    assert hopper.name == "hopper_attention_seq<__nv_bfloat16, 128, 128, 128, 3, true, 230544, 1>" and hopper.threads == 384
+    assert hopper.name == "hopper_attention_seq<__nv_bfloat16, 128, 128, 128, 2, true, 197792, 1>" and hopper.threads == 384
 
 
 def _decode_specs():

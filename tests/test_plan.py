@@ -311,6 +311,9 @@ def test_hopper_smem_fits_and_head_dims_pad():
     assert [_specs.hopper_head_dim_pad(d) for d in (8, 64, 72, 128, 136, 192, 200, 256)] == [64, 64, 128, 128, 192, 192, 256, 256]
     for spec in _specs.HOPPER.values():
         assert spec.smem <= 227 * 1024, spec.name  # sm_90's largest dynamic shared memory per block
+    # two Q tiles where they fit beside the K/V stages (not at head dim 64, whose epilogue frees Q early)
+    slots = {d: _specs.hopper_q_slots(d, *tile) for d, tile in _specs.HOPPER_TILES.items()}
+    assert slots == {64: 1, 128: 2, 192: 1, 256: 1}
 
 
 @pytest.mark.parametrize("cc,arch", [((7, 0), "sm_70"), ((7, 2), "sm_70"), ((7, 5), "sm_75"), ((8, 6), "sm_86"),
@@ -543,6 +546,7 @@ def test_hopper_barrier_protocol_model():
     spec = importlib.util.spec_from_file_location("hopper_barriers", path)
     model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(model)
-    for direct_out in (False, True):  # the two epilogues (head dim 64: Q freed after the last Q K^T)
-        assert model.check(q_empty_wait=True, direct_out=direct_out) is None
-        assert "waited for phase" in model.check(q_empty_wait=False, direct_out=direct_out)
+    # the two epilogues (head dim 64: Q freed after the last Q K^T), one and two Q tiles
+    for direct_out, q_slots in ((False, 1), (True, 1), (False, 2)):
+        assert model.check(q_empty_wait=True, direct_out=direct_out, q_slots=q_slots) is None
+        assert model.check(q_empty_wait=False, direct_out=direct_out, q_slots=q_slots) is not None

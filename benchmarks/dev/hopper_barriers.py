@@ -4,7 +4,7 @@ tiles (each with its own number of key tiles, none included).
 
 Three coroutines make the kernel's waits and arrivals in the kernel's order:
 the K and V rings (mbarriers full / empty per stage, the empty ones needing
-both warpgroups), each warpgroup's Q rows (q_full / q_empty, the last q_full
+both warpgroups), each warpgroup's Q rows in each Q tile (q_full / q_empty, the last q_full
 carrying "no more tiles"), and the turns of the two warpgroups (named
 barriers: one warpgroup's bar.arrive meets the other's bar.sync). A
 scheduler interleaves them at random. Every run must end (no deadlock); a
@@ -25,7 +25,8 @@ class Broken(Exception):
     pass
 
 
-def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_out: bool = False) -> bool:
+def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_out: bool = False,
+        q_slots: int = 1) -> bool:
     phase: dict = {}  # barrier -> phases completed
     pending: dict = {}  # barrier -> arrivals towards its current phase
     turn = [0, 0]  # passes waiting to be taken, per warpgroup
@@ -61,9 +62,10 @@ def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_o
             if n > 0:
                 yield from fill("k", ring)
             for h in (0, 1):
-                while q_empty_wait and published > 0 and not done(("q_empty", h), published - 1):
+                qs, use = published % q_slots, published // q_slots  # the Q tile, its use
+                while q_empty_wait and use > 0 and not done(("q_empty", h, qs), use - 1):
                     yield
-                arrive(("q_full", h))
+                arrive(("q_full", h, qs))
             for i in range(n):
                 if i > 0:
                     yield from fill("k", ring + i)
@@ -71,9 +73,10 @@ def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_o
             ring += n
             published += 1
         for h in (0, 1):  # no more tiles
-            while q_empty_wait and published > 0 and not done(("q_empty", h), published - 1):
+            qs, use = published % q_slots, published // q_slots
+            while q_empty_wait and use > 0 and not done(("q_empty", h, qs), use - 1):
                 yield
-            arrive(("q_full", h))
+            arrive(("q_full", h, qs))
 
     def consumer(wg):
         ring = 0
@@ -90,7 +93,8 @@ def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_o
         if wg == 1:
             pass_turn(0)
         for t in range(len(tiles) + 1):
-            while not done(("q_full", wg), t):
+            qs = t % q_slots
+            while not done(("q_full", wg, qs), t // q_slots):
                 yield
             if t == len(tiles):
                 break
@@ -105,12 +109,12 @@ def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_o
                 if j < n:
                     arrive(("k_empty", (ring + j) % stages), EMPTY_ARRIVALS)
                 if direct_out and j == n - 1:
-                    arrive(("q_empty", wg))  # the last Q K^T is done: Q is free
+                    arrive(("q_empty", wg, qs))  # the last Q K^T is done: Q is free
                 if j > 0:
                     arrive(("v_empty", (ring + j - 1) % stages), EMPTY_ARRIVALS)
             ring += n
             if not direct_out or n == 0:
-                arrive(("q_empty", wg))  # after the epilogue (staged through Q), or Q never read
+                arrive(("q_empty", wg, qs))  # after the epilogue (staged through Q), or Q never read
         if wg == 0:
             yield from take()  # warpgroup 1's pass after its last turn
 
@@ -129,16 +133,17 @@ def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_o
     return True
 
 
-def check(q_empty_wait: bool, direct_out: bool = False) -> str | None:
+def check(q_empty_wait: bool, direct_out: bool = False, q_slots: int = 1) -> str | None:
     """None if every schedule of every case passes, else what broke (direct_out:
-    the head-dim-64 epilogue, Q freed after the last Q K^T)."""
+    the head-dim-64 epilogue, Q freed after the last Q K^T; q_slots: Q tiles,
+    a warpgroup's t-th tile in Q tile t % q_slots)."""
     rng = random.Random(0)
     for stages in (2, 3, 4):
         for case in range(60):
             tiles = [rng.choice((0, 1, 1, 2, 3, 5, 8)) for _ in range(rng.randint(1, 6))]
             for seed in range(40):
                 try:
-                    if not run(stages, tiles, seed, q_empty_wait, direct_out):
+                    if not run(stages, tiles, seed, q_empty_wait, direct_out, q_slots):
                         return f"deadlock: STAGES {stages}, key tiles per tile {tiles}, schedule {seed}"
                 except Broken as e:
                     return f"{e}: STAGES {stages}, key tiles per tile {tiles}, schedule {seed}"
@@ -150,9 +155,9 @@ if __name__ == "__main__":
         problem = check(q_empty_wait=False)
         print(f"without the q_empty waits: {problem or 'no failure found'}")
         sys.exit(0 if problem else 1)
-    for direct_out in (False, True):
-        problem = check(q_empty_wait=True, direct_out=direct_out)
+    for direct_out, q_slots in ((False, 1), (True, 1), (False, 2)):  # the kernel's three layouts
+        problem = check(q_empty_wait=True, direct_out=direct_out, q_slots=q_slots)
         if problem:
-            sys.exit(f"hopper barrier protocol (direct_out {direct_out}): {problem}")
-    print("hopper barrier protocol, both epilogues: no deadlock, no phase ambiguity, no turn passed twice "
-          "(STAGES 2-4, 60 tile lists of 1-6 tiles with 0-8 key tiles each, 40 schedules each)")
+            sys.exit(f"hopper barrier protocol (direct_out {direct_out}, q_slots {q_slots}): {problem}")
+    print("hopper barrier protocol, both epilogues, one and two Q tiles: no deadlock, no phase ambiguity, no turn "
+          "passed twice (STAGES 2-4, 60 tile lists of 1-6 tiles with 0-8 key tiles each, 40 schedules each)")

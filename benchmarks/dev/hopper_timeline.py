@@ -77,14 +77,14 @@ def _mark(indent: int, who: str, code: str, value: str) -> str:
 # (a place in kernels/hopper.cu, found exactly once; the text put before or after it)
 INSERTIONS = [
     ("    const int tid = threadIdx.x;\n", "after", "    int cg_n = 0;\n"),
-    ("        mbar_wait(q_full(wg), tn & 1);\n", "before", _mark(8, "consumer", CODES["qwait"], "tn")),
+    ("        mbar_wait(q_full(wg, qs), (tn / QS) & 1);\n", "before", _mark(8, "consumer", CODES["qwait"], "tn")),
     ("        if (tile_index < 0) break;\n", "after", _mark(8, "consumer", CODES["qfull"], "tile_index")),
     ("            mbar_arrive(k_empty(ring % STAGES));\n", "after", _mark(12, "consumer", CODES["s0"], "0")),
     ("            mbar_arrive(v_empty((ring + num_n - 1) % STAGES));\n", "after",
      _mark(12, "consumer", CODES["pvlast"], "num_n")),
     ("    }\n    if (wg == 0) take_turn();", "before", _mark(8, "consumer", CODES["end"], "0")),
     ("                if (num_n > 0) fill_k(0);\n", "before", _mark(16, "producer", CODES["tile"], "tile")),
-    ("                    if (published > 0) mbar_wait(q_empty(h), (published - 1) & 1);\n", "after",
+    ("                    if (published >= QS) mbar_wait(q_empty(h, qs), (published / QS - 1) & 1);\n", "after",
      _mark(20, "producer", f"{CODES['q0']} + h", "published")),
     ("                for (int i = 0; i < num_n; ++i) {\n                    if (i > 0) fill_k(i);", "before",
      _mark(16, "producer", CODES["kv"], "num_n")),
