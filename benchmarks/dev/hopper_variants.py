@@ -1,4 +1,4 @@
-"""Time the hopper kernel of several checkouts in one process.
+"""Time the hopper kernel of several checkouts, each in a process of its own.
 
     python benchmarks/dev/hopper_variants.py DIR [DIR ...] [--cases H1,H3] [--reps 20] [--rounds 1]
 
