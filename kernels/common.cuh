@@ -623,6 +623,11 @@ template <class M, typename A>
 __device__ __forceinline__ A sink2(const ModParams& mp, int h) {
     return M::SINKS ? (A)mp.sinks[h] * (A)1.44269504088896340736 : (A)0;
 }
+// (a kernel without modifiers has no sinks)
+template <class M, typename A>
+__device__ __forceinline__ A sink2(const NoModParams&, int) {
+    return (A)0;
+}
 
 }  // namespace mods
 

@@ -715,15 +715,12 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             // after the last Q K^T, so the producer loads the next tile's meanwhile)
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                float l = softmax::frag_row_sum(l_run[hf]);
-                float inv = softmax::out_scale(l, len < 0);
+                float l;
+                const float inv = softmax::frag_row_end<M::SINKS>(l_run[hf], m_run[hf], l, len < 0, [&] {
+                    return mods::sink2<M, float>(mp, q_head_of(kvh, (row0 + my_row + 8 * hf) % group, group));
+                });
                 const int pr = row0 + my_row + 8 * hf;
                 const int g = pr % group;
-                if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
-                    const float alpha =
-                        softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, g, group)));
-                    inv = softmax::out_scale(l, len < 0) * alpha;
-                }
                 if (pr < packed_rows) {
                     const int t = pr / group;
                     T* dst = out + (index_t)b * p.o_stride[0] + (index_t)(sqn.q0() + t) * p.o_stride[1] +
@@ -742,15 +739,11 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             // (only this warpgroup's wgmmas read those rows, and they are done)
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                float l = softmax::frag_row_sum(l_run[hf]);
-                float inv = softmax::out_scale(l, len < 0);
                 const int r = my_row + 8 * hf;
-                if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
-                    const int pr = row0 + r;
-                    const float alpha =
-                        softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
-                    inv = softmax::out_scale(l, len < 0) * alpha;
-                }
+                float l;
+                const float inv = softmax::frag_row_end<M::SINKS>(l_run[hf], m_run[hf], l, len < 0, [&] {
+                    return mods::sink2<M, float>(mp, q_head_of(kvh, (row0 + r) % group, group));
+                });
 #pragma unroll
                 for (int dt = 0; dt < DT; ++dt) {
                     // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8

@@ -211,6 +211,21 @@ __device__ __forceinline__ float frag_row_sum(float l) {
     return l;
 }
 
+// The end of a fragment row, for the epilogue: l becomes the row's sum over the
+// quad (from the lane's part l_lane); with SINKS the sink (sink(): log2 units)
+// joins the denominator, m and l becoming the row's with it (fold_sink).
+// Returns the factor that normalises the row (out = o * factor: NaN for a bad
+// length, 0 for a row that saw no key).
+template <bool SINKS, class Sink>
+__device__ __forceinline__ float frag_row_end(float l_lane, float& m, float& l, bool bad, Sink sink) {
+    l = frag_row_sum(l_lane);
+    if constexpr (SINKS) {
+        const float alpha = fold_sink(m, l, sink());
+        return out_scale(l, bad) * alpha;
+    }
+    return out_scale(l, bad);
+}
+
 // Row hf of s becomes P = exp2(s - m_ref) (SCALE_IN_EXP2: exp2(s * scale - m_ref));
 // returns the lane's part of rowsum(P), summed from the first pair (no 0 + ..).
 template <bool SCALE_IN_EXP2, int NT, class Exp2>

@@ -351,17 +351,11 @@ __device__ __forceinline__ void tiled_body(
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            float l = softmax::frag_row_sum(l_run[mt][hf]);
-            float inv;
             const int r = mt * 16 + (lane >> 2) + hf * 8;
-            if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
-                const int pr = row0 + warp_row0 + r;
-                const float alpha =
-                    softmax::fold_sink(m_run[mt][hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
-                inv = softmax::out_scale(l, len < 0) * alpha;
-            } else {
-                inv = softmax::out_scale(l, len < 0);
-            }
+            float l;
+            const float inv = softmax::frag_row_end<M::SINKS>(l_run[mt][hf], m_run[mt][hf], l, len < 0, [&] {
+                return mods::sink2<M, float>(mp, q_head_of(kvh, (row0 + warp_row0 + r) % group, group));
+            });
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
                 const unsigned pk = pack2<T>(o_acc[mt][dt][2 * hf] * inv, o_acc[mt][dt][2 * hf + 1] * inv);

@@ -376,16 +376,10 @@ __device__ __forceinline__ void tiled_tf32_body(
     float* sO = sQ + warp * 16 * ROW;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-        float l = softmax::frag_row_sum(l_run[hf]);
-        float inv;
-        if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
-            const int pr = row0 + warp * 16 + g_lane + hf * 8;
-            const float alpha =
-                softmax::fold_sink(m_run[hf], l, mods::sink2<M, float>(mp, q_head_of(kvh, pr % group, group)));
-            inv = softmax::out_scale(l, len < 0) * alpha;
-        } else {
-            inv = softmax::out_scale(l, len < 0);
-        }
+        float l;
+        const float inv = softmax::frag_row_end<M::SINKS>(l_run[hf], m_run[hf], l, len < 0, [&] {
+            return mods::sink2<M, float>(mp, q_head_of(kvh, (row0 + warp * 16 + g_lane + hf * 8) % group, group));
+        });
         const int r = g_lane + hf * 8;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
