@@ -1523,6 +1523,20 @@ def command_output(cmd) -> str | None:
         return None
 
 
+def tree_commit() -> str | None:
+    """The commit the results come from: CUPY_GQA_COMMIT (a copied working tree
+    whose .git is stale or absent), else HEAD, marked when tracked files differ
+    from it (a results file of an uncommitted or mislabelled tree says so)."""
+    given = os.environ.get("CUPY_GQA_COMMIT")
+    if given:
+        return given
+    head = command_output(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"])
+    changed = command_output(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"])
+    if head and changed:
+        head += f" (and {len(changed.splitlines())} tracked files changed since)"
+    return head
+
+
 def environment(torch, cupy, cupy_gqa) -> dict:
     def cuda_version(v: int) -> str:
         return f"{v // 1000}.{v % 1000 // 10}"
@@ -1533,8 +1547,7 @@ def environment(torch, cupy, cupy_gqa) -> dict:
         "gpu": torch.cuda.get_device_name(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
-        # CUPY_GQA_COMMIT: the commit of a copied working tree whose .git is stale or absent
-        "git_commit": os.environ.get("CUPY_GQA_COMMIT") or run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"]),
+        "git_commit": tree_commit(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import sys
 import time
@@ -158,14 +157,13 @@ def environment(torch, transformers) -> dict:
     import cupy_gqa
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_attention import command_output as run  # the table's helper; imports no GPU stack
+    from bench_attention import tree_commit  # the table's helper; imports no GPU stack
 
     return {
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
-        # CUPY_GQA_COMMIT: the commit of a copied working tree whose .git is stale or absent
-        "git_commit": os.environ.get("CUPY_GQA_COMMIT") or run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"]),
+        "git_commit": tree_commit(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
