@@ -17,8 +17,8 @@
 #   benchmarks/dev/device_check.sh backward     one call for the backward pass: its GPU tests, the sanitizer
 #                                               on its kernels, a quick G1-G3 bench and the training check
 #   benchmarks/dev/device_check.sh pending      each patch of benchmarks/dev/pending in a copy of this tree: its
-#                                               hopper GPU tests, hopper_variants.py against this tree (both
-#                                               orders) and hopper_cta_cost.py in each
+#                                               hopper GPU tests, hopper_ab.py (this tree against the copy, in
+#                                               one process) and hopper_cta_cost.py in each
 #   benchmarks/dev/device_check.sh seq          one call for the per-sequence calls (varlen, paged, left
 #                                               padding): their GPU tests with decode, graphs and interop, a
 #                                               D1/P1-P3/V1 bench, then the sanitizer on every family's
@@ -123,11 +123,14 @@ case "$stage" in
     exit $rc ;;
   pending)
     # each patch of benchmarks/dev/pending, applied to a copy of this tree: the hopper GPU tests
-    # in the copy, hopper_variants.py of this tree against the copy in both orders, and
+    # in the copy, hopper_ab.py (this tree and the copy timed in turn in one process), and
     # hopper_cta_cost.py in each (the patches are kernel steps built but not yet measured)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     here=$PWD
-    for patch in benchmarks/dev/pending/*.patch; do
+    shopt -s nullglob
+    patches=(benchmarks/dev/pending/*.patch)
+    [ ${#patches[@]} -eq 0 ] && echo "no patches in benchmarks/dev/pending"
+    for patch in "${patches[@]}"; do
       name=$(basename "$patch" .patch); d=/tmp/pending_$name
       rm -rf "$d"; mkdir -p "$d"
       cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
@@ -138,8 +141,7 @@ case "$stage" in
         tests/test_gpu_fuzz.py -k hopper) >"$out/pending_${name}_tests.txt" 2>&1
       echo "$name: tests rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/pending_${name}_tests.txt" | tail -8
       cases=${PENDING_CASES:-H1,H2,H3,H4,N1,H6}
-      timeout -s KILL 150 python3 benchmarks/dev/hopper_variants.py . "$d" --cases "$cases" >"$out/pending_${name}_ab.txt" 2>&1
-      timeout -s KILL 150 python3 benchmarks/dev/hopper_variants.py "$d" . --cases "$cases" >>"$out/pending_${name}_ab.txt" 2>&1
+      timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "$cases" --rounds 3 >"$out/pending_${name}_ab.txt" 2>&1
       reap; cat "$out/pending_${name}_ab.txt"
       for t in "$here" "$d"; do
         (cd "$t" && PYTHONPATH="$t" timeout -s KILL 60 python3 benchmarks/dev/hopper_cta_cost.py --kernels hopper \
