@@ -441,6 +441,40 @@ def test_bench_model_smoke_run_on_the_cpu(tmp_path):
     assert "| prefill_ms |" in (tmp_path / "cpu_model.md").read_text()
 
 
+def test_hopper_ab_imports_a_second_copy_that_computes_on_its_own(tmp_path):
+    """benchmarks/dev/hopper_ab.py's second package: a copy of cupy_gqa imported under
+    another name, its modules its own (a patched tree's kernels are what it compiles),
+    and its results those of the same algorithm (NumPy backend here)."""
+    import shutil
+
+    import numpy as np
+
+    root = BENCH_PATH.parent.parent
+    shutil.copytree(root / "cupy_gqa", tmp_path / "cupy_gqa", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "kernels", tmp_path / "kernels")
+    sys.path.insert(0, str(BENCH_PATH.parent / "dev"))
+    sys.path.insert(0, str(BENCH_PATH.parent))
+    try:
+        hopper_ab = importlib.import_module("hopper_ab")
+        other = hopper_ab.load_copy(str(tmp_path), name="cupy_gqa_copy_under_test")
+    finally:
+        sys.path.remove(str(BENCH_PATH.parent / "dev"))
+        sys.path.remove(str(BENCH_PATH.parent))
+    try:
+        import cupy_gqa
+
+        assert other.attention is not cupy_gqa.attention
+        assert other.api.__name__ == "cupy_gqa_copy_under_test.api"
+        assert Path(other._compile.KERNEL_DIR) == tmp_path / "kernels"
+        rng = np.random.default_rng(3)
+        q = rng.standard_normal((2, 5, 4, 8))
+        k, v = rng.standard_normal((2, 7, 2, 8)), rng.standard_normal((2, 7, 2, 8))
+        np.testing.assert_array_equal(other.attention(q, k, v), cupy_gqa.attention(q, k, v))
+    finally:
+        for name in [m for m in sys.modules if m == "cupy_gqa_copy_under_test" or m.startswith("cupy_gqa_copy_under_test.")]:
+            del sys.modules[name]
+
+
 def test_modifier_cases_and_their_flop_basis():
     """W1 (window 1024 on bf16 causal S8192) counts visible pairs; W2 is H1 with softcap 30."""
     import numpy as np

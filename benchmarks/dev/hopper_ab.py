@@ -2,6 +2,7 @@
 """This tree's hopper kernel against another checkout's, in one process.
 
     python3 benchmarks/dev/hopper_ab.py DIR [--cases H3,H1] [--rounds 3] [--reps 30]
+    python3 benchmarks/dev/hopper_ab.py . [--cases N1]     # a control: this tree against itself
 
 DIR holds a copy of `cupy_gqa/` and `kernels/` (a patched tree, say). Its
 package is imported a second time under the name `cupy_gqa_b` (the package's
@@ -11,7 +12,9 @@ process, the order rotated every round: the drift of clocks and of the host
 from one process to the next (a few per cent on the H200 machine, enough to
 hide a kernel step) reaches all three alike. Each keeps its best median
 (bench_attention's Timer: CUDA events, L2 flushed before each rep). The two
-versions' outputs are compared bit for bit.
+versions' outputs are compared bit for bit. DIR "." times this tree against a
+second import of itself: the same kernels, so B/A is the bias of the setup
+(N1 read about 5 to 10 % slower as B on 2026-12-04, whatever B was).
 """
 import argparse
 import importlib.util
