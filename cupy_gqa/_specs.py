@@ -371,23 +371,29 @@ def hopper_head_dim_pad(head_dim: int) -> int:
 HOPPER_SMEM_MAX = 232448  # an sm_90 CTA's dynamic shared memory at most (227 KB)
 
 
+def _hopper_bytes(q_slots: int, head_dim_pad: int, block_m: int, block_n: int, stages: int) -> int:
+    """HopperSmem::bytes (kernels/hopper.cu): q_slots Q tiles and STAGES K and
+    STAGES V tiles, 2-byte elements, the 8-byte mbarriers (full and empty of each
+    warpgroup's Q rows in each Q tile, of each K and of each V stage), 16 bytes
+    of tile indices per Q tile, 1024 bytes of alignment slack."""
+    tiles = (q_slots * block_m + 2 * stages * block_n) * head_dim_pad * 2
+    return tiles + 8 * (4 * q_slots + 4 * stages) + 16 * q_slots + 1024
+
+
 def hopper_q_slots(head_dim_pad: int, block_m: int, block_n: int, stages: int) -> int:
     """Q tiles of kernels/hopper.cu (HopperSmem::Q_SLOTS, the same rule): two
     where they fit beside the K/V stages (a warpgroup's next Q rows then load
     while it works on its last tile), except at head dim 64, whose epilogue
     frees Q early; else one."""
-    two = (2 * block_m + 2 * stages * block_n) * head_dim_pad * 2 + 8 * (8 + 4 * stages) + 32 + 1024
+    two = _hopper_bytes(2, head_dim_pad, block_m, block_n, stages)
     return 2 if head_dim_pad != 64 and two <= HOPPER_SMEM_MAX else 1
 
 
 def hopper_smem(head_dim_pad: int, block_m: int, block_n: int, stages: int) -> int:
     """Dynamic shared memory of kernels/hopper.cu, HopperSmem::BYTES (the kernel
-    static_asserts that the two agree): hopper_q_slots Q tiles and STAGES K and
-    STAGES V tiles, 2-byte elements, the 8-byte mbarriers (full and empty of
-    each warpgroup's Q rows in each Q tile, of each K and of each V stage), 16
-    bytes of tile indices per Q tile, 1024 bytes of alignment slack."""
+    static_asserts that the two agree), with hopper_q_slots Q tiles."""
     qs = hopper_q_slots(head_dim_pad, block_m, block_n, stages)
-    return (qs * block_m + 2 * stages * block_n) * head_dim_pad * 2 + 8 * (4 * qs + 4 * stages) + 16 * qs + 1024
+    return _hopper_bytes(qs, head_dim_pad, block_m, block_n, stages)
 
 
 HOPPER = {

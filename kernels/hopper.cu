@@ -246,21 +246,22 @@ struct HopperSmem {
     static constexpr int KV_SLAB = BLOCK_N * 128;  // ... of a K or V tile
     static constexpr int Q_BYTES = SLABS * Q_SLAB;
     static constexpr int KV_BYTES = SLABS * KV_SLAB;
-    // Q tiles: two where they fit beside the K/V stages in an SM's 227 KB (a
-    // warpgroup's next Q rows then load while it still works on its last
-    // tile), except at head dim 64, whose epilogue frees Q early anyway
-    // (cupy_gqa/_specs.py: hopper_q_slots, the same rule)
+    // The layout's bytes with qs Q tiles: tiles from a 1024-aligned base (qs Q
+    // tiles, STAGES K tiles, STAGES V tiles), then the mbarriers (full and empty
+    // of each warpgroup's Q rows in each Q tile, of each K and of each V stage),
+    // then the next tile of each consumer warpgroup in each Q tile and the
+    // producer's (16 bytes a Q tile); + 1024 slack for the alignment
+    __host__ __device__ static constexpr int bytes(int qs) {
+        return qs * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * (4 * qs + 4 * STAGES) + 16 * qs + 1024;
+    }
+    // Q tiles: two where they fit in an SM's 227 KB (a warpgroup's next Q rows
+    // then load while it still works on its last tile), except at head dim 64,
+    // whose epilogue frees Q early anyway (cupy_gqa/_specs.py: hopper_q_slots,
+    // the same rule)
     // (an enumerator: NVRTC emits this static member as an unused global otherwise)
-    enum : int {
-        Q_SLOTS = HEAD_DIM_PAD != 64 && 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * (8 + 4 * STAGES) + 32 + 1024 <= 232448 ? 2 : 1
-    };
-    // full and empty of each warpgroup's Q rows in each Q tile, of each K and of each V stage
+    enum : int { Q_SLOTS = HEAD_DIM_PAD != 64 && bytes(2) <= 232448 ? 2 : 1 };
     static constexpr int BARRIERS = 4 * Q_SLOTS + 4 * STAGES;
-    // tiles from a 1024-aligned base (Q_SLOTS Q tiles, STAGES K tiles, STAGES V
-    // tiles), then the barriers, then the next tile of each consumer warpgroup
-    // in each Q tile and the producer's (16 bytes a Q tile); + 1024 slack for
-    // the alignment
-    static constexpr int BYTES = Q_SLOTS * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 16 * Q_SLOTS + 1024;
+    static constexpr int BYTES = bytes(Q_SLOTS);
 };
 
 // The kernel's body, for the kernel without modifiers (M = NoMods, MP =

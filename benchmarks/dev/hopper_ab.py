@@ -24,7 +24,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import bench_attention as ba  # noqa: E402
-from hopper_persistent_ab import SHAPES  # noqa: E402
+from hopper_persistent_ab import SHAPES, case_inputs, cudnn_call  # noqa: E402
 
 
 def load_copy(directory: str, name: str = "cupy_gqa_b"):
@@ -57,21 +57,11 @@ def main():
     for name, b, s, hq, hkv, d, dt, causal in SHAPES:
         if name not in want:
             continue
-        dtype = getattr(torch, dt)
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(b, s, hq, d, device="cuda", dtype=dtype, generator=g)
-        k = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype, generator=g)
-        v = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype, generator=g)
+        q, k, v = case_inputs(torch, b, s, hq, hkv, d, dt)
         out_a, out_b = torch.empty_like(q), torch.empty_like(q)
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-        def cudnn():
-            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-                torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True)
-
         fns = [lambda: cupy_gqa.attention(q, k, v, causal=causal, out=out_a, kernel="hopper"),
                lambda: other.attention(q, k, v, causal=causal, out=out_b, kernel="hopper"),
-               cudnn]
+               cudnn_call(torch, q, k, v, causal)]
         for f in fns[:2]:
             f()
         torch.cuda.synchronize()

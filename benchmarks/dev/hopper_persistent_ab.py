@@ -35,6 +35,27 @@ SHAPES = [
 ]
 
 
+def case_inputs(torch, batch, seqlen, num_q_heads, num_kv_heads, head_dim, dtype):
+    """q, k, v of a SHAPES row (bshd, random normal, seed 0) on the GPU."""
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(batch, seqlen, num_q_heads, head_dim, device="cuda", dtype=dt, generator=g)
+    k = torch.randn(batch, seqlen, num_kv_heads, head_dim, device="cuda", dtype=dt, generator=g)
+    v = torch.randn(batch, seqlen, num_kv_heads, head_dim, device="cuda", dtype=dt, generator=g)
+    return q, k, v
+
+
+def cudnn_call(torch, q, k, v, causal):
+    """A call of torch's cuDNN attention on the same (bshd) inputs."""
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def cudnn():
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True)
+
+    return cudnn
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
@@ -50,22 +71,14 @@ def main():
     for name, b, s, hq, hkv, d, dt, causal in SHAPES:
         if want and name not in want:
             continue
-        dtype = getattr(torch, dt)
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(b, s, hq, d, device="cuda", dtype=dtype, generator=g)
-        k = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype, generator=g)
-        v = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype, generator=g)
+        q, k, v = case_inputs(torch, b, s, hq, hkv, d, dt)
         out_p, out_t = torch.empty_like(q), torch.empty_like(q)
 
         def run(persistent, out):
             _plan.HOPPER_PERSISTENT = persistent
             cupy_gqa.attention(q, k, v, causal=causal, out=out, kernel="hopper")
 
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-        def cudnn():
-            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-                torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True)
+        cudnn = cudnn_call(torch, q, k, v, causal)
 
         run(True, out_p)
         run(False, out_t)
