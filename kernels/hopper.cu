@@ -567,6 +567,24 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // warpgroup's products still overlap its softmax.
     constexpr bool OVERLAP_PV = !M::ANY || (!M::ALIBI && !M::SCORE && HEAD_DIM_PAD <= 192);
 
+    // With two Q tiles and out by bulk copies, the thread that issues a tile's out
+    // copies waits for them to have read its rows only in the warpgroup's next
+    // tile, after that tile's first Q K^T is issued (or at its epilogue, or at
+    // the end), and only then adds its arrival to the Q tile's q_empty: the
+    // producer needs that Q tile again two tiles on, so the wait leaves the
+    // warpgroup's path from one tile to the next. held: that Q tile (-1: none).
+    int held = -1;
+    auto release_held = [&] {
+        if constexpr (QS == 2) {
+            if (held >= 0) {
+                bulk_wait_read();
+                mbar_arrive(q_empty(wg, held));
+                held = -1;
+            }
+            __syncwarp();                      // converged again before the next .aligned instruction
+        }
+    };
+
     int ring = 0;                              // ring position of the tile's first key tile
     for (int tn = 0;; ++tn) {
         const int qs = tn % QS;                // this tile's Q rows: Q tile qs, its use tn / QS
@@ -574,7 +592,10 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         const int tile_index = __shfl_sync(0xffffffffu, next_tile[2 * qs + wg], 0);
         const unsigned sQt = sQ + qs * L::Q_BYTES;  // the Q tile, and the epilogue's staging
         const unsigned long long desc_q = desc_q0 + (unsigned long long)((qs * L::Q_BYTES) >> 4);
-        if (tile_index < 0) break;
+        if (tile_index < 0) {
+            release_held();                    // nothing in flight reads the rows when the CTA exits
+            break;
+        }
         Sequence<ADDR> sqn;  // the tile's sequence: where its queries and keys are
         const PrefillTile<CAUSAL, M::WINDOW> tile =
             prefill_tile_seq<CAUSAL, BLOCK_M, M::WINDOW, ADDR>(p, seqlens_k, sp, group, left, right, sqn, tile_index);
@@ -661,6 +682,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             wgmma_fence();
             issue_qk(s, 0);
             pass_turn();
+            release_held();                    // the last tile's out copies, while Q K_0^T runs
             wgmma_wait<0>();
             fence_regs(flat(s));
             mbar_arrive(k_empty(ring % STAGES));
@@ -736,6 +758,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 }
             }
         } else {
+            release_held();                    // (a tile without keys issued no Q K^T)
             // ---- epilogue: O / l into this warpgroup's rows of the Q tile, then out ----------
             // (only this warpgroup's wgmmas read those rows, and they are done)
 #pragma unroll
@@ -771,7 +794,8 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                     for (int sl = 0; sl < L::SLABS; ++sl)
                         tma_store_4d(o_map, sQt + sl * L::Q_SLAB + wg * 64 * 128, sl * 64, kvh * group, (row0 + wg * 64) / group, b);
                     bulk_commit();
-                    bulk_wait_read();  // the rows stay until the copies have read them
+                    if constexpr (QS == 2) held = qs;  // read by the next tile (release_held)
+                    else bulk_wait_read();             // the rows stay until the copies have read them
                 }
             } else {
                 warpgroup_sync(EPILOGUE_BAR + wg);
@@ -788,7 +812,8 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                     }
                 }
             }
-            mbar_arrive(q_empty(wg, qs));          // the warpgroup's Q rows are free for its next tile
+            // the warpgroup's Q rows are free for a later tile (the out copies' thread: once they are read)
+            if (held < 0) mbar_arrive(q_empty(wg, qs));
         }
     }
     if (wg == 0) take_turn();                  // warpgroup 1's pass after its last turn

@@ -78,7 +78,7 @@ def _mark(indent: int, who: str, code: str, value: str) -> str:
 INSERTIONS = [
     ("    const int tid = threadIdx.x;\n", "after", "    int cg_n = 0;\n"),
     ("        mbar_wait(q_full(wg, qs), (tn / QS) & 1);\n", "before", _mark(8, "consumer", CODES["qwait"], "tn")),
-    ("        if (tile_index < 0) break;\n", "after", _mark(8, "consumer", CODES["qfull"], "tile_index")),
+    ("            break;\n        }\n", "after", _mark(8, "consumer", CODES["qfull"], "tile_index")),
     ("            mbar_arrive(k_empty(ring % STAGES));\n", "after", _mark(12, "consumer", CODES["s0"], "0")),
     ("            mbar_arrive(v_empty((ring + num_n - 1) % STAGES));\n", "after",
      _mark(12, "consumer", CODES["pvlast"], "num_n")),
