@@ -529,6 +529,11 @@ DECODE_TILE_S = 0.6e-6
 DECODE_COMBINE_FIXED_S = 3e-6
 DECODE_COMBINE_ROUND_S = 0.3e-6
 DECODE_COMBINE_UNROLL = 8  # kernels/decode.cu: decode_combine_body
+# The cluster kernel's merge in place of the combine (decode_cluster): two
+# cluster barriers and one round trip to the other CTAs' shared memory, in
+# the same launch. A prior of about two barrier latencies and a load
+# (benchmarks/NOTES_decode.md, the cluster merge), to be fitted to D01.
+DECODE_CLUSTER_MERGE_S = 1e-6
 
 # Tensor-core (mma.sync m16n8k16) FLOP rate of one SM in the decode kernel,
 # padded rows counted: 1024 dense FMA per clock at 1.8 GHz, the softmax and
@@ -567,6 +572,15 @@ def decode_bytes_in_flight(spec: _specs.Spec) -> int:
     return spec.threads * (2 if spec.block_m >= 8 else 4) * 16 * 2
 
 
+def decode_cluster(problem: Problem, spec: _specs.Spec, num_splits: int, arch: _specs.Arch) -> bool:
+    """Whether decode kernel ``spec`` runs a call of ``num_splits`` key ranges
+    as clusters that merge their own splits (_specs.DECODE_CLUSTERS: the
+    tensor-core kernel without modifiers on contiguous K/V, on an
+    architecture with clusters), rather than with a workspace and the combine."""
+    return (arch.clusters and spec.sm80 and num_splits in _specs.DECODE_CLUSTERS and problem.mods is None
+            and problem.seq is None)
+
+
 def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: int, arch: _specs.Arch) -> float:
     """The cost model's time of decode kernel ``spec`` with ``num_splits`` key
     ranges (and the combine), on ``sms`` SMs of ``arch``.
@@ -579,7 +593,8 @@ def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: in
                                                 waves * tiles per key stream * DECODE_TILE_S)
         t_kernel = max(t_sm, K/V bytes / HBM, row_blocks * K/V bytes / L2)
     plus, split, the combine: DECODE_COMBINE_FIXED_S, its round trips, and the
-    partials' bytes (written and read) at the HBM rate."""
+    partials' bytes (written and read) at the HBM rate; or, split into
+    clusters (decode_cluster), DECODE_CLUSTER_MERGE_S."""
     rows = problem.seqlen_q * problem.group_size
     row_blocks = math.ceil(rows / spec.block_m)
     key_bytes = 2 * problem.head_dim * _specs.ITEMSIZE[problem.dtype]  # K and V of one key
@@ -598,7 +613,9 @@ def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: in
     t_sm = waves * DECODE_CTA_FIXED_S + max(c * keys * key_bytes / (resident * rate), c * flops / per_sm, issue)
     kv_bytes = problem.batch * problem.num_kv_heads * problem.seqlen_k * key_bytes
     t = max(t_sm, kv_bytes / DECODE_HBM_BYTES_PER_S, row_blocks * kv_bytes / DECODE_L2_BYTES_PER_S)
-    if num_splits > 1:
+    if num_splits > 1 and decode_cluster(problem, spec, num_splits, arch):
+        t += DECODE_CLUSTER_MERGE_S
+    elif num_splits > 1:
         partials = problem.batch * problem.num_q_heads * problem.seqlen_q * num_splits * (problem.head_dim + 1) * 4
         per_lane = math.ceil(num_splits / decode_combine_lanes(num_splits))
         t += DECODE_COMBINE_FIXED_S + 2 * math.ceil(per_lane / DECODE_COMBINE_UNROLL) * DECODE_COMBINE_ROUND_S
@@ -690,9 +707,10 @@ def sm_count(device: int) -> int:
 
 @dataclass(frozen=True, eq=False)
 class DecodeLaunch(_PackedPerDevice):
-    """The split-KV decode kernel and, with num_splits > 1, its combine kernel.
+    """The split-KV decode kernel and, with num_splits > 1, its combine kernel
+    (or, ``cluster``, none: the cluster kernel merges its own splits).
 
-    Workspace (num_splits > 1): workspace_bytes of float32 values, the partial
+    Workspace (num_splits > 1, not cluster): workspace_bytes of float32 values, the partial
     outputs (packed_rows * num_splits * head_dim, packed_rows = batch *
     num_q_heads * seqlen_q) then their lse (packed_rows * num_splits), at a
     16-byte aligned address. Calling the plan takes it as ``workspace``: a
@@ -711,10 +729,16 @@ class DecodeLaunch(_PackedPerDevice):
     num_splits: int
     workspace_rows: int  # packed rows: batch * num_q_heads * seqlen_q
     problem: Problem | None = None  # for the modifiers' ModParams (spec.mods), built per device
+    cluster: bool = False  # spec is the cluster kernel of num_splits splits (_specs.decode_cluster_spec)
+
+    @property
+    def combined(self) -> bool:
+        """Whether the splits go through the workspace and the combine kernel."""
+        return self.num_splits > 1 and not self.cluster
 
     @property
     def workspace_bytes(self) -> int:
-        if self.num_splits == 1:
+        if not self.combined:
             return 0
         return 4 * self.workspace_rows * self.num_splits * (self.spec.head_dim + 1)
 
@@ -724,14 +748,14 @@ class DecodeLaunch(_PackedPerDevice):
         return 4 * self.workspace_rows * self.num_splits * self.spec.head_dim
 
     def _pack(self, device: int) -> PackedLaunch:
-        """The decode kernel, then the combine kernel when split."""
+        """The decode kernel, then the combine kernel when split (not in clusters)."""
         params, ns = self.params.tobytes(), np.int32(self.num_splits).tobytes()
         kernel = get_kernel(self.spec)
         mods = self.problem.mod_args(self.spec, device) if self.problem is not None else ()
         seq = self.problem.seq_args() if self.problem is not None else ()
         args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods, *seq)
         kernels, keep = [(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], [kernel]
-        if self.num_splits > 1:
+        if self.combined:
             combine = get_kernel(self.combine)
             mods = self.problem.mod_args(self.combine, device) if self.problem is not None else ()
             args = ("out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods, *seq)
@@ -742,13 +766,13 @@ class DecodeLaunch(_PackedPerDevice):
 
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
                seq: tuple = ()) -> None:
-        """``workspace``: the address of a checked workspace when num_splits > 1."""
-        self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace if self.num_splits > 1 else 0, seq=seq)
+        """``workspace``: the address of a checked workspace when combined."""
+        self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace if self.combined else 0, seq=seq)
 
     def __call__(self, q, k, v, out, lse, seqlens_k, workspace=None) -> None:
         stream = current_stream_ptr()
         work = 0
-        if self.num_splits > 1:
+        if self.combined:
             if workspace is None:
                 import cupy
 
@@ -796,8 +820,9 @@ def check_workspace(workspace, needed: int, others: dict) -> None:
                 raise ValueError(f"workspace: must not overlap the memory of {name}")
 
 
-def _decode_plan(problem: Problem, layout: tuple, spec: _specs.Spec, num_splits: int) -> DecodeLaunch:
-    """The launch of decode kernel ``spec`` with ``num_splits`` key ranges."""
+def _decode_plan(problem: Problem, layout: tuple, spec: _specs.Spec, num_splits: int, cluster: bool = False) -> DecodeLaunch:
+    """The launch of decode kernel ``spec`` with ``num_splits`` key ranges, as
+    clusters where ``cluster`` (decode_cluster holds)."""
     row_blocks = math.ceil(problem.seqlen_q * problem.group_size / spec.block_m)
     blocks = problem.batch * problem.num_kv_heads * row_blocks * num_splits
     if blocks > MAX_GRID_X:
@@ -806,7 +831,8 @@ def _decode_plan(problem: Problem, layout: tuple, spec: _specs.Spec, num_splits:
     combine = problem.spec(_specs.DECODE_COMBINE[problem.dtype])
     combine_blocks = grid_stride_blocks(packed_rows * problem.head_dim // 4 * decode_combine_lanes(num_splits), combine.threads)
     params = make_params(problem, layout)
-    return DecodeLaunch(problem.spec(spec), combine, (blocks,), (combine_blocks,), params, num_splits, packed_rows, problem)
+    kernel = _specs.decode_cluster_spec(spec, num_splits) if cluster else problem.spec(spec)
+    return DecodeLaunch(kernel, combine, (blocks,), (combine_blocks,), params, num_splits, packed_rows, problem, cluster)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -814,7 +840,7 @@ def plan_decode(problem: Problem, layout: tuple, sms: int, arch: _specs.Arch) ->
     """Decode's launch as decode_dispatch chooses it, on ``sms`` SMs of ``arch``."""
     choice = decode_dispatch(problem, sms, arch)
     spec = _specs.decode_spec(problem.dtype, problem.head_dim, choice.block_m, arch)
-    return _decode_plan(problem, layout, spec, choice.num_splits)
+    return _decode_plan(problem, layout, spec, choice.num_splits, decode_cluster(problem, spec, choice.num_splits, arch))
 
 
 def _check_decode(problem: Problem, q, k, v, out) -> None:
@@ -840,10 +866,13 @@ def launch_decode(problem: Problem, q, k, v, out, lse, seqlens_k, *, checked: bo
 
 
 def _launch_decode_forced_splits(problem: Problem, q, k, v, out, lse, seqlens_k, num_splits: int, workspace=None,
-                                 block_m: int | None = None) -> DecodeLaunch:
+                                 block_m: int | None = None, cluster: bool | None = None) -> DecodeLaunch:
     """launch_decode with ``num_splits`` key ranges (and ``block_m`` rows per
     CTA, when given) in place of decode_dispatch's choice: for the tests of
-    the split path and the row layouts, and benchmarks/dev, not the API."""
+    the split path and the row layouts, and benchmarks/dev, not the API.
+    ``cluster``: the splits merged in clusters (True: a ValueError where
+    decode_cluster does not hold) or by the combine (False); None: as
+    decode_cluster says."""
     _check_decode(problem, q, k, v, out)
     device = q.device.id
     arch = device_arch(device)
@@ -852,7 +881,10 @@ def _launch_decode_forced_splits(problem: Problem, q, k, v, out, lse, seqlens_k,
     spec = _specs.decode_spec(problem.dtype, problem.head_dim, block_m, arch)
     if spec is None:
         raise ValueError(f"block_m: expected one of {_specs.decode_block_ms(problem.dtype)} that fits {arch.name}, got {block_m}")
-    plan = _decode_plan(problem, _layout(q, k, v, out), spec, num_splits)
+    can = decode_cluster(problem, spec, num_splits, arch)
+    if cluster and not can:
+        raise ValueError(f"cluster: no cluster kernel for {num_splits} splits of this call on {arch.name}")
+    plan = _decode_plan(problem, _layout(q, k, v, out), spec, num_splits, can if cluster is None else cluster)
     plan(q, k, v, out, lse, seqlens_k, workspace)
     return plan
 

@@ -22,6 +22,11 @@ class Arch:
     smem: int  # largest dynamic shared memory of one block (opt-in), bytes
     sm80: bool  # cp.async, ldmatrix and bf16 mma.sync (compute capability 8.0 and newer)
 
+    @property
+    def clusters(self) -> bool:
+        """Thread-block clusters and distributed shared memory (9.0 and newer)."""
+        return int(self.name[3:]) >= 90
+
 
 ARCHS = {
     a.name: a
@@ -151,7 +156,7 @@ def seq_check_specs(arch: "Arch") -> tuple:
     for spec in specs_for(arch):
         if spec.source == "tiled_tf32.cu" and spec.head_dim not in TILED_F32_SEQ_HEAD_DIMS:
             continue
-        if spec.family in SEQ_FAMILIES:
+        if spec.family in SEQ_FAMILIES and not is_decode_cluster(spec):  # the cluster kernel: contiguous only
             for addr in seq_addrs(spec.family):
                 s = with_seq(spec, addr)
                 if s is not spec:
@@ -164,7 +169,7 @@ def seq_check_specs(arch: "Arch") -> tuple:
 def mods_check_specs(arch: "Arch") -> tuple:
     picked: dict[str, Spec] = {}
     for spec in specs_for(arch):
-        if spec.family in MODS_FAMILIES:
+        if spec.family in MODS_FAMILIES and not is_decode_cluster(spec):  # the cluster kernel: no modifiers
             s = with_mods(spec, 15)
             picked.setdefault(s.name, s)
     return tuple(picked.values())
@@ -465,7 +470,8 @@ def decode_mma_smem(head_dim: int, stages: int, row_warps: int = 1) -> int:
     rows padded by 8 elements), then each key stream's stages of a K and a V
     tile (swizzled rows of head_dim elements), or, when larger, the fp32
     (m, l, o) of every stream's rows that replace them (decode_detail::MmaSmem;
-    the kernel refuses to compile with another SMEM_BYTES)."""
+    the kernel refuses to compile with another SMEM_BYTES). The cluster
+    kernel's partial result reuses that space."""
     rows, streams = 16 * row_warps, DECODE_MMA_WARPS // row_warps
     stages_bytes = streams * stages * 2 * DECODE_MMA_BN * head_dim * 2
     merge_bytes = streams * rows * (head_dim + 2) * 4
@@ -487,6 +493,27 @@ def decode_mma_spec(dtype: str, head_dim: int, stages: int | None = None, row_wa
         block_m=16 * row_warps,
         smem=smem,
     )
+
+
+# A split call's splits in one thread-block cluster (architectures with
+# clusters, Arch.clusters): the CLUSTER splits of a row block run as one
+# cluster, which merges them through distributed shared memory
+# (decode_mma_attention_cluster): one launch, no workspace, no combine.
+# Tensor-core kernel, no modifiers, contiguous K/V; portable cluster sizes.
+DECODE_CLUSTERS = (2, 4, 8)
+
+
+def is_decode_cluster(spec: Spec) -> bool:
+    """Whether ``spec`` is a cluster kernel of decode (no modifier or per-sequence instantiations)."""
+    return spec.name.startswith("decode_mma_attention_cluster<")
+
+
+def decode_cluster_spec(spec: Spec, cluster: int) -> Spec:
+    """decode_mma_attention ``spec`` as its cluster kernel of ``cluster`` splits."""
+    kernel, args = spec.name.split("<", 1)
+    assert kernel == "decode_mma_attention" and cluster in DECODE_CLUSTERS, (spec.name, cluster)
+    head, smem = args[:-1].rsplit(", ", 1)  # T, HEAD_DIM, ROW_WARPS, STAGES | SMEM_BYTES
+    return replace(spec, name=f"decode_mma_attention_cluster<{head}, {cluster}, {smem}>")
 
 
 def decode_cuda_core_spec(dtype: str, head_dim: int, rows: int) -> Spec:
@@ -793,6 +820,9 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
         for head_dim in DECODE_HEAD_DIMS:
             for spec in decode_specs(dtype, head_dim, arch):
                 add(spec)
+                if spec.sm80 and arch.clusters:
+                    for cluster in DECODE_CLUSTERS:
+                        add(decode_cluster_spec(spec, cluster))
         add(DECODE_COMBINE[dtype])
     for dtype in DTYPES:  # the backward pass
         add(BWD_PREPROCESS[dtype])

@@ -87,12 +87,21 @@ namespace decode_detail {
 struct DecodeWork {
     int b, kv_head, rb, split, len;
 };
-template <int ROWS>
+// SPLIT_FASTEST (the cluster kernels): the splits of one row block are
+// neighbours instead, blockIdx.x = ((b * num_kv_heads + kv_head) * row_blocks + rb)
+// * num_splits + split, so that they form one thread-block cluster.
+template <int ROWS, bool SPLIT_FASTEST = false>
 __device__ __forceinline__ DecodeWork decode_work(const AttnParams& p, const int* seqlens_k, int num_splits) {
     const int row_blocks = (p.seqlen_q * p.group_size + ROWS - 1) / ROWS;
     index_t idx = blockIdx.x;
-    const int rb = (int)(idx % row_blocks);       idx /= row_blocks;
-    const int split = (int)(idx % num_splits);    idx /= num_splits;
+    int rb, split;
+    if constexpr (SPLIT_FASTEST) {
+        split = (int)(idx % num_splits);  idx /= num_splits;
+        rb = (int)(idx % row_blocks);     idx /= row_blocks;
+    } else {
+        rb = (int)(idx % row_blocks);     idx /= row_blocks;
+        split = (int)(idx % num_splits);  idx /= num_splits;
+    }
     const int kv_head = (int)(idx % p.num_kv_heads);
     const int b = (int)(idx / p.num_kv_heads);
     return {b, kv_head, rb, split, seqlen_k_of(seqlens_k, b, p.seqlen_k)};
@@ -100,10 +109,10 @@ __device__ __forceinline__ DecodeWork decode_work(const AttnParams& p, const int
 
 // The same with the CTA's sequence (common.cuh: Sequence; ADDR 0: contiguous,
 // len from decode_work), whose lengths and rows the kernel then reads.
-template <int ROWS, int ADDR>
+template <int ROWS, int ADDR, bool SPLIT_FASTEST = false>
 __device__ __forceinline__ DecodeWork decode_work_seq(const AttnParams& p, const int* seqlens_k, const SeqParams* sp,
                                                       int num_splits, Sequence<ADDR>& sqn) {
-    DecodeWork w = decode_work<ROWS>(p, ADDR == 0 ? seqlens_k : nullptr, num_splits);
+    DecodeWork w = decode_work<ROWS, SPLIT_FASTEST>(p, ADDR == 0 ? seqlens_k : nullptr, num_splits);
     if constexpr (ADDR == 0) {
         sqn.b = w.b;
         sqn.len = w.len;
@@ -225,19 +234,71 @@ __device__ __forceinline__ void attend_step(const uint4 (&kr)[U][C], const uint4
     }
 }
 
+// The merge of the split results (lse2_s: lse in the log2 domain, o_s: o / l)
+// of E output elements of one row, over splits s0, s0 + step, .. < n
+// (decode_combine: a lane's share of them; cluster_merge: all):
+//     mm = max_s lse2_s,  ls = sum_s exp2(lse2_s - mm),  acc = sum_s exp2(lse2_s - mm) o_s
+// (a split that saw no key has lse2 = -inf and weighs 0); out = acc / ls.
+template <int UNROLL, int E, class Lse, class O>
+__device__ __forceinline__ void merge_parts(int s0, int n, int step, const Lse& lse_of, const O& o_of, float& mm,
+                                            float& ls, float (&acc)[E]) {
+    mm = neg_inf<float>();
+#pragma unroll UNROLL
+    for (int s = s0; s < n; s += step) mm = fmaxf(mm, lse_of(s));
+    ls = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.f;
+#pragma unroll UNROLL
+    for (int s = s0; s < n; s += step) {
+        const float wt = softmax::merge_weight(lse_of(s), mm);
+        ls += wt;
+        float ov[E];
+        o_of(s, ov);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = fmaf(wt, ov[e], acc[e]);
+    }
+}
+
+// Where a split's partial result (o / l normalised, its lse in the log2
+// domain) goes: element d of the CTA's row i (packed row r) ...
+// ... the workspace (see the top), merged by decode_combine;
+template <int HEAD_DIM>
+struct WorkspacePart {
+    float* o;
+    float* lse;
+    index_t prow0;  // the packed row index of (b, kv_head)'s row 0
+    int split, num_splits;
+    __device__ __forceinline__ void operator()(int i, int r, int d, float res, float lse2) const {
+        const index_t prow = prow0 + r;
+        o[(prow * num_splits + split) * HEAD_DIM + d] = res;
+        if (d == 0) lse[prow * num_splits + split] = lse2;
+    }
+};
+// ... or the CTA's own shared memory, o[i][HEAD_DIM] and lse[i], merged by
+// its cluster (cluster_merge).
+template <int HEAD_DIM>
+struct SmemPart {
+    float* o;
+    float* lse;
+    __device__ __forceinline__ void operator()(int i, int r, int d, float res, float lse2) const {
+        o[i * HEAD_DIM + d] = res;
+        if (d == 0) lse[i] = lse2;
+    }
+};
+
 // The CTA's result for its ROWS packed rows of row block rb. Each of NW warps
 // left its (m, l, o) per row in shared memory: m_w[w * ROWS + i], l_w[same],
 // o_w[(w * ROWS + i) * HEAD_DIM + d], with o and l relative to 2^m (log2
 // domain). One thread per (row, dim) merges the warps and writes out = o / l
 // and lse (num_splits == 1), or this split's normalised partial and its log2
-// lse to the workspace (see the top).
+// lse to ``part`` (WorkspacePart, SmemPart).
 // M: the modifiers; a sink joins the row here when num_splits == 1 (else in
 // decode_combine_mods).
 // sqn: the CTA's sequence (common.cuh: Sequence), where its out and lse rows are.
-template <typename T, int HEAD_DIM, int ROWS, int NW, int THREADS, class M = NoMods, int ADDR = 0>
+template <typename T, int HEAD_DIM, int ROWS, int NW, int THREADS, class M = NoMods, int ADDR = 0, class Part>
 __device__ __forceinline__ void write_cta_result(const float* m_w, const float* l_w, const float* o_w, T* out,
-                                                 float* lse, const AttnParams& p, int b, int kv_head, int rb, int split,
-                                                 int num_splits, int len, float* part_o, float* part_lse,
+                                                 float* lse, const AttnParams& p, int b, int kv_head, int rb,
+                                                 int num_splits, int len, const Part& part,
                                                  const ModParams* mp, const Sequence<ADDR>& sqn) {
     const float NEG_INF = neg_inf<float>();
     const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
@@ -273,9 +334,7 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
             if (lse != nullptr && d == 0)
                 lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, ls != 0.f, bad);
         } else {
-            const index_t prow = ((index_t)b * p.num_kv_heads + kv_head) * rows_total + r;
-            part_o[(prow * num_splits + split) * HEAD_DIM + d] = res;
-            if (d == 0) part_lse[prow * num_splits + split] = lse2;
+            part(i, r, d, res, lse2);
         }
     }
 }
@@ -424,9 +483,10 @@ __device__ __forceinline__ void decode_body(
     }
     __syncthreads();
 
+    const WorkspacePart<HEAD_DIM> part{part_o, part_lse, ((index_t)b * p.num_kv_heads + kv_head) * call_rows, split,
+                                       num_splits};
     write_cta_result<T, HEAD_DIM, ROWS, NUM_WARPS, DECODE_THREADS, M>(&sm_m[0][0], &sm_l[0][0], &sm_o[0][0][0], out, lse,
-                                                                      p, b, kv_head, rb, split, num_splits, len, part_o,
-                                                                      part_lse, &mp, sqn);
+                                                                      p, b, kv_head, rb, num_splits, len, part, &mp, sqn);
 }
 
 template <typename T, int HEAD_DIM, int ROWS>
@@ -521,6 +581,11 @@ struct MmaSmem {
         O_W = L_W + STREAMS * ROWS * (int)sizeof(float),  // o [STREAMS][ROWS][HEAD_DIM]
         MERGE_END = O_W + STREAMS * ROWS * HEAD_DIM * (int)sizeof(float),
         BYTES = KV_END > MERGE_END ? KV_END : MERGE_END,
+        // (cluster kernel) the CTA's partial result for its cluster (SmemPart): o [ROWS][HEAD_DIM]
+        // over stream 0's o (each thread writes the element it has merged, after reading it),
+        // lse [ROWS] over Q (unused after the last tile)
+        PART_O = O_W,
+        PART_LSE = Q,
     };
 };
 
@@ -538,6 +603,55 @@ __device__ __forceinline__ void stream_sync(int s) {
     else
         asm volatile("bar.sync 2, %0;\n" ::"n"(ROW_WARPS * 32) : "memory");
 }
+
+// ---- thread-block clusters (sm_90) ---------------------------------------------
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// The float at shared-memory address addr (this CTA's) in the shared memory of
+// the cluster's CTA ``rank`` (distributed shared memory).
+__device__ __forceinline__ float ld_cluster(unsigned addr, unsigned rank) {
+    unsigned remote;
+    float x;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(remote) : "memory");
+    return x;
+}
+
+// The merge of a row block's CLUSTER splits, one CTA each in one cluster: each
+// left its partial result at the same place of its shared memory (SmemPart:
+// po[ROWS][HEAD_DIM], pl[ROWS]); after a cluster barrier, CTA rank c merges
+// elements c * THREADS + tid, + CLUSTER * THREADS, .. of the block's
+// ROWS x HEAD_DIM from every CTA's (merge_parts, the combine's rule) and
+// writes out and lse; a second barrier keeps each CTA's shared memory until
+// the others have read it. No workspace, no second launch.
+template <typename T, int HEAD_DIM, int ROWS, int THREADS, int CLUSTER, int ADDR>
+__device__ __forceinline__ void cluster_merge(const float* po, const float* pl, T* out, float* lse, const AttnParams& p,
+                                              int b, int kv_head, int rb, int len, const Sequence<ADDR>& sqn) {
+    cluster_sync();  // every split's partial result is written (release / acquire)
+    const int group_size = p.group_size, rows_total = sqn.packed_rows(p.seqlen_q * group_size, group_size);
+    const unsigned o_base = smem_addr(po), l_base = smem_addr(pl);
+    const bool bad = len < 0;
+    for (int x = (int)cluster_rank() * THREADS + threadIdx.x; x < ROWS * HEAD_DIM; x += CLUSTER * THREADS) {
+        const int i = x / HEAD_DIM, d = x % HEAD_DIM, r = rb * ROWS + i;
+        if (r >= rows_total) break;  // rows are the slow index: the rest are idle too
+        float mm, ls, acc[1];
+        merge_parts<CLUSTER>(
+            0, CLUSTER, 1, [&](int s) { return ld_cluster(l_base + 4 * i, s); },
+            [&](int s, float (&ov)[1]) { ov[0] = ld_cluster(o_base + 4 * (i * HEAD_DIM + d), s); }, mm, ls, acc);
+        const int t = r / group_size, q_head = q_head_of(kv_head, r % group_size, group_size);
+        out[b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2] + d] =
+            from_acc<T>(acc[0] * softmax::out_scale(ls, ls != 0.f, bad));
+        if (lse != nullptr && d == 0)
+            lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, ls != 0.f, bad);
+    }
+    cluster_sync();  // ... and read by every CTA of the cluster
+}
 }  // namespace decode_detail
 
 // SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
@@ -545,7 +659,7 @@ __device__ __forceinline__ void stream_sync(int s) {
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
 // with them (decode_mma_attention_mods, common.cuh: modifiers).
 // ADDR: the per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
-template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, class M, int ADDR = 0>
+template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, class M, int ADDR = 0, int CLUSTER = 1>
 __device__ __forceinline__ void decode_mma_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
@@ -579,7 +693,7 @@ __device__ __forceinline__ void decode_mma_body(
     // (call_rows: the call's packed rows, computed here as the contiguous kernel always has)
     const int group_size = p.group_size, call_rows = p.seqlen_q * group_size;
     Sequence<ADDR> sqn;  // the CTA's sequence: where its queries and keys are
-    const DecodeWork work = decode_work_seq<ROWS, ADDR>(p, seqlens_k, sp, num_splits, sqn);
+    const DecodeWork work = decode_work_seq<ROWS, ADDR, (CLUSTER > 1)>(p, seqlens_k, sp, num_splits, sqn);
     const int split = work.split, rb = work.rb, kv_head = work.kv_head, b = work.b, len = work.len;  // len -1: bad
     const int rows_total = sqn.packed_rows(call_rows, group_size);  // the sequence's packed rows
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -847,8 +961,20 @@ __device__ __forceinline__ void decode_mma_body(
                 make_float2(o[dt][2 * hf], o[dt][2 * hf + 1]);
     }
     __syncthreads();
-    write_cta_result<T, HEAD_DIM, ROWS, NS, THREADS, M>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, split, num_splits,
-                                                         len, part_o, part_lse, &mp, sqn);
+    if constexpr (CLUSTER == 1) {
+        const WorkspacePart<HEAD_DIM> part{part_o, part_lse, ((index_t)b * p.num_kv_heads + kv_head) * call_rows,
+                                           split, num_splits};
+        write_cta_result<T, HEAD_DIM, ROWS, NS, THREADS, M>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, num_splits,
+                                                             len, part, &mp, sqn);
+    } else {
+        // the split's partial result into this CTA's shared memory, then the
+        // cluster's CTAs (the row block's splits) merge them (cluster_merge)
+        float* po = reinterpret_cast<float*>(smem_raw + L::PART_O);
+        float* pl = reinterpret_cast<float*>(smem_raw + L::PART_LSE);
+        write_cta_result<T, HEAD_DIM, ROWS, NS, THREADS, M>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, CLUSTER, len,
+                                                             SmemPart<HEAD_DIM>{po, pl}, &mp, sqn);
+        cluster_merge<T, HEAD_DIM, ROWS, THREADS, CLUSTER>(po, pl, out, lse, p, b, kv_head, rb, len, sqn);
+    }
 }
 
 template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES>
@@ -860,6 +986,22 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, NoMods>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
                                                             num_splits, ModParams{});
 }
+
+// The same with the row block's CLUSTER (2 to 8) splits in one thread-block
+// cluster, which merges them itself (decode_detail::cluster_merge; sm_90):
+// one launch, no workspace (part_o, part_lse unused; num_splits == CLUSTER).
+#if __CUDA_ARCH__ >= 900
+template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int CLUSTER, int SMEM_BYTES>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention_cluster(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits)
+{
+    static_assert(CLUSTER >= 2 && CLUSTER <= 8, "a portable cluster: 2 to 8 CTAs");
+    decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, NoMods, 0, CLUSTER>(
+        q, k, v, out, lse, seqlens_k, p, nullptr, nullptr, CLUSTER, ModParams{});
+}
+#endif
 
 // The same with the modifiers FLAGS (common.cuh: MOD_*), whose values are in mp.
 template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, int FLAGS>
@@ -882,7 +1024,6 @@ __device__ __forceinline__ void decode_combine_body(
     const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
-    const float NEG_INF = neg_inf<float>();
     const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
     const int quads = p.head_dim / 4;
     // J adjacent lanes share an output quad, lane j taking splits j, j + J, .. (its loads
@@ -911,21 +1052,14 @@ __device__ __forceinline__ void decode_combine_body(
         float* lse_row = lse != nullptr && d == 0 ? lse + sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q) : nullptr;
 
         const float* lse_s = part_lse + prow * num_splits;
-        float mm = NEG_INF;
-#pragma unroll 8
-        for (int s = j; s < num_splits; s += J) mm = fmaxf(mm, lse_s[s]);
-        float ls = 0.f;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
-        for (int s = j; s < num_splits; s += J) {
-            const float wt = softmax::merge_weight(lse_s[s], mm);  // 0 for a split that saw no key
-            const float4 ov = *reinterpret_cast<const float4*>(part_o + (prow * num_splits + s) * p.head_dim + d);
-            ls += wt;
-            acc[0] = fmaf(wt, ov.x, acc[0]);
-            acc[1] = fmaf(wt, ov.y, acc[1]);
-            acc[2] = fmaf(wt, ov.z, acc[2]);
-            acc[3] = fmaf(wt, ov.w, acc[3]);
-        }
+        float mm, ls, acc[4];
+        merge_parts<8>(
+            j, num_splits, J, [&](int s) { return lse_s[s]; },
+            [&](int s, float (&ov)[4]) {
+                const float4 x = *reinterpret_cast<const float4*>(part_o + (prow * num_splits + s) * p.head_dim + d);
+                ov[0] = x.x, ov[1] = x.y, ov[2] = x.z, ov[3] = x.w;
+            },
+            mm, ls, acc);
 #pragma unroll
         for (int off = 1; off < 8; off *= 2)  // the group's states, pairwise (J <= 8)
             if (off < J) softmax::shfl_merge(group, off, mm, ls, acc);

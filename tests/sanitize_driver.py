@@ -27,7 +27,8 @@ CASES = [
     (1, 17, 33, 2, 1, 256),
     (1, 29, 31, 6, 3, 40),  # odd head_dim: rowwise only
     (1, 9, 12, 2, 2, 1),
-    (2, 4, 700, 8, 2, 128),  # decode with split keys (and the combine kernel)
+    (2, 4, 700, 8, 2, 128),  # decode with split keys (the combine kernel; on sm_90 fp16 / bf16 a 2-CTA cluster)
+    (1, 1, 2048, 8, 1, 64),  # decode split into 8-CTA clusters (sm_90, fp16 / bf16)
     (3, 16, 300, 16, 1, 256),  # decode's largest rows and head_dim
     (2, 70, 300, 8, 2, 192),  # hopper: head_dim padded to a third slab, several K/V tiles per CTA
 ]

@@ -164,3 +164,46 @@ def test_decode_spec_rejects_other_block_sizes():
     assert _specs.decode_spec("float32", 128, 16, a) is None
     assert _specs.decode_specs("float64", 128, a) == ()
     assert _specs.decode_specs("bfloat16", 128, _specs.ARCHS["sm_75"]) == ()
+
+
+def test_cluster_kernels_in_the_tables_with_clusters():
+    """Every tensor-core decode layout has its cluster kernels (2, 4, 8 splits)
+    on the architectures with clusters, and none elsewhere."""
+    for arch in _specs.ARCHS.values():
+        names = {s.name for s in _specs.specs_for(arch)}
+        for dtype in _specs.DECODE_MMA_DTYPES:
+            for head_dim in _specs.DECODE_HEAD_DIMS:
+                for spec in _specs.decode_specs(dtype, head_dim, arch):
+                    for n in _specs.DECODE_CLUSTERS:
+                        c = _specs.decode_cluster_spec(spec, n)
+                        assert (c.name in names) == arch.clusters, (arch.name, c.name)
+                        assert c.smem == spec.smem and c.block_m == spec.block_m and c.name.endswith(f", {n}, {spec.smem}>")
+
+
+def test_cluster_rule():
+    """decode_cluster: fp16 / bf16 split into 2, 4 or 8 ranges, no modifiers,
+    contiguous K/V, on sm_90; else the workspace and the combine."""
+    p = problem(1, 1, 4096, 32, 8)
+    spec = _specs.decode_spec("bfloat16", 128, 16, H200[1])
+    for n in (2, 4, 8):
+        assert _plan.decode_cluster(p, spec, n, H200[1])
+    for n in (1, 3, 16):
+        assert not _plan.decode_cluster(p, spec, n, H200[1])
+    a100 = _specs.ARCHS["sm_80"]
+    assert not _plan.decode_cluster(p, _specs.decode_spec("bfloat16", 128, 16, a100), 4, a100)
+    p32 = problem(1, 1, 4096, 32, 8, dtype="float32")
+    assert not _plan.decode_cluster(p32, _specs.decode_spec("float32", 128, 4, H200[1]), 4, H200[1])
+    from dataclasses import replace
+    assert not _plan.decode_cluster(replace(p, mods=object()), spec, 4, H200[1])
+    assert not _plan.decode_cluster(replace(p, seq=object()), spec, 4, H200[1])
+
+
+def test_cluster_split_costs_no_combine():
+    """The model times a cluster split without the combine's launch and partials."""
+    p = problem(1, 1, 4096, 32, 8)
+    spec = _specs.decode_spec("bfloat16", 128, 16, H200[1])
+    a100 = _specs.ARCHS["sm_80"]
+    t_cluster = _plan.decode_seconds(p, spec, 8, 132, H200[1])
+    t_combine = _plan.decode_seconds(p, spec, 8, 132, a100)  # the same kernel on an architecture without clusters
+    assert t_cluster < t_combine - _plan.DECODE_COMBINE_FIXED_S + 2 * _plan.DECODE_CLUSTER_MERGE_S
+

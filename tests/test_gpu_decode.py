@@ -25,10 +25,11 @@ GROUPS = {"MHA": (8, 8), "GQA4": (8, 2), "GQA8": (16, 2), "GQA16": (16, 1)}
 
 
 def check(q, k, v, *, causal=True, seqlens_k=None, lens_on="host", kernel="decode", num_splits=None, block_m=None,
-          what=""):
+          cluster=None, what=""):
     """One GPU call into NaN-poisoned out / lse, compared with the reference
     (num_splits, block_m: the decode kernel with that many key ranges and rows
-    per CTA in place of decode_dispatch's choice)."""
+    per CTA in place of decode_dispatch's choice; cluster: its splits merged
+    by their cluster (True) or by the combine (False), None: as decode_cluster says)."""
     dtype = q.dtype.name
     qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
     out = cupy.full(q.shape, np.nan, dtype=q.dtype)
@@ -40,7 +41,9 @@ def check(q, k, v, *, causal=True, seqlens_k=None, lens_on="host", kernel="decod
         problem = _plan.Problem.of(qd, kd, dtype=dtype, causal=causal, softmax_scale=1 / np.sqrt(q.shape[3]))
         lse = cupy.full((q.shape[0], q.shape[2], q.shape[1]), np.nan, dtype=cupy.float32)
         lens_d = None if lens is None else cupy.asarray(lens, dtype=cupy.int32)
-        _plan._launch_decode_forced_splits(problem, qd, kd, vd, out, lse, lens_d, num_splits, block_m=block_m)
+        plan = _plan._launch_decode_forced_splits(problem, qd, kd, vd, out, lse, lens_d, num_splits, block_m=block_m,
+                                                  cluster=cluster)
+        assert cluster is None or plan.cluster == cluster
     ref, ref_lse = reference_attention(q, k, v, causal=causal, seqlens_k=seqlens_k)
     assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"{kernel} {dtype} out {what}")
     assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5, f"{kernel} {dtype} lse {what}")
@@ -172,6 +175,58 @@ ROW_SHAPES = {  # (batch, seqlen_q, num_q_heads, num_kv_heads): rows = seqlen_q 
 
 def _block_ms(dtype):
     return _specs.decode_block_ms(dtype)
+
+
+def _clusters():
+    return int(cupy.cuda.Device().compute_capability) >= 90
+
+
+@pytest.mark.parametrize("cluster", [2, 4, 8])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_cluster_merge(cluster, dtype, head_dim):
+    """A split call's splits in one thread-block cluster that merges them itself
+    (decode_mma_attention_cluster, sm_90), at every rows-per-CTA layout, with
+    ragged device lengths (0 and full included), several row blocks, and a
+    range of keys shorter than a split; the same call by the combine agrees."""
+    if not _clusters():
+        pytest.skip("thread-block clusters: compute capability 9.0 or newer")
+    q, k, v = random_qkv(3, 5, 2500, 16, 2, head_dim, dtype, seed=cluster * 1000 + head_dim)  # 40 rows per KV head
+    lens = np.array([2500, 0, 77], dtype=np.int32)
+    for block_m in (16, 32, 64):
+        for merged in (True, False):
+            check(q, k, v, num_splits=cluster, block_m=block_m, cluster=merged, seqlens_k=lens, lens_on="device",
+                  what=f"cluster={cluster} merged={merged} D{head_dim} block_m={block_m}")
+    check(q, k, v, causal=False, num_splits=cluster, cluster=True, what=f"cluster={cluster} non-causal")
+
+
+def test_cluster_merge_bad_length_gives_nan_rows():
+    """A device length outside [0, seqlen_k] makes its batch's rows NaN in the cluster merge too."""
+    if not _clusters():
+        pytest.skip("thread-block clusters: compute capability 9.0 or newer")
+    q, k, v = (cupy.asarray(x) for x in random_qkv(3, 1, 3000, 8, 2, 128, "bfloat16", seed=5))
+    problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=1 / np.sqrt(128))
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    lse = cupy.full((3, 8, 1), np.nan, dtype=cupy.float32)
+    lens = cupy.asarray([3000, 3001, 1500], dtype=cupy.int32)
+    plan = _plan._launch_decode_forced_splits(problem, q, k, v, out, lse, lens, 4, cluster=True)
+    assert plan.cluster and plan.workspace_bytes == 0
+    o, l = cupy.asnumpy(out).astype(np.float64), cupy.asnumpy(lse)
+    assert np.isnan(o[1]).all() and np.isnan(l[1]).all()
+    host = [cupy.asnumpy(a) for a in (q, k, v)]
+    for b, n in ((0, 3000), (2, 1500)):
+        ref, ref_lse = reference_attention(*(a[b:b + 1] for a in host), causal=True, seqlens_k=np.array([n]))
+        assert_close(o[b:b + 1], ref, TOLERANCE["bfloat16"], f"cluster batch {b}")
+        assert_lse_close(l[b:b + 1], ref_lse, 1e-5, f"cluster batch {b} lse")
+
+
+def test_cluster_refused_where_it_does_not_apply():
+    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 3000, 8, 2, 64, "float32", seed=1))
+    problem = _plan.Problem.of(q, k, dtype="float32", causal=True, softmax_scale=0.125)
+    out = cupy.empty_like(q)
+    lse = cupy.empty((1, 8, 1), dtype=cupy.float32)
+    with pytest.raises(ValueError, match="cluster: no cluster kernel for 4 splits"):
+        _plan._launch_decode_forced_splits(problem, q, k, v, out, lse, None, 4, cluster=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

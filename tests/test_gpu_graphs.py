@@ -19,7 +19,9 @@ if gpu_available():
 # name: (kernel, (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim), dtype, split)
 # split: whether the decode kernel cuts the keys into several ranges (a workspace);
 # seqlen_k 300 < 2 * DECODE_MIN_SPLIT_KEYS never splits, 1 or 2 (batch, KV head)
-# pairs against thousands of keys always do.
+# pairs against thousands of keys always do; "cluster": it splits them into 2 to
+# 8 ranges, merged in thread-block clusters where the GPU has them (no workspace)
+# and by the combine elsewhere.
 CASES = {
     "rowwise": ("rowwise", (2, 40, 72, 6, 2, 40), "float32", False),
     "tiled": ("tiled", (2, 96, 128, 8, 2, 64), "float16", False),
@@ -28,7 +30,8 @@ CASES = {
     "decode": ("decode", (2, 1, 300, 8, 2, 128), "bfloat16", False),
     "decode_split": ("decode", (1, 2, 4096, 8, 2, 128), "bfloat16", True),
     "decode_split_f32": ("decode", (1, 1, 3000, 4, 1, 64), "float32", True),
-    "auto_decode_split": ("auto", (2, 1, 2048, 16, 1, 64), "float16", True),
+    "auto_decode_split": ("auto", (2, 1, 2048, 16, 1, 64), "float16", "cluster"),
+    "decode_cluster": ("decode", (4, 1, 4096, 16, 4, 128), "bfloat16", "cluster"),
 }
 VARIANTS = ["plain", "out", "return_lse", "seqlens_k", "workspace", "first_call"]
 
@@ -39,6 +42,10 @@ def _skip_unsupported(kernel, dtype):
         pytest.skip("hopper: compute capability 9.0 only")
     if kernel != "rowwise" and dtype != "float32" and cc < 80:
         pytest.skip("tensor-core kernels: compute capability 8.0 or newer")
+
+
+def _needs_workspace(split):
+    return split is True or (split == "cluster" and int(cupy.cuda.Device().compute_capability) < 90)
 
 
 def _lens_values(step, batch, seqlen_k):
@@ -68,6 +75,7 @@ def test_torch_graph_replays_new_inputs(case, variant):
         return [torch.from_numpy(x).to("cuda", tdtype) for x in random_qkv(batch, seqlen_q, seqlen_k, hq, hkv, d, "float32", seed=seed)]
 
     q, k, v = inputs(0)
+    split = _needs_workspace(split)
     assert (cupy_gqa.decode_workspace_size(q, k, v, kernel=kernel) > 0) == split, "the case's split assumption"
     lens = torch.full((batch,), seqlen_k, dtype=torch.int32, device="cuda") if variant == "seqlens_k" else None
     out = torch.full_like(q, float("nan")) if variant == "out" else None
@@ -152,7 +160,7 @@ def test_cupy_graph_replays_new_inputs(case, variant):
         out = cupy.full(q.shape, np.nan, dtype=q.dtype)
         lens = cupy.full((batch,), seqlen_k, dtype=cupy.int32) if variant == "seqlens_k" else None
         workspace = cupy_gqa.decode_workspace(q, k, v, kernel=kernel, out=out)  # None where the call needs none
-        assert (workspace is not None) == split
+        assert (workspace is not None) == _needs_workspace(split)
         return_lse = variant == "return_lse"
 
         def call():

@@ -21,7 +21,8 @@ kernel as cupy_gqa/_compile.py's compile_offline does, and the JSON records:
             cannot read the CUDA 12 ELF that NVRTC 12 writes, so this is the
             other toolchain's SASS of the same PTX: a proxy for instruction
             counts, exact for "the same PTX gives the same SASS".
-Specs are matched by their position in SPECS (names may change); --source
+Each architecture fingerprints the specs of its table (_specs.specs_for). Specs
+are matched by name, else by their position in SPECS (a renamed kernel); --source
 fingerprints only the specs of one kernel file, and --compare then compares
 the specs both files have.
 """
@@ -106,9 +107,12 @@ def fingerprint(index: int, arch: str, ptxas: str | None, cuobjdump: str | None)
 
 def collect(archs: list[str], jobs: int, ptxas: str | None, cuobjdump: str | None, source: str | None) -> dict:
     result = {}
-    indices = [i for i, spec in enumerate(_specs.SPECS) if source in (None, spec.source)]
     with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
         for arch in archs:
+            # the specs of the architecture's table (a kernel for newer GPUs alone may not exist for older ones)
+            table = {s.name for s in _specs.specs_for(_specs.ARCHS[arch])} if arch in _specs.ARCHS else None
+            indices = [i for i, spec in enumerate(_specs.SPECS)
+                       if source in (None, spec.source) and (table is None or spec.name in table)]
             futures = [pool.submit(fingerprint, i, arch, ptxas, cuobjdump) for i in indices]
             result[arch] = [f.result() for f in futures]
             print(f"{arch}: {len(futures)} specs", file=sys.stderr, flush=True)
@@ -119,9 +123,13 @@ def compare(before: dict, after: dict) -> int:
     """Print, per arch, which specs changed and how; 0 if every cubin is identical."""
     differ = 0
     for arch in before:
-        a_by = {e.get("index", i): e for i, e in enumerate(before[arch])}
-        b_by = {e.get("index", i): e for i, e in enumerate(after.get(arch, []))}
-        common = sorted(a_by.keys() & b_by.keys())
+        # by name where both have it, else by position in SPECS (a renamed kernel)
+        names_a = {e["name"] for e in before[arch]}
+        names_b = {e["name"] for e in after.get(arch, [])}
+        key = lambda i, e: e["name"] if e["name"] in names_a and e["name"] in names_b else e.get("index", i)  # noqa: E731
+        a_by = {key(i, e): e for i, e in enumerate(before[arch])}
+        b_by = {key(i, e): e for i, e in enumerate(after.get(arch, []))}
+        common = sorted(a_by.keys() & b_by.keys(), key=str)
         same_cubin = same_ptx = same_sass = 0
         lines = []
         for a, b in ((a_by[i], b_by[i]) for i in common):

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""A split decode call merged by its thread-block clusters against the same
+call merged by the combine kernel (kernels/decode.cu), at forced split counts.
+
+    python3 benchmarks/dev/decode_cluster_ab.py [--cases D01,D02] [--rounds 4]
+
+Per case and (splits, merge), three numbers:
+  gpu_us    CUDA events around one call, a 256 MB buffer zeroed before each
+            repetition (no input in L2), median of REPS; the combine path's
+            workspace is allocated beforehand, as a caller's
+  loop_us   wall time of CALLS calls back to back / CALLS (no flush; the
+            combine path takes its workspace from CuPy's pool each call, as
+            a call without workspace= does): what a decode loop sees
+  host_us   the host time of one call with the GPU idle (median)
+The configurations are timed in turn, the order reversed every other round.
+Also printed: decode_dispatch's choice for the case. Notes: benchmarks/NOTES_decode.md.
+"""
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import cupy  # noqa: E402
+import ml_dtypes  # noqa: E402
+
+from cupy_gqa import _plan, _specs  # noqa: E402
+
+REPS, CALLS = 30, 1000
+FLUSH = cupy.empty(256 * 2**20 // 4, dtype=cupy.int32)
+# name: (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim), then (splits, cluster) to time
+CASES = {
+    "D01": ((1, 1, 4096, 32, 8, 128), [(16, False), (8, True), (8, False), (4, True)]),
+    "D02": ((8, 1, 8192, 32, 8, 128), [(2, True), (2, False), (4, True), (1, False)]),
+    "D06": ((1, 1, 32768, 8, 1, 128), [(121, False), (8, True), (64, False)]),
+    "B2_S2048_mqa": ((2, 1, 2048, 16, 1, 64), [(8, True), (8, False), (16, False)]),
+}
+
+
+def setup(shape, splits, cluster):
+    batch, sq, sk, hq, hkv, d = shape
+    rnd = lambda *s: cupy.random.standard_normal(s, dtype=cupy.float32).astype(ml_dtypes.bfloat16)  # noqa: E731
+    q, k, v = rnd(batch, sq, hq, d), rnd(batch, sk, hkv, d), rnd(batch, sk, hkv, d)
+    out = cupy.empty_like(q)
+    lse = cupy.empty((batch, hq, sq), dtype=cupy.float32)
+    problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=1 / math.sqrt(d))
+    arch = _specs.arch_of(*divmod(int(cupy.cuda.Device().compute_capability), 10))
+    block_m = _plan.decode_dispatch(problem, _plan.sm_count(0), arch).block_m
+    spec = _specs.decode_spec("bfloat16", d, block_m, arch)
+    plan = _plan._decode_plan(problem, _plan._layout(q, k, v, out), spec, splits, cluster)
+    work = cupy.empty(max(plan.workspace_bytes // 4, 1), dtype=cupy.float32)
+    return plan, (q, k, v, out, lse), work
+
+
+def gpu_us(plan, arrays, work):
+    q, k, v, out, lse = arrays
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(REPS):
+        FLUSH.fill(0)
+        start.record()
+        plan(q, k, v, out, lse, None, work if plan.combined else None)
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
+    return float(np.median(times))
+
+
+def loop_us(plan, arrays):
+    q, k, v, out, lse = arrays
+    for _ in range(50):
+        plan(q, k, v, out, lse, None)
+    cupy.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(CALLS):
+        plan(q, k, v, out, lse, None)
+    cupy.cuda.Device().synchronize()
+    return (time.perf_counter() - t0) / CALLS * 1e6
+
+
+def host_us(plan, arrays):
+    q, k, v, out, lse = arrays
+    times = []
+    for _ in range(200):
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        plan(q, k, v, out, lse, None)
+        times.append(time.perf_counter() - t0)
+    cupy.cuda.Device().synchronize()
+    return float(np.median(times)) * 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--rounds", type=int, default=4)
+    args = ap.parse_args()
+    dev = cupy.cuda.Device()
+    print(f"{cupy.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}  cupy {cupy.__version__}  "
+          f"{args.rounds} rounds; best of the rounds' medians")
+    print(f"{'case':14s} {'splits':>6s} {'merge':>8s} {'gpu_us':>8s} {'loop_us':>8s} {'host_us':>8s}  dispatch")
+    for name in args.cases.split(","):
+        shape, configs = CASES[name]
+        setups = [setup(shape, s, c) for s, c in configs]
+        best = {i: [math.inf] * 3 for i in range(len(configs))}
+        for r in range(args.rounds):
+            order = range(len(configs)) if r % 2 == 0 else reversed(range(len(configs)))
+            for i in order:
+                plan, arrays, work = setups[i]
+                got = (gpu_us(plan, arrays, work), loop_us(plan, arrays), host_us(plan, arrays))
+                best[i] = [min(a, b) for a, b in zip(best[i], got)]
+        problem = _plan.Problem(*shape[:6], "bfloat16", True, 1 / math.sqrt(shape[5]))
+        arch = _specs.arch_of(*divmod(int(dev.compute_capability), 10))
+        choice = _plan.decode_dispatch(problem, _plan.sm_count(dev.id), arch)
+        for i, (s, c) in enumerate(configs):
+            g, lp, h = best[i]
+            print(f"{name:14s} {s:6d} {'cluster' if c else 'combine':>8s} {g:8.2f} {lp:8.2f} {h:8.2f}  "
+                  f"{choice.block_m} rows, {choice.num_splits} splits" if i == 0 else
+                  f"{name:14s} {s:6d} {'cluster' if c else 'combine':>8s} {g:8.2f} {lp:8.2f} {h:8.2f}")
+        # the outputs of the two merges agree (the same splits)
+        outs = []
+        for plan, arrays, work in setups:
+            q, k, v, out, lse = arrays
+            plan(q, k, v, out, lse, None, work if plan.combined else None)
+            outs.append(cupy.asnumpy(out.astype(cupy.float32)))
+        ref = outs[0]
+        print(f"{name:14s} max |out - first config's|: " + ", ".join(f"{np.abs(o - ref).max():.2e}" for o in outs[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
