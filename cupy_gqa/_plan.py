@@ -552,6 +552,14 @@ PREFILL_BYTES_IN_FLIGHT = 65536
 # Choices the model times within this fraction of the best are ties, which
 # the fewest CTAs win (decode_dispatch).
 DECODE_TIE = 0.02
+# A split into clusters (decode_cluster) wins over the model's best choice
+# within this many seconds: at D01's shape (B1, 4096 keys, 8 KV heads) the
+# model put 16 splits through the combine 0.3 us ahead of 8 in clusters, and
+# the H200 measured 18.0 against 15.0 us of GPU time, and 14.7 against 6.8 us
+# of host time per call (benchmarks/NOTES_decode.md: the cluster merge). An
+# absolute margin, and only in place of a split through the combine (not of
+# one launch without a split): on the long calls it changes nothing.
+DECODE_CLUSTER_MARGIN_S = 2e-6
 
 
 def decode_combine_lanes(num_splits: int) -> int:
@@ -666,7 +674,10 @@ def decode_dispatch(problem: Problem, sms: int, arch: _specs.Arch) -> DecodeChoi
     count from 1 to min(DECODE_MAX_SPLITS, seqlen_k / DECODE_MIN_SPLIT_KEYS)
     is timed by decode_seconds; of those within DECODE_TIE of the fastest, the
     one of fewest CTAs (then the smaller block) is decode's launch: the fewest
-    passes over K/V from L2 and the least combine work. auto takes it
+    passes over K/V from L2 and the least combine work. Where that
+    launch splits through the combine, a split into clusters (decode_cluster:
+    one launch, no workspace) within DECODE_CLUSTER_MARGIN_S of the fastest
+    takes its place, the fastest of them. auto takes it
     unless prefill_seconds is smaller. Depends on the shape alone (never on
     device lengths): the same plan for every call of a shape, as a CUDA graph
     needs."""
@@ -677,17 +688,23 @@ def decode_dispatch(problem: Problem, sms: int, arch: _specs.Arch) -> DecodeChoi
         return DecodeChoice("prefill", 0, 1, inf, prefill)
     rows = problem.seqlen_q * problem.group_size
     most = max(1, min(DECODE_MAX_SPLITS, problem.seqlen_k // DECODE_MIN_SPLIT_KEYS))
-    timed = []
+    timed, clustered = [], []
     for spec in specs:
         base = problem.batch * problem.num_kv_heads * math.ceil(rows / spec.block_m)
         for splits in range(1, most + 1):
             if base * splits > MAX_GRID_X:
                 break
-            timed.append((base * splits, spec.block_m, splits, decode_seconds(problem, spec, splits, sms, arch)))
+            x = (base * splits, spec.block_m, splits, decode_seconds(problem, spec, splits, sms, arch))
+            timed.append(x)
+            if splits > 1 and decode_cluster(problem, spec, splits, arch):
+                clustered.append(x)
     if not timed:  # too many rows for one grid: the launch raises
         return DecodeChoice("prefill", specs[0].block_m, 1, inf, prefill)
     best = min(x[3] for x in timed)
     _, block_m, splits, t = min(x for x in timed if x[3] <= best * (1 + DECODE_TIE))
+    near = [x for x in clustered if x[3] <= best + DECODE_CLUSTER_MARGIN_S]
+    if splits > 1 and near and (block_m, splits) not in {(x[1], x[2]) for x in clustered}:
+        _, block_m, splits, t = min(near, key=lambda x: (x[3], x[0], x[1]))
     return DecodeChoice("decode" if t <= prefill else "prefill", block_m, splits, t, prefill)
 
 

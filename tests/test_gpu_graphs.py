@@ -28,7 +28,7 @@ CASES = {
     "hopper": ("hopper", (2, 96, 160, 8, 2, 128), "bfloat16", False),
     "auto_prefill": ("auto", (1, 64, 64, 4, 4, 64), "bfloat16", False),
     "decode": ("decode", (2, 1, 300, 8, 2, 128), "bfloat16", False),
-    "decode_split": ("decode", (1, 2, 4096, 8, 2, 128), "bfloat16", True),
+    "decode_split": ("decode", (1, 2, 8192, 8, 1, 128), "bfloat16", True),
     "decode_split_f32": ("decode", (1, 1, 3000, 4, 1, 64), "float32", True),
     "auto_decode_split": ("auto", (2, 1, 2048, 16, 1, 64), "float16", "cluster"),
     "decode_cluster": ("decode", (4, 1, 4096, 16, 4, 128), "bfloat16", "cluster"),
@@ -199,7 +199,7 @@ def test_cupy_graph_replays_new_inputs(case, variant):
 def test_cupy_split_decode_without_workspace_is_refused_during_capture():
     """A workspace from CuPy's pool would go back to the pool while the graph
     still writes to it: inside a capture, the split path needs workspace=."""
-    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 4096, 8, 2, 128, "bfloat16"))
+    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 8192, 8, 1, 128, "bfloat16"))
     out = cupy.empty_like(q)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
@@ -225,7 +225,7 @@ def test_cupy_split_decode_without_workspace_is_refused_during_capture():
 
 
 def test_workspace_is_checked():
-    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 4096, 8, 2, 128, "bfloat16"))
+    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 8192, 8, 1, 128, "bfloat16"))
     need = cupy_gqa.decode_workspace_size(q, k, v)
     assert need > 0
     with pytest.raises(TypeError, match=r"workspace: expected dtype float32, got float16"):
