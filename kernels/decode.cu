@@ -37,6 +37,10 @@
 //   Otherwise it writes the fp32 partial o / l and its lse (log2 domain) to a
 //   workspace, and decode_combine merges the splits of each row:
 //       M = max_s lse_s,  out = sum_s exp2(lse_s - M) o_s / sum_s exp2(lse_s - M)
+//   decode_mma_attention_cluster (sm_90; 2 to 8 splits): the splits of a row
+//   block form one thread-block cluster, which merges them by the same rule
+//   through distributed shared memory (decode_detail::cluster_merge): one
+//   launch and no workspace.
 //   These rules (and the end of a row below) are kernels/softmax.cuh's.
 //   Causal masking is aligned bottom-right per sequence: query t of batch b
 //   sees keys j <= t + len - seqlen_q. A row that sees no key writes 0 and
@@ -52,6 +56,9 @@
 //   all but one take the keys from L2. Warp w, lane = 32 * w + x:
 //   key group w * (32 / LANES) + x / LANES, lane x % LANES within it.
 //   At step j0 group i reads keys j0 + u * NUM_GROUPS + i, u < U.
+//   The cluster kernel puts the splits of a row block side by side instead
+//   (split fastest), so that they form one cluster:
+//       blockIdx.x = ((b * num_kv_heads + kv_head) * row_blocks + rb) * num_splits + split
 //
 // Workspace (num_splits > 1; allocated by cupy_gqa/_plan.py from CuPy's pool)
 //   packed row index prow = (b * num_kv_heads + kv_head) * (seqlen_q * group_size) + r
