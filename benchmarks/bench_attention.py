@@ -11,7 +11,11 @@ Usage (from the repository root, on a machine with an NVIDIA GPU):
 What is measured
     * Time: CUDA events around each call, after a warm-up, on torch's current stream,
       with a 256 MB buffer zeroed before every repetition so no call finds its inputs
-      in L2 (as triton.testing.do_bench does). The median is reported. A call measured
+      in L2 (as triton.testing.do_bench does), then a GPU spin of HEAD_START_CYCLES
+      (torch.cuda._sleep) before the start event, so that the host has queued the
+      call's kernels before the GPU reaches it: the events time the GPU's work, not
+      the host's (a torch call through sdpa_kernel takes longer on the host than the
+      flush alone hides). The median is reported. A call measured
       under SLOW_CALL_MS = 50 ms gets FAST_REPS = 20 repetitions (--quick: 5), a slower
       one SLOW_REPS = 3 (--quick: 1), rounded up to whole rounds: a case's
       implementations (cupy_gqa's and torch's) are timed in TIMING_ROUNDS = 4 rounds,
@@ -93,6 +97,12 @@ SLOW_CALL_MS = 50.0
 # so no implementation may owe its time to its place in the order.
 TIMING_ROUNDS = 4
 L2_FLUSH_BYTES = 256 * 2**20
+# GPU clock cycles of the spin after the flush (about 0.3 ms on the H200): the host's
+# head start on each timed call. Without it, the 256 MB flush (about 0.1 ms) was the
+# only head start, and at H3 (0.1 ms calls) the torch_cudnn row, whose call enters
+# sdpa_kernel first, read 0.123 ms where the same run's torch_auto, the same cuDNN
+# kernel, read 0.103 (benchmarks/results/h200.md, 2026-12-04).
+HEAD_START_CYCLES = 500_000
 # per-call cases (kind "call"): back-to-back calls, and the host time of one call
 CALLS, QUICK_CALLS = 2000, 200
 CALL_WARMUP = 100
@@ -526,13 +536,15 @@ class Timer:
         self.fast_reps, self.slow_reps, self.slow_ms = fast_reps, slow_reps, slow_ms
         self.calls, self.host_calls = calls, host_calls
         self.flush_buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=DEVICE)
+        self.spin = getattr(torch.cuda, "_sleep", lambda cycles: None)
 
     def _timed(self, fn, n: int) -> list[float]:
         cuda = self.torch.cuda
         starts = [cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [cuda.Event(enable_timing=True) for _ in range(n)]
         for start, end in zip(starts, ends):
-            self.flush_buf.zero_()  # evict L2; also gives the CPU a head start on the launch
+            self.flush_buf.zero_()  # evict L2
+            self.spin(HEAD_START_CYCLES)  # the host's head start: it queues fn before the GPU gets to start
             start.record()
             fn()
             end.record()
