@@ -531,8 +531,9 @@ DECODE_COMBINE_ROUND_S = 0.3e-6
 DECODE_COMBINE_UNROLL = 8  # kernels/decode.cu: decode_combine_body
 # The cluster kernel's merge in place of the combine (decode_cluster): two
 # cluster barriers and one round trip to the other CTAs' shared memory, in
-# the same launch. A prior of about two barrier latencies and a load
-# (benchmarks/NOTES_decode.md, the cluster merge), to be fitted to D01.
+# the same launch. With it the model puts 8 splits in clusters 2.7 us ahead
+# of 8 through the combine at D01's shape; the H200 measured 2.9
+# (benchmarks/NOTES_decode.md, the cluster merge).
 DECODE_CLUSTER_MERGE_S = 1e-6
 
 # Tensor-core (mma.sync m16n8k16) FLOP rate of one SM in the decode kernel,
@@ -688,23 +689,21 @@ def decode_dispatch(problem: Problem, sms: int, arch: _specs.Arch) -> DecodeChoi
         return DecodeChoice("prefill", 0, 1, inf, prefill)
     rows = problem.seqlen_q * problem.group_size
     most = max(1, min(DECODE_MAX_SPLITS, problem.seqlen_k // DECODE_MIN_SPLIT_KEYS))
-    timed, clustered = [], []
+    timed = []  # (CTAs, block_m, splits, seconds, in clusters)
     for spec in specs:
         base = problem.batch * problem.num_kv_heads * math.ceil(rows / spec.block_m)
         for splits in range(1, most + 1):
             if base * splits > MAX_GRID_X:
                 break
-            x = (base * splits, spec.block_m, splits, decode_seconds(problem, spec, splits, sms, arch))
-            timed.append(x)
-            if splits > 1 and decode_cluster(problem, spec, splits, arch):
-                clustered.append(x)
+            t = decode_seconds(problem, spec, splits, sms, arch)
+            timed.append((base * splits, spec.block_m, splits, t, decode_cluster(problem, spec, splits, arch)))
     if not timed:  # too many rows for one grid: the launch raises
         return DecodeChoice("prefill", specs[0].block_m, 1, inf, prefill)
     best = min(x[3] for x in timed)
-    _, block_m, splits, t = min(x for x in timed if x[3] <= best * (1 + DECODE_TIE))
-    near = [x for x in clustered if x[3] <= best + DECODE_CLUSTER_MARGIN_S]
-    if splits > 1 and near and (block_m, splits) not in {(x[1], x[2]) for x in clustered}:
-        _, block_m, splits, t = min(near, key=lambda x: (x[3], x[0], x[1]))
+    _, block_m, splits, t, clustered = min(x for x in timed if x[3] <= best * (1 + DECODE_TIE))
+    near = [x for x in timed if x[4] and x[3] <= best + DECODE_CLUSTER_MARGIN_S]
+    if splits > 1 and not clustered and near:
+        _, block_m, splits, t, _ = min(near, key=lambda x: (x[3], x[0], x[1]))
     return DecodeChoice("decode" if t <= prefill else "prefill", block_m, splits, t, prefill)
 
 

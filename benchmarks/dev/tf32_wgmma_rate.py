@@ -21,8 +21,8 @@ KSTEPS = 4  # products per commit group (k-steps of one 32-byte slab column each
 
 TEMPLATE = r"""
 extern "C" __global__ void __launch_bounds__(WGS * 128, 1) rate(float* sink, int iters) {
-    // A: WGS x 64 rows, B: N rows; KSTEPS k-steps of 16 bytes per row each (TF32: 4 x k8 ... as 2 core
-    // matrices of 16 bytes per k-step: 32 bytes a row a k-step)
+    // A: 64 rows per warpgroup, B: N rows (shared); KSTEPS k-steps of 32 bytes a row each
+    // (TF32 k8 or bf16 k16), stored as two core matrices of 16 bytes side by side
     __shared__ __align__(128) unsigned char sa[WGS * 64 * 32 * KSTEPS];
     __shared__ __align__(128) unsigned char sb[N * 32 * KSTEPS];
     const int t = threadIdx.x, wg = t / 128;
@@ -123,9 +123,9 @@ def main() -> int:
             best = min(best, cupy.cuda.get_elapsed_time(start, end) * 1e-3)
         k = 8 if kind == "tf32" else 16
         flops = 2 * 64 * n * k * KSTEPS * args.iters * wgs * sms
-        bytes_per_clock_hint = (64 + n) * 32 * KSTEPS * args.iters * wgs * sms / best  # operand bytes read per second
+        operand_bytes_per_s = (64 + n) * 32 * KSTEPS * args.iters * wgs * sms / best  # A and B read by the products
         print(f"  {kind} m64n{n}k{k}, {wgs} warpgroup(s): {flops / best / 1e12:7.1f} TFLOP/s, "
-              f"operands {bytes_per_clock_hint / 1e12:6.2f} TB/s from shared memory over the GPU")
+              f"operands {operand_bytes_per_s / 1e12:6.2f} TB/s from shared memory over the GPU")
     return 0
 
 
