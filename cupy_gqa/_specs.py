@@ -103,6 +103,8 @@ def with_mods(spec: Spec, flags: int, user_code: str = "") -> Spec:
     if not flags:
         return spec
     assert spec.family in MODS_FAMILIES, spec.family
+    if flags & (16 | 32):  # _mods.MOD_SCORE, MOD_MASK: user code
+        spec = _two_consumer_warpgroups(spec)
     kernel, args, spec = _sixteen_rows_per_warp(spec)
     return replace(spec, name=f"{kernel}_mods<{args[:-1]}, {flags}>", mods=flags, user_code=user_code)
 
@@ -350,7 +352,7 @@ def tiled_head_dims(dtype: str) -> tuple:
 # BLOCK_N keys per K/V tile; STAGES of K/V in the producer's ring). head_dim is
 # padded to the next of these (any multiple of 8 up to 256 runs).
 HOPPER_TILES = {
-    64: (128, 128, 4),
+    64: (192, 128, 4),
     128: (128, 128, 2),
     192: (128, 96, 2),
     256: (128, 64, 2),
@@ -382,7 +384,7 @@ def _hopper_bytes(q_slots: int, head_dim_pad: int, block_m: int, block_n: int, s
     warpgroup's Q rows in each Q tile, of each K and of each V stage), 16 bytes
     of tile indices per Q tile, 1024 bytes of alignment slack."""
     tiles = (q_slots * block_m + 2 * stages * block_n) * head_dim_pad * 2
-    return tiles + 8 * (4 * q_slots + 4 * stages) + 16 * q_slots + 1024
+    return tiles + 8 * (2 * (block_m // 64) * q_slots + 4 * stages) + 16 * q_slots + 1024
 
 
 def hopper_q_slots(head_dim_pad: int, block_m: int, block_n: int, stages: int) -> int:
@@ -401,8 +403,9 @@ def hopper_smem(head_dim_pad: int, block_m: int, block_n: int, stages: int) -> i
     return _hopper_bytes(qs, head_dim_pad, block_m, block_n, stages)
 
 
-HOPPER = {
-    (dtype, dpad, causal): Spec(
+def _hopper_tile_spec(dtype: str, dpad: int, bm: int, bn: int, stages: int, causal: bool) -> Spec:
+    """hopper_attention for one tile (bm packed rows: bm / 64 consumer warpgroups; bn keys; stages)."""
+    return Spec(
         family="hopper",
         source="hopper.cu",
         name=(
@@ -418,10 +421,25 @@ HOPPER = {
         options=(f"-arch={HOPPER_ARCH}",),
         arch=HOPPER_ARCH,
     )
+
+
+HOPPER = {
+    (dtype, dpad, causal): _hopper_tile_spec(dtype, dpad, bm, bn, stages, causal)
     for dtype in HOPPER_DTYPES
     for dpad, (bm, bn, stages) in HOPPER_TILES.items()
     for causal in (True, False)
 }
+
+
+def _two_consumer_warpgroups(spec: Spec) -> Spec:
+    """The hopper kernel ``spec`` with two consumer warpgroups (128 rows) where
+    it has three: a user's score_mod or mask_mod needs the registers that a
+    third warpgroup takes (160 a thread, against 224 with two)."""
+    if spec.family != "hopper" or spec.block_m <= 128:
+        return spec
+    ctype, dpad, _, bn, stages, causal, _ = spec.name.split("<", 1)[1][:-1].split(", ")
+    return _hopper_tile_spec(spec.dtype, int(dpad), 128, int(bn), int(stages), causal == "true")
+
 
 def hopper_spec(dtype: str, head_dim: int, causal: bool, arch: Arch) -> Spec | None:
     """The hopper kernel for a call on ``arch`` (sm_90 only), or None."""

@@ -37,9 +37,11 @@
  * while it finishes the last one. A launch being captured into a CUDA graph
  * passes no counter: one CTA per tile (the grid is num_tiles).
  *
- * Roles. A CTA has two consumer warpgroups (BLOCK_M = 128) and one producer
- * warpgroup (the last), 128 threads each:
- *   producer   (setmaxnreg down to PRODUCER_REGS): the tiles' order (above);
+ * Roles. A CTA has NWG = BLOCK_M / 64 consumer warpgroups (two, BLOCK_M = 128;
+ * three at head dim 64, BLOCK_M = 192, as FlashAttention-3 does: a third warp
+ * on each scheduler for the softmax, whose exponentials bound that head dim)
+ * and one producer warpgroup (the last), 128 threads each:
+ *   producer   (setmaxnreg down to producer_regs): the tiles' order (above);
  *              per tile K_0, then each consumer warpgroup's 64 rows of Q once
  *              that warpgroup is done with its last tile, by bulk tensor
  *              copies where the host allows (qo_bulk, below), else by the
@@ -54,7 +56,7 @@
  *              padding) goes by cp.async, which zero-fills the keys past the
  *              end: keys of another sequence or stale cache rows never meet
  *              a zero weight in P V (0 * NaN = NaN);
- *   consumer w (setmaxnreg up to CONSUMER_REGS): packed rows [64 w, 64 w + 64)
+ *   consumer w (setmaxnreg up to consumer_regs): packed rows [64 w, 64 w + 64)
  *              of the tile, both matrix products and the softmax for them;
  *              then its rows of out (the epilogue, below).
  *
@@ -222,16 +224,23 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 template <int N> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
-// Named barriers (id 0 is __syncthreads): the 128 threads of one warpgroup
-// (ids 1, 2), and the turn-taking of the two consumer warpgroups (ids 3, 4).
+// Named barriers (id 0 is __syncthreads), for NWG consumer warpgroups: the 128
+// threads of one consumer warpgroup (ids EPILOGUE_BAR + w), the turn-taking of
+// the consumer warpgroups (ids turn_bar + w) and the producer warpgroup (the id
+// after those).
 __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void pair_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void pair_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 5, 128;\n" ::: "memory"); }
-enum { EPILOGUE_BAR = 1, TURN_BAR = 3 };  // and 5: the producer warpgroup
+template <int NWG> __device__ __forceinline__ void producer_sync() {
+    asm volatile("bar.sync %0, 128;\n" ::"n"(1 + 2 * NWG) : "memory");
+}
+enum { EPILOGUE_BAR = 1 };
+template <int NWG> __host__ __device__ constexpr int turn_bar() { return EPILOGUE_BAR + NWG; }
 
-constexpr int PRODUCER_REGS = 56;   // 56 + 2 x 224 = 3 x 168: what the producer frees, the consumers take
-constexpr int CONSUMER_REGS = 224;
+// Registers per thread of each role: what the producer frees, the consumers take
+// (2 consumer warpgroups: 56 + 2 x 224 = 3 x 168; 3: 32 + 3 x 160 = 4 x 128).
+template <int NWG> __host__ __device__ constexpr int producer_regs() { return NWG == 2 ? 56 : 32; }
+template <int NWG> __host__ __device__ constexpr int consumer_regs() { return NWG == 2 ? 224 : 160; }
 
 }  // namespace hopper_detail
 
@@ -246,13 +255,14 @@ struct HopperSmem {
     static constexpr int KV_SLAB = BLOCK_N * 128;  // ... of a K or V tile
     static constexpr int Q_BYTES = SLABS * Q_SLAB;
     static constexpr int KV_BYTES = SLABS * KV_SLAB;
+    enum : int { NWG = BLOCK_M / 64 };             // consumer warpgroups
     // The layout's bytes with qs Q tiles: tiles from a 1024-aligned base (qs Q
     // tiles, STAGES K tiles, STAGES V tiles), then the mbarriers (full and empty
     // of each warpgroup's Q rows in each Q tile, of each K and of each V stage),
     // then the next tile of each consumer warpgroup in each Q tile and the
-    // producer's (16 bytes a Q tile); + 1024 slack for the alignment
+    // producer's (16 bytes a Q tile: NWG <= 3); + 1024 slack for the alignment
     __host__ __device__ static constexpr int bytes(int qs) {
-        return qs * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * (4 * qs + 4 * STAGES) + 16 * qs + 1024;
+        return qs * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * (2 * NWG * qs + 4 * STAGES) + 16 * qs + 1024;
     }
     // Q tiles: two where they fit in an SM's 227 KB (a warpgroup's next Q rows
     // then load while it still works on its last tile), except at head dim 64,
@@ -260,7 +270,7 @@ struct HopperSmem {
     // the same rule)
     // (an enumerator: NVRTC emits this static member as an unused global otherwise)
     enum : int { Q_SLOTS = HEAD_DIM_PAD != 64 && bytes(2) <= 232448 ? 2 : 1 };
-    static constexpr int BARRIERS = 4 * Q_SLOTS + 4 * STAGES;
+    static constexpr int BARRIERS = 2 * NWG * Q_SLOTS + 4 * STAGES;
     static constexpr int BYTES = bytes(Q_SLOTS);
 };
 
@@ -283,7 +293,10 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // The epilogue (see the top): at head dim 64 out goes from the registers and the
     // Q rows are freed after the last Q K^T; above, out is staged through them.
     constexpr bool DIRECT_OUT = HEAD_DIM_PAD == 64;
-    static_assert(BLOCK_M == 128 && BLOCK_N % 16 == 0, "two consumer warpgroups of 64 rows; 16 keys per step");
+    static_assert((BLOCK_M == 128 || (BLOCK_M == 192 && HEAD_DIM_PAD == 64)) && BLOCK_N % 16 == 0,
+                  "two consumer warpgroups of 64 rows (three at head dim 64); 16 keys per step");
+    constexpr int NWG = BLOCK_M / 64;          // consumer warpgroups
+    constexpr int TURN_BAR = turn_bar<NWG>();
     using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES>;
     static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout (HopperSmem)");
     static_assert(STAGES >= 2, "the consumers hold V_{j-1} (P V) while V_j arrives");
@@ -309,18 +322,18 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // the Q tile), loaded for its next tile once it is done with the last one,
     // so warpgroup 0 starts a tile while warpgroup 1 still finishes the one before.
     // (in Q tile qs: with two, the next tile's rows land while the last's are in use)
-    auto q_full = [&](int h, int qs) { return bars + 8 * (2 * qs + h); };        // its Q rows have landed
-    auto q_empty = [&](int h, int qs) { return bars + 8 * (2 * QS + 2 * qs + h); };  // ... and are free again
+    auto q_full = [&](int h, int qs) { return bars + 8 * (NWG * qs + h); };            // its Q rows have landed
+    auto q_empty = [&](int h, int qs) { return bars + 8 * (NWG * QS + NWG * qs + h); };  // ... and are free again
     // K and V run in pipelines of their own: K_j is free again once Q K_j^T is
     // done, V_j only once P_j V_j is, a tile later (see the consumer loop). The
     // rings run on across a persistent CTA's tiles (ring position r: stage
     // r % STAGES, its (r / STAGES)-th use).
-    auto k_full = [&](int s) { return bars + 8 * (4 * QS + s); };               // K stage s has landed
-    auto k_empty = [&](int s) { return bars + 8 * (4 * QS + STAGES + s); };     // ... and has been read
-    auto v_full = [&](int s) { return bars + 8 * (4 * QS + 2 * STAGES + s); }; // V stage s has landed
-    auto v_empty = [&](int s) { return bars + 8 * (4 * QS + 3 * STAGES + s); }; // ... and has been read
-    // next_tile[2 qs + h]: the tile consumer warpgroup h takes when q_full(h, qs)
-    // completes (-1: none, the CTA is done); next_tile[2 QS]: the producer's own copy
+    auto k_full = [&](int s) { return bars + 8 * (2 * NWG * QS + s); };               // K stage s has landed
+    auto k_empty = [&](int s) { return bars + 8 * (2 * NWG * QS + STAGES + s); };     // ... and has been read
+    auto v_full = [&](int s) { return bars + 8 * (2 * NWG * QS + 2 * STAGES + s); }; // V stage s has landed
+    auto v_empty = [&](int s) { return bars + 8 * (2 * NWG * QS + 3 * STAGES + s); }; // ... and has been read
+    // next_tile[NWG qs + h]: the tile consumer warpgroup h takes when q_full(h, qs)
+    // completes (-1: none, the CTA is done); next_tile[NWG QS]: the producer's own copy
     volatile int* const next_tile = reinterpret_cast<volatile int*>(smem + (bars - base) + 8 * L::BARRIERS);
 
     // Q in and out by bulk tensor copies (the host's choice, qo_bulk): the boxes
@@ -331,7 +344,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int qs = 0; qs < QS; ++qs)
-            for (int h = 0; h < 2; ++h) {
+            for (int h = 0; h < NWG; ++h) {
                 mbar_init(q_full(h, qs), 1);       // one producer thread arrives (with the copies' bytes, if bulk)
                 mbar_init(q_empty(h, qs), 128);    // every thread of warpgroup h
             }
@@ -362,7 +375,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         // A tile: K_0 first (it needs only a free stage), then each warpgroup's Q
         // rows once that warpgroup is done with its last tile, then V_0, K_1,
         // V_1, ...; each copy waits only for its stage to be free.
-        regs_dec<PRODUCER_REGS>();
+        regs_dec<producer_regs<NWG>()>();
         const int pt = tid - CONSUMERS;
         const int ch_used = p.head_dim / 8;    // chunks that hold data; the rest are zero
         const int num_tiles = (p.seqlen_q * group + BLOCK_M - 1) / BLOCK_M * p.batch * p.num_kv_heads;
@@ -425,7 +438,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 auto copies_arrive = [&](unsigned full) {
                     cp_async_wait_all();
                     fence_proxy_async();
-                    producer_sync();
+                    producer_sync<NWG>();
                     if (pt == 0) mbar_arrive(full);
                 };
                 // Tile j of K or V into a stage. A tile inside the sequence's keys, or
@@ -468,23 +481,23 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                     fill(v_full(stage), sV + stage * L::KV_BYTES, v_map, vbase, v_stride_s, v, j0 + i);
                 };
                 if (num_n > 0) fill_k(0);
-                for (int h = 0; h < 2; ++h) {
+                for (int h = 0; h < NWG; ++h) {
                     // warpgroup h's 64 rows of the Q tile, rows past the queries and
                     // columns past head_dim zero-filled, once it is done with its last tile
                     const int qs = published % QS;  // its Q tile; its use published / QS
                     if (published >= QS) mbar_wait(q_empty(h, qs), (published / QS - 1) & 1);
-                    if (pt == 0) next_tile[2 * qs + h] = tile;
+                    if (pt == 0) next_tile[NWG * qs + h] = tile;
                     const unsigned dst = sQ + qs * L::Q_BYTES + h * 64 * 128;
                     if (bulk_qo) {
                         if (pt == 0) {
-                            mbar_expect_tx(q_full(h, qs), L::Q_BYTES / 2);
+                            mbar_expect_tx(q_full(h, qs), L::Q_BYTES / NWG);
 #pragma unroll
                             for (int sl = 0; sl < L::SLABS; ++sl)
                                 tma_load_4d(dst + sl * L::Q_SLAB, q_map, q_full(h, qs), sl * 64, kvh * group,
                                             (row0 + h * 64) / group, b);
                         }
                     } else {
-                        for (int c = pt; c < 64 * CHP; c += 128) {
+                        auto q_chunk = [&](int c) {
                             const int r = c / CHP, ch = c % CHP;
                             const int pr = row0 + h * 64 + r;
                             const bool ok = pr < packed_rows && ch < ch_used;
@@ -493,6 +506,14 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                                                     (index_t)q_head_of(kvh, g, group) * p.q_stride[2] + ch * 8
                                               : q;
                             cp_async_16(dst + (ch / 8) * L::Q_SLAB + swizzle128(r, ch % 8), src, ok);
+                        };
+                        if constexpr (NWG > 2) {
+                            // not unrolled: its addresses, hoisted out of the tile loop, would
+                            // outgrow the producer's registers with three consumer warpgroups
+#pragma unroll 1
+                            for (int c = pt; c < 64 * CHP; c += 128) q_chunk(c);
+                        } else {
+                            for (int c = pt; c < 64 * CHP; c += 128) q_chunk(c);
                         }
                         copies_arrive(q_full(h, qs));
                     }
@@ -511,18 +532,18 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                     if (fetched == num_tiles - 1) atomicExch(tile_counter, 0);  // the launch's last fetch
                     if (fetched < num_tiles - (int)gridDim.x) after = (int)gridDim.x + fetched;
                 }
-                next_tile[2 * QS] = after;
+                next_tile[NWG * QS] = after;
             }
-            producer_sync();
-            tile = __shfl_sync(0xffffffffu, next_tile[2 * QS], 0);
-            producer_sync();                   // read by all before thread 0 writes it again
+            producer_sync<NWG>();
+            tile = __shfl_sync(0xffffffffu, next_tile[NWG * QS], 0);
+            producer_sync<NWG>();              // read by all before thread 0 writes it again
         }
         // no more tiles: each warpgroup learns it once it is done with its last
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < NWG; ++h) {
             const int qs = published % QS;
             if (published >= QS) mbar_wait(q_empty(h, qs), (published / QS - 1) & 1);
             if (pt == 0) {
-                next_tile[2 * qs + h] = -1;
+                next_tile[NWG * qs + h] = -1;
                 mbar_arrive(q_full(h, qs));
             }
         }
@@ -531,7 +552,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     }
 
     // ============================ consumer warpgroups ============================
-    regs_inc<CONSUMER_REGS>();
+    regs_inc<consumer_regs<NWG>()>();
     // converted once: opaque to ptxas, which would otherwise convert the
     // double again on every key tile (F2F and DSETP on the FP64 pipe, in the
     // loop's critical path) rather than hold it in a register
@@ -551,16 +572,17 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     auto kstep = [](int kd, int slab_bytes) { return (unsigned long long)(((kd / 4) * slab_bytes + (kd % 4) * 32) >> 4); };
     auto stage_off = [](int r) { return (unsigned long long)(((r % STAGES) * L::KV_BYTES) >> 4); };
 
-    // Ping-pong: the two consumer warpgroups take turns at issuing their matrix
-    // products (named barriers TURN_BAR + wg), so that the tensor cores work on
-    // one's while the other runs its softmax. A tile with n key tiles has n + 1
-    // turns (tile 0's S; S_j with P_{j-1} V_{j-1}; the last P V), none with n = 0,
-    // and the turns run on across the CTA's tiles: warpgroup 1 opens the first,
-    // each passes one after each of its own, and warpgroup 0 takes warpgroup 1's
-    // last pass at the end, so every barrier phase that starts also completes.
+    // Ping-pong: the consumer warpgroups take turns, in a ring, at issuing their
+    // matrix products (named barriers TURN_BAR + wg), so that the tensor cores
+    // work on one's while the others run their softmax. A tile with n key tiles
+    // has n + 1 turns (tile 0's S; S_j with P_{j-1} V_{j-1}; the last P V), none
+    // with n = 0, and the turns run on across the CTA's tiles: the last warpgroup
+    // opens the first, each passes one to the next after each of its own, and
+    // warpgroup 0 takes the last one's final pass at the end, so every barrier
+    // phase that starts also completes (benchmarks/dev/hopper_barriers.py).
     auto take_turn = [&] { pair_sync(TURN_BAR + wg); };
-    auto pass_turn = [&] { pair_arrive(TURN_BAR + (wg ^ 1)); };
-    if (wg == 1) pair_arrive(TURN_BAR);
+    auto pass_turn = [&] { pair_arrive(TURN_BAR + (NWG == 2 ? wg ^ 1 : (wg + 1) % NWG)); };
+    if (wg == NWG - 1) pair_arrive(TURN_BAR);
     // Whether the softmax of S_j runs while P_{j-1} V_{j-1} does (its registers,
     // O and P, held meanwhile). ALiBi, a score_mod and the larger tiles need
     // those registers: there the warpgroup waits for P V first, and the other
@@ -589,7 +611,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     for (int tn = 0;; ++tn) {
         const int qs = tn % QS;                // this tile's Q rows: Q tile qs, its use tn / QS
         mbar_wait(q_full(wg, qs), (tn / QS) & 1);
-        const int tile_index = __shfl_sync(0xffffffffu, next_tile[2 * qs + wg], 0);
+        const int tile_index = __shfl_sync(0xffffffffu, next_tile[NWG * qs + wg], 0);
         const unsigned sQt = sQ + qs * L::Q_BYTES;  // the Q tile, and the epilogue's staging
         const unsigned long long desc_q = desc_q0 + (unsigned long long)((qs * L::Q_BYTES) >> 4);
         if (tile_index < 0) {
@@ -816,7 +838,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             if (held < 0) mbar_arrive(q_empty(wg, qs));
         }
     }
-    if (wg == 0) take_turn();                  // warpgroup 1's pass after its last turn
+    if (wg == 0) take_turn();                  // the last warpgroup's pass after its last turn
 }
 
 template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES>

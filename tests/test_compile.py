@@ -65,8 +65,9 @@ def test_hopper_kernels_have_no_spills(spec):
     assert report.ok, report.log
     assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
     # setmaxnreg moves registers between warpgroups inside the CTA's launch allocation
-    # (kernels/hopper.cu: PRODUCER_REGS + 2 CONSUMER_REGS = 3 x 168): it must be 168
-    assert report.registers == 168, report.log
+    # (kernels/hopper.cu: producer_regs + NWG consumer_regs = (NWG + 1) x 65536 / threads):
+    # it must be 65536 / threads, 168 for two consumer warpgroups, 128 for three
+    assert report.registers == 65536 // spec.threads // 8 * 8, report.log
     # ptxas serializes every wgmma of a kernel whose pipeline it cannot prove (C7514 and kin)
     assert "Potential Performance Loss" not in report.log, report.log
 
@@ -258,3 +259,20 @@ def test_decode_kernels_fit_the_cost_models_registers(arch, spec):
     assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
     if report.registers is not None:  # None: no ptxas report (NVRTC 13 for some)
         assert report.registers <= _specs.decode_regs(spec), report.log
+
+
+def test_hopper_user_modifiers_take_two_consumer_warpgroups():
+    """At head dim 64 the hopper kernel has three consumer warpgroups (160 registers a
+    thread); a user's score_mod or mask_mod takes the two-warpgroup tile (224), the
+    built-in modifiers keep three."""
+    from cupy_gqa import _specs
+
+    spec = _specs.HOPPER["bfloat16", 64, True]
+    assert (spec.block_m, spec.threads) == (192, 512)
+    for flags in (16, 32, 48, 63):
+        s = _specs.with_mods(spec, flags, "")
+        assert (s.block_m, s.threads) == (128, 384) and ", 64, 128, 128, 4, true, " in s.name, s.name
+        assert s.smem == _specs.hopper_smem(64, 128, 128, 4)
+    for flags in (1, 2, 4, 8, 15):
+        assert _specs.with_mods(spec, flags).block_m == 192
+    assert _specs.with_mods(_specs.HOPPER["bfloat16", 128, True], 63, "").block_m == 128

@@ -1,12 +1,13 @@
 """A model check of the barrier protocol of kernels/hopper.cu, no GPU needed:
-a persistent CTA's producer and its two consumer warpgroups over several
-tiles (each with its own number of key tiles, none included).
+a persistent CTA's producer and its consumer warpgroups (two; three at
+head dim 64) over several tiles (each with its own number of key tiles,
+none included).
 
 Three coroutines make the kernel's waits and arrivals in the kernel's order:
 the K and V rings (mbarriers full / empty per stage, the empty ones needing
-both warpgroups), each warpgroup's Q rows in each Q tile (q_full / q_empty, the last q_full
-carrying "no more tiles"), and the turns of the two warpgroups (named
-barriers: one warpgroup's bar.arrive meets the other's bar.sync). A
+every consumer warpgroup), each warpgroup's Q rows in each Q tile (q_full / q_empty, the last q_full
+carrying "no more tiles"), and the turns of the warpgroups, in a ring (named
+barriers: one warpgroup's bar.arrive meets the next one's bar.sync). A
 scheduler interleaves them at random. Every run must end (no deadlock); a
 wait by parity must never find its barrier two phases on (parity could not
 tell them apart); a turn must never be passed twice before it is taken (the
@@ -18,7 +19,6 @@ named barrier would complete with one warpgroup's threads alone).
 import random
 import sys
 
-EMPTY_ARRIVALS = 2  # k_empty / v_empty: both consumer warpgroups
 
 
 class Broken(Exception):
@@ -26,14 +26,15 @@ class Broken(Exception):
 
 
 def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_out: bool = False,
-        q_slots: int = 1) -> bool:
+        q_slots: int = 1, nwg: int = 2) -> bool:
+    empty_arrivals = nwg  # k_empty / v_empty: every consumer warpgroup
     # with two Q tiles (and the epilogue staged through Q), the thread that issues
     # a tile's out copies makes its q_empty arrival in the warpgroup's next tile:
     # q_empty then completes on two arrivals, the warpgroup's other threads' and its
     held_arrivals = 2 if q_slots == 2 and not direct_out else 1
     phase: dict = {}  # barrier -> phases completed
     pending: dict = {}  # barrier -> arrivals towards its current phase
-    turn = [0, 0]  # passes waiting to be taken, per warpgroup
+    turn = [0] * nwg  # passes waiting to be taken, per warpgroup
 
     def done(bar, use):
         """try_wait.parity for the use-th phase of bar (parity use & 1)."""
@@ -65,7 +66,7 @@ def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_o
         for n in tiles:
             if n > 0:
                 yield from fill("k", ring)
-            for h in (0, 1):
+            for h in range(nwg):
                 qs, use = published % q_slots, published // q_slots  # the Q tile, its use
                 while q_empty_wait and use > 0 and not done(("q_empty", h, qs), use - 1):
                     yield
@@ -76,7 +77,7 @@ def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_o
                 yield from fill("v", ring + i)
             ring += n
             published += 1
-        for h in (0, 1):  # no more tiles
+        for h in range(nwg):  # no more tiles
             qs, use = published % q_slots, published // q_slots
             while q_empty_wait and use > 0 and not done(("q_empty", h, qs), use - 1):
                 yield
@@ -102,7 +103,7 @@ def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_o
                 arrive(("q_empty", wg, held), held_arrivals)
                 held = None
 
-        if wg == 1:
+        if wg == nwg - 1:
             pass_turn(0)
         for t in range(len(tiles) + 1):
             qs = t % q_slots
@@ -118,15 +119,15 @@ def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_o
                 if j > 0:
                     yield from wait("v", ring + j - 1)
                 yield from take()
-                pass_turn(wg ^ 1)
+                pass_turn((wg + 1) % nwg)
                 if j == 0:
                     release()  # after the tile's first Q K^T is issued
                 if j < n:
-                    arrive(("k_empty", (ring + j) % stages), EMPTY_ARRIVALS)
+                    arrive(("k_empty", (ring + j) % stages), empty_arrivals)
                 if direct_out and j == n - 1:
                     arrive(("q_empty", wg, qs))  # the last Q K^T is done: Q is free
                 if j > 0:
-                    arrive(("v_empty", (ring + j - 1) % stages), EMPTY_ARRIVALS)
+                    arrive(("v_empty", (ring + j - 1) % stages), empty_arrivals)
             ring += n
             if direct_out:
                 if n == 0:
@@ -137,10 +138,10 @@ def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_o
                 if held_arrivals == 2:
                     held = qs  # the out copies' thread: in the next tile
         if wg == 0:
-            yield from take()  # warpgroup 1's pass after its last turn
+            yield from take()  # the last warpgroup's pass after its last turn
 
     rng = random.Random(seed)
-    sides, idle = [producer(), consumer(0), consumer(1)], 0
+    sides, idle = [producer(), *(consumer(w) for w in range(nwg))], 0
     while sides:
         side = rng.choice(sides)
         try:
@@ -154,7 +155,7 @@ def run(stages: int, tiles: list, seed: int, q_empty_wait: bool = True, direct_o
     return True
 
 
-def check(q_empty_wait: bool, direct_out: bool = False, q_slots: int = 1) -> str | None:
+def check(q_empty_wait: bool, direct_out: bool = False, q_slots: int = 1, nwg: int = 2) -> str | None:
     """None if every schedule of every case passes, else what broke (direct_out:
     the head-dim-64 epilogue, Q freed after the last Q K^T; q_slots: Q tiles,
     a warpgroup's t-th tile in Q tile t % q_slots)."""
@@ -164,7 +165,7 @@ def check(q_empty_wait: bool, direct_out: bool = False, q_slots: int = 1) -> str
             tiles = [rng.choice((0, 1, 1, 2, 3, 5, 8)) for _ in range(rng.randint(1, 6))]
             for seed in range(40):
                 try:
-                    if not run(stages, tiles, seed, q_empty_wait, direct_out, q_slots):
+                    if not run(stages, tiles, seed, q_empty_wait, direct_out, q_slots, nwg):
                         return f"deadlock: STAGES {stages}, key tiles per tile {tiles}, schedule {seed}"
                 except Broken as e:
                     return f"{e}: STAGES {stages}, key tiles per tile {tiles}, schedule {seed}"
@@ -176,9 +177,12 @@ if __name__ == "__main__":
         problem = check(q_empty_wait=False)
         print(f"without the q_empty waits: {problem or 'no failure found'}")
         sys.exit(0 if problem else 1)
-    for direct_out, q_slots in ((False, 1), (True, 1), (False, 2)):  # the kernel's three layouts
-        problem = check(q_empty_wait=True, direct_out=direct_out, q_slots=q_slots)
+    # the kernel's layouts: two consumer warpgroups with either epilogue, one or two Q tiles;
+    # three at head dim 64 (its direct epilogue, one Q tile)
+    for direct_out, q_slots, nwg in ((False, 1, 2), (True, 1, 2), (False, 2, 2), (True, 1, 3)):
+        problem = check(q_empty_wait=True, direct_out=direct_out, q_slots=q_slots, nwg=nwg)
         if problem:
-            sys.exit(f"hopper barrier protocol (direct_out {direct_out}, q_slots {q_slots}): {problem}")
+            sys.exit(f"hopper barrier protocol (direct_out {direct_out}, q_slots {q_slots}, {nwg} consumer warpgroups): "
+                     f"{problem}")
     print("hopper barrier protocol, both epilogues, one and two Q tiles (with two, the out copies' arrival a tile "
-          "later): no deadlock, no phase ambiguity, no turn passed twice (STAGES 2-4, 60 tile lists of 1-6 tiles with 0-8 key tiles each, 40 schedules each)")
+          "later), two and three consumer warpgroups: no deadlock, no phase ambiguity, no turn passed twice (STAGES 2-4, 60 tile lists of 1-6 tiles with 0-8 key tiles each, 40 schedules each)")
