@@ -528,7 +528,7 @@ DECODE_TILE_S = 0.6e-6
 # splits of each of its lanes (decode_combine_lanes per output quad).
 DECODE_COMBINE_FIXED_S = 3e-6
 DECODE_COMBINE_ROUND_S = 0.3e-6
-DECODE_COMBINE_UNROLL = 8  # kernels/decode.cu: decode_combine_body
+DECODE_COMBINE_UNROLL = 4  # kernels/decode.cu: decode_combine_body
 # The cluster kernel's merge in place of the combine (decode_cluster): two
 # cluster barriers and one round trip to the other CTAs' shared memory, in
 # the same launch. With it the model puts 8 splits in clusters 2.7 us ahead
@@ -564,8 +564,11 @@ DECODE_CLUSTER_MARGIN_S = 2e-6
 
 
 def decode_combine_lanes(num_splits: int) -> int:
-    """Lanes of the combine kernel per output quad (kernels/decode.cu: combine_lanes)."""
-    return 8 if num_splits >= 8 else 4 if num_splits >= 4 else 2 if num_splits >= 2 else 1
+    """Lanes of the combine kernel per output quad (kernels/decode.cu: combine_lanes):
+    at most DECODE_COMBINE_UNROLL splits a lane, up to DECODE_MAX_SPLITS."""
+    if num_splits > 64:
+        return 32
+    return 16 if num_splits > 32 else 8 if num_splits >= 8 else 4 if num_splits >= 4 else 2 if num_splits >= 2 else 1
 
 
 def decode_bytes_in_flight(spec: _specs.Spec) -> int:

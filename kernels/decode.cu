@@ -549,10 +549,11 @@ enum : int {
 };
 
 namespace decode_detail {
-// The combine's lanes per output quad (cupy_gqa/_plan.py: decode_combine_lanes; each
-// keeps up to 8 of its splits' loads in flight, _plan.DECODE_COMBINE_UNROLL).
+// The combine's lanes per output quad (cupy_gqa/_plan.py: decode_combine_lanes): enough
+// that a lane takes at most 4 of the splits (DECODE_MAX_SPLITS 128), all its loads in
+// flight at once (_plan.DECODE_COMBINE_UNROLL), whatever the split count.
 __device__ __forceinline__ int combine_lanes(int num_splits) {
-    return num_splits >= 8 ? 8 : num_splits >= 4 ? 4 : num_splits >= 2 ? 2 : 1;
+    return num_splits > 64 ? 32 : num_splits > 32 ? 16 : num_splits >= 8 ? 8 : num_splits >= 4 ? 4 : num_splits >= 2 ? 2 : 1;
 }
 // cp_async_16 with an L2::128B prefetch size hint (H200: 2% faster than none
 // with padded K/V rows, the same once they are swizzled).
@@ -1033,12 +1034,12 @@ __device__ __forceinline__ void decode_combine_body(
     using namespace decode_detail;
     const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
     const int quads = p.head_dim / 4;
-    // J adjacent lanes share an output quad, lane j taking splits j, j + J, .. (its loads
-    // all in flight at once, up to 8), then merge through shuffles: a few
-    // round trips to L2 for any number of splits, not one per few splits
+    // J adjacent lanes share an output quad, lane j taking splits j, j + J, .. (at most 4,
+    // their loads in flight at once), then merge through shuffles: the same two round
+    // trips to L2 (lse, then the partials) for any number of splits
     const int J = combine_lanes(num_splits);
     const int lane = threadIdx.x % 32, j = lane % J;
-    const unsigned group = ((1u << J) - 1u) << (lane - j);
+    const unsigned group = J == 32 ? 0xffffffffu : ((1u << J) - 1u) << (lane - j);
     const index_t total = (index_t)p.batch * p.num_kv_heads * rows_total * quads * J;
     for (index_t x = (index_t)blockIdx.x * blockDim.x + threadIdx.x; x < total; x += (index_t)gridDim.x * blockDim.x) {
         const index_t prow = x / J / quads;
@@ -1060,7 +1061,7 @@ __device__ __forceinline__ void decode_combine_body(
 
         const float* lse_s = part_lse + prow * num_splits;
         float mm, ls, acc[4];
-        merge_parts<8>(
+        merge_parts<4>(
             j, num_splits, J, [&](int s) { return lse_s[s]; },
             [&](int s, float (&ov)[4]) {
                 const float4 x = *reinterpret_cast<const float4*>(part_o + (prow * num_splits + s) * p.head_dim + d);
@@ -1068,7 +1069,7 @@ __device__ __forceinline__ void decode_combine_body(
             },
             mm, ls, acc);
 #pragma unroll
-        for (int off = 1; off < 8; off *= 2)  // the group's states, pairwise (J <= 8)
+        for (int off = 1; off < 32; off *= 2)  // the group's states, pairwise (J <= 32)
             if (off < J) softmax::shfl_merge(group, off, mm, ls, acc);
         if (j != 0) continue;
         if constexpr (M::SINKS) {  // the sink joins the denominator once (softmax.cuh: fold_sink)

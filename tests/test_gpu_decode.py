@@ -71,7 +71,7 @@ def test_lengths(seqlen_q, seqlen_k, causal):
     check(q, k, v, causal=causal, what=f"seqlen_q={seqlen_q} seqlen_k={seqlen_k}")
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 64])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 40, 64, 100, 128])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_forced_splits(num_splits, dtype):
     """Split and unsplit paths agree with the reference, ranges shorter than a step included."""
