@@ -492,7 +492,7 @@ def decode_mma_smem(head_dim: int, stages: int, row_warps: int = 1) -> int:
     kernel's partial result reuses that space."""
     rows, streams = 16 * row_warps, DECODE_MMA_WARPS // row_warps
     stages_bytes = streams * stages * 2 * DECODE_MMA_BN * head_dim * 2
-    merge_bytes = streams * rows * (head_dim + 2) * 4
+    merge_bytes = streams * rows * (head_dim + 2) * 4 + (streams + 3) * rows * 4  # + write_cta_result's row values
     return rows * (head_dim + 8) * 2 + max(stages_bytes, merge_bytes)
 
 
@@ -596,7 +596,8 @@ def decode_ctas_per_sm(spec: Spec, arch: Arch) -> int:
     architecture and needs no kernel to be loaded."""
     regs = -(-decode_regs(spec) // 8) * 8
     by_regs = REGISTERS_PER_SM // (spec.threads * regs)
-    static = 0 if spec.sm80 else DECODE_THREADS // 32 * spec.block_m * (spec.head_dim + 2) * 4
+    warps = DECODE_THREADS // 32  # the CUDA-core kernel's static merge arrays and write_cta_result's row values
+    static = 0 if spec.sm80 else (warps * spec.block_m * (spec.head_dim + 2) + (warps + 3) * spec.block_m) * 4
     by_smem = (arch.smem + 1024) // (spec.smem + static + 1024)
     return max(1, min(by_regs, by_smem))
 

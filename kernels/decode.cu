@@ -296,52 +296,80 @@ struct SmemPart {
 // The CTA's result for its ROWS packed rows of row block rb. Each of NW warps
 // left its (m, l, o) per row in shared memory: m_w[w * ROWS + i], l_w[same],
 // o_w[(w * ROWS + i) * HEAD_DIM + d], with o and l relative to 2^m (log2
-// domain). One thread per (row, dim) merges the warps and writes out = o / l
+// domain). Two passes: one thread per row merges the row's (m, l) into the
+// warps' weights, l and m (and, with a sink, its factor), in row_w
+// [NW + 3][ROWS] (shared memory the caller gives: ROW_SCRATCH floats); then
+// one thread per (row, dim) merges o with those weights and writes out = o / l
 // and lse (num_splits == 1), or this split's normalised partial and its log2
-// lse to ``part`` (WorkspacePart, SmemPart).
+// lse to ``part`` (WorkspacePart, SmemPart). The row's exponentials, division
+// and logarithm so run once per row and in parallel, and the second pass, a
+// few loads and FMAs per element, runs with no dependence from row to row (one
+// thread per (row, dim) each doing all of it took 0.25 us a row).
 // M: the modifiers; a sink joins the row here when num_splits == 1 (else in
 // decode_combine_mods).
 // sqn: the CTA's sequence (common.cuh: Sequence), where its out and lse rows are.
+template <int NW, int ROWS>
+__host__ __device__ constexpr int row_scratch() { return (NW + 3) * ROWS; }
 template <typename T, int HEAD_DIM, int ROWS, int NW, int THREADS, class M = NoMods, int ADDR = 0, class Part>
-__device__ __forceinline__ void write_cta_result(const float* m_w, const float* l_w, const float* o_w, T* out,
-                                                 float* lse, const AttnParams& p, int b, int kv_head, int rb,
+__device__ __forceinline__ void write_cta_result(const float* m_w, const float* l_w, const float* o_w, float* row_w,
+                                                 T* out, float* lse, const AttnParams& p, int b, int kv_head, int rb,
                                                  int num_splits, int len, const Part& part,
                                                  const ModParams* mp, const Sequence<ADDR>& sqn) {
+    static_assert(ROWS <= THREADS, "a thread per row");
     const float NEG_INF = neg_inf<float>();
     const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
-    for (int x = threadIdx.x; x < ROWS * HEAD_DIM; x += THREADS) {
-        const int i = x / HEAD_DIM, d = x % HEAD_DIM;
-        const int r = rb * ROWS + i;
-        if (r >= rows_total) break;  // rows are the slow index: the rest are idle too
+    float* const ls_w = row_w + NW * ROWS;        // [ROWS] l of the merged row
+    float* const mm_w = row_w + (NW + 1) * ROWS;  // [ROWS] its m
+    float* const al_w = row_w + (NW + 2) * ROWS;  // [ROWS] (a sink, num_splits == 1) the factor of o
+    if (threadIdx.x < ROWS) {
+        const int i = threadIdx.x;
         float mm = NEG_INF;
 #pragma unroll
         for (int w = 0; w < NW; ++w) mm = fmaxf(mm, m_w[w * ROWS + i]);
-        float ls = 0.f, os = 0.f;
+        float ls = 0.f;
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
             const float wt = softmax::merge_weight(m_w[w * ROWS + i], mm);
             ls = fmaf(l_w[w * ROWS + i], wt, ls);
-            os = fmaf(o_w[(w * ROWS + i) * HEAD_DIM + d], wt, os);
+            row_w[w * ROWS + i] = wt;
         }
+        float alpha = 1.f;
         if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
-            if (num_splits == 1) {
+            const int r = rb * ROWS + i;
+            if (num_splits == 1 && r < rows_total) {
                 const int q_head = q_head_of(kv_head, r % group_size, group_size);
-                os *= softmax::fold_sink(mm, ls, mods::sink2<M, float>(*mp, q_head));
+                alpha = softmax::fold_sink(mm, ls, mods::sink2<M, float>(*mp, q_head));
             }
         }
+        ls_w[i] = ls;
+        mm_w[i] = mm;
+        al_w[i] = alpha;
+    }
+    __syncthreads();
+    constexpr int ITERS = (ROWS * HEAD_DIM + THREADS - 1) / THREADS;
+    const bool bad = len < 0;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int x = threadIdx.x + it * THREADS;
+        const int i = x / HEAD_DIM, d = x % HEAD_DIM;
+        const int r = rb * ROWS + i;
+        if ((ROWS * HEAD_DIM % THREADS != 0 && x >= ROWS * HEAD_DIM) || r >= rows_total) continue;
+        float os = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) os = fmaf(o_w[(w * ROWS + i) * HEAD_DIM + d], row_w[w * ROWS + i], os);
+        if constexpr (M::SINKS) os *= al_w[i];
+        const float ls = ls_w[i], mm = mm_w[i];
         // a row that saw no key (of this split): 0 and lse = -inf
         const float res = softmax::normalized(os, ls, ls != 0.f);
-        const float lse2 = softmax::lse2(mm, ls, ls != 0.f);
         if (num_splits == 1) {
             const int t = r / group_size, g = r % group_size;
-            if (ADDR != 0 && t >= sqn.seqlen_q(p.seqlen_q)) break;  // past the sequence's queries
+            if (ADDR != 0 && t >= sqn.seqlen_q(p.seqlen_q)) continue;  // past the sequence's queries
             const int q_head = q_head_of(kv_head, g, group_size);
-            const bool bad = len < 0;
             out[b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2] + d] = from_acc<T>(bad ? quiet_nan() : res);
             if (lse != nullptr && d == 0)
                 lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, ls != 0.f, bad);
         } else {
-            part(i, r, d, res, lse2);
+            part(i, r, d, res, softmax::lse2(mm, ls, ls != 0.f));
         }
     }
 }
@@ -475,6 +503,7 @@ __device__ __forceinline__ void decode_body(
     // then the warps, through shared memory
     __shared__ float sm_m[NUM_WARPS][ROWS], sm_l[NUM_WARPS][ROWS];
     __shared__ float sm_o[NUM_WARPS][ROWS][HEAD_DIM];
+    __shared__ float sm_w[row_scratch<NUM_WARPS, ROWS>()];  // write_cta_result's per-row values
     if (lane < LANES) {
 #pragma unroll
         for (int i = 0; i < ROWS; ++i) {
@@ -492,7 +521,7 @@ __device__ __forceinline__ void decode_body(
 
     const WorkspacePart<HEAD_DIM> part{part_o, part_lse, ((index_t)b * p.num_kv_heads + kv_head) * call_rows, split,
                                        num_splits};
-    write_cta_result<T, HEAD_DIM, ROWS, NUM_WARPS, DECODE_THREADS, M>(&sm_m[0][0], &sm_l[0][0], &sm_o[0][0][0], out, lse,
+    write_cta_result<T, HEAD_DIM, ROWS, NUM_WARPS, DECODE_THREADS, M>(&sm_m[0][0], &sm_l[0][0], &sm_o[0][0][0], sm_w, out, lse,
                                                                       p, b, kv_head, rb, num_splits, len, part, &mp, sqn);
 }
 
@@ -542,7 +571,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS 
 // BYTES; Q rows padded by 8 elements as in tiled.cu, K/V rows swizzled, see kv_at):
 //   [ Q: ROWS x (HEAD_DIM + 8) | stream 0: stage 0 K, V | stage 1 K, V | ... | stream 1 ... ]
 //   then, reusing the stages once every warp is done: m, l [STREAMS][ROWS],
-//   o [STREAMS][ROWS][HEAD_DIM] fp32.
+//   o [STREAMS][ROWS][HEAD_DIM] fp32, and write_cta_result's per-row values.
 enum : int {
     DECODE_MMA_WARPS = 4,  // warps per CTA (cupy_gqa/_specs.py: DECODE_MMA_WARPS)
     DECODE_MMA_BN = 16,    // keys per K/V tile (cupy_gqa/_specs.py: DECODE_MMA_BN)
@@ -587,7 +616,8 @@ struct MmaSmem {
         M_W = KV,                                // the merge, over the stages: m [STREAMS][ROWS] fp32,
         L_W = M_W + STREAMS * ROWS * (int)sizeof(float),  // l [STREAMS][ROWS],
         O_W = L_W + STREAMS * ROWS * (int)sizeof(float),  // o [STREAMS][ROWS][HEAD_DIM]
-        MERGE_END = O_W + STREAMS * ROWS * HEAD_DIM * (int)sizeof(float),
+        ROW_W = O_W + STREAMS * ROWS * HEAD_DIM * (int)sizeof(float),  // write_cta_result's per-row values
+        MERGE_END = ROW_W + row_scratch<STREAMS, ROWS>() * (int)sizeof(float),
         BYTES = KV_END > MERGE_END ? KV_END : MERGE_END,
         // (cluster kernel) the CTA's partial result for its cluster (SmemPart): o [ROWS][HEAD_DIM]
         // over stream 0's o (each thread writes the element it has merged, after reading it),
@@ -953,6 +983,7 @@ __device__ __forceinline__ void decode_mma_body(
     float* m_w = reinterpret_cast<float*>(smem_raw + L::M_W);
     float* l_w = reinterpret_cast<float*>(smem_raw + L::L_W);
     float* o_w = reinterpret_cast<float*>(smem_raw + L::O_W);
+    float* row_w = reinterpret_cast<float*>(smem_raw + L::ROW_W);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         float l = l_run[hf];
@@ -972,14 +1003,14 @@ __device__ __forceinline__ void decode_mma_body(
     if constexpr (CLUSTER == 1) {
         const WorkspacePart<HEAD_DIM> part{part_o, part_lse, ((index_t)b * p.num_kv_heads + kv_head) * call_rows,
                                            split, num_splits};
-        write_cta_result<T, HEAD_DIM, ROWS, NS, THREADS, M>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, num_splits,
+        write_cta_result<T, HEAD_DIM, ROWS, NS, THREADS, M>(m_w, l_w, o_w, row_w, out, lse, p, b, kv_head, rb, num_splits,
                                                              len, part, &mp, sqn);
     } else {
         // the split's partial result into this CTA's shared memory, then the
         // cluster's CTAs (the row block's splits) merge them (cluster_merge)
         float* po = reinterpret_cast<float*>(smem_raw + L::PART_O);
         float* pl = reinterpret_cast<float*>(smem_raw + L::PART_LSE);
-        write_cta_result<T, HEAD_DIM, ROWS, NS, THREADS, M>(m_w, l_w, o_w, out, lse, p, b, kv_head, rb, CLUSTER, len,
+        write_cta_result<T, HEAD_DIM, ROWS, NS, THREADS, M>(m_w, l_w, o_w, row_w, out, lse, p, b, kv_head, rb, CLUSTER, len,
                                                              SmemPart<HEAD_DIM>{po, pl}, &mp, sqn);
         cluster_merge<T, HEAD_DIM, ROWS, THREADS, CLUSTER>(po, pl, out, lse, p, b, kv_head, rb, len, sqn);
     }
