@@ -267,7 +267,8 @@ __device__ __forceinline__ void merge_parts(int s0, int n, int step, const Lse& 
 }
 
 // Where a split's partial result (o / l normalised, its lse in the log2
-// domain) goes: element d of the CTA's row i (packed row r) ...
+// domain) goes: row(i, r, lse2) writes the lse of the CTA's row i (packed row r)
+// and returns where the row's HEAD_DIM values go ...
 // ... the workspace (see the top), merged by decode_combine;
 template <int HEAD_DIM>
 struct WorkspacePart {
@@ -275,10 +276,10 @@ struct WorkspacePart {
     float* lse;
     index_t prow0;  // the packed row index of (b, kv_head)'s row 0
     int split, num_splits;
-    __device__ __forceinline__ void operator()(int i, int r, int d, float res, float lse2) const {
-        const index_t prow = prow0 + r;
-        o[(prow * num_splits + split) * HEAD_DIM + d] = res;
-        if (d == 0) lse[prow * num_splits + split] = lse2;
+    __device__ __forceinline__ float* row(int i, int r, float lse2) const {
+        const index_t at = (prow0 + r) * num_splits + split;
+        lse[at] = lse2;
+        return o + at * HEAD_DIM;
     }
 };
 // ... or the CTA's own shared memory, o[i][HEAD_DIM] and lse[i], merged by
@@ -287,24 +288,26 @@ template <int HEAD_DIM>
 struct SmemPart {
     float* o;
     float* lse;
-    __device__ __forceinline__ void operator()(int i, int r, int d, float res, float lse2) const {
-        o[i * HEAD_DIM + d] = res;
-        if (d == 0) lse[i] = lse2;
+    __device__ __forceinline__ float* row(int i, int r, float lse2) const {
+        lse[i] = lse2;
+        return o + i * HEAD_DIM;
     }
 };
 
 // The CTA's result for its ROWS packed rows of row block rb. Each of NW warps
 // left its (m, l, o) per row in shared memory: m_w[w * ROWS + i], l_w[same],
 // o_w[(w * ROWS + i) * HEAD_DIM + d], with o and l relative to 2^m (log2
-// domain). Two passes: one thread per row merges the row's (m, l) into the
-// warps' weights, l and m (and, with a sink, its factor), in row_w
-// [NW + 3][ROWS] (shared memory the caller gives: ROW_SCRATCH floats); then
-// one thread per (row, dim) merges o with those weights and writes out = o / l
-// and lse (num_splits == 1), or this split's normalised partial and its log2
-// lse to ``part`` (WorkspacePart, SmemPart). The row's exponentials, division
-// and logarithm so run once per row and in parallel, and the second pass, a
-// few loads and FMAs per element, runs with no dependence from row to row (one
-// thread per (row, dim) each doing all of it took 0.25 us a row).
+// domain). Two passes. One thread per row merges the row's (m, l): the warps'
+// weights, the factor that normalises the row (1 / l; with a sink, its share;
+// NaN for a bad length), where the row goes (out, or ``part``'s row) and its
+// lse, written here; these go to row_w (shared memory the caller gives:
+// row_scratch floats, 8-byte aligned). Then one thread per (row, dim) merges o
+// with them and writes out = o / l (num_splits == 1), or this split's
+// normalised partial (WorkspacePart, SmemPart). The row's exponentials,
+// logarithm, reciprocal and address arithmetic so run once per row, in
+// parallel, and the second pass is a few loads, FMAs and a store per element
+// with nothing from one row to the next (a thread per element doing all of
+// it, a division and its slow path in every row, took 0.25 us a row).
 // M: the modifiers; a sink joins the row here when num_splits == 1 (else in
 // decode_combine_mods).
 // sqn: the CTA's sequence (common.cuh: Sequence), where its out and lse rows are.
@@ -318,11 +321,11 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
     static_assert(ROWS <= THREADS, "a thread per row");
     const float NEG_INF = neg_inf<float>();
     const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
-    float* const ls_w = row_w + NW * ROWS;        // [ROWS] l of the merged row
-    float* const mm_w = row_w + (NW + 1) * ROWS;  // [ROWS] its m
-    float* const al_w = row_w + (NW + 2) * ROWS;  // [ROWS] (a sink, num_splits == 1) the factor of o
+    void** const dst_w = reinterpret_cast<void**>(row_w);  // [ROWS] where row i goes (nullptr: nowhere)
+    float* const wt_w = row_w + 2 * ROWS;                  // [NW][ROWS] the warps' weights
+    float* const sc_w = row_w + (NW + 2) * ROWS;           // [ROWS] the factor of the merged o
     if (threadIdx.x < ROWS) {
-        const int i = threadIdx.x;
+        const int i = threadIdx.x, r = rb * ROWS + i;
         float mm = NEG_INF;
 #pragma unroll
         for (int w = 0; w < NW; ++w) mm = fmaxf(mm, m_w[w * ROWS + i]);
@@ -331,46 +334,47 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
         for (int w = 0; w < NW; ++w) {
             const float wt = softmax::merge_weight(m_w[w * ROWS + i], mm);
             ls = fmaf(l_w[w * ROWS + i], wt, ls);
-            row_w[w * ROWS + i] = wt;
+            wt_w[w * ROWS + i] = wt;
         }
-        float alpha = 1.f;
-        if constexpr (M::SINKS) {  // the sink joins the denominator (softmax.cuh: fold_sink)
-            const int r = rb * ROWS + i;
-            if (num_splits == 1 && r < rows_total) {
+        void* dst = nullptr;
+        float scale = 0.f;
+        const int t = r / group_size;
+        if (r < rows_total && (ADDR == 0 || t < sqn.seqlen_q(p.seqlen_q))) {  // (ADDR: past the sequence's queries)
+            const bool seen = ls != 0.f;  // a row that saw no key (of this split): 0 and lse = -inf
+            if (num_splits == 1) {
                 const int q_head = q_head_of(kv_head, r % group_size, group_size);
-                alpha = softmax::fold_sink(mm, ls, mods::sink2<M, float>(*mp, q_head));
+                float alpha = 1.f;
+                if constexpr (M::SINKS)  // the sink joins the denominator (softmax.cuh: fold_sink)
+                    alpha = softmax::fold_sink(mm, ls, mods::sink2<M, float>(*mp, q_head));
+                const bool bad = len < 0;
+                scale = softmax::out_scale(ls, ls != 0.f, bad) * alpha;
+                dst = out + b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2];
+                if (lse != nullptr) lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, ls != 0.f, bad);
+            } else {
+                scale = seen ? 1.f / ls : 0.f;
+                dst = part.row(i, r, softmax::lse2(mm, ls, seen));
             }
         }
-        ls_w[i] = ls;
-        mm_w[i] = mm;
-        al_w[i] = alpha;
+        dst_w[i] = dst;
+        sc_w[i] = scale;
     }
     __syncthreads();
     constexpr int ITERS = (ROWS * HEAD_DIM + THREADS - 1) / THREADS;
-    const bool bad = len < 0;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
         const int x = threadIdx.x + it * THREADS;
         const int i = x / HEAD_DIM, d = x % HEAD_DIM;
-        const int r = rb * ROWS + i;
-        if ((ROWS * HEAD_DIM % THREADS != 0 && x >= ROWS * HEAD_DIM) || r >= rows_total) continue;
+        if (ROWS * HEAD_DIM % THREADS != 0 && x >= ROWS * HEAD_DIM) break;
+        void* const dst = dst_w[i];
+        if (dst == nullptr) continue;
         float os = 0.f;
 #pragma unroll
-        for (int w = 0; w < NW; ++w) os = fmaf(o_w[(w * ROWS + i) * HEAD_DIM + d], row_w[w * ROWS + i], os);
-        if constexpr (M::SINKS) os *= al_w[i];
-        const float ls = ls_w[i], mm = mm_w[i];
-        // a row that saw no key (of this split): 0 and lse = -inf
-        const float res = softmax::normalized(os, ls, ls != 0.f);
-        if (num_splits == 1) {
-            const int t = r / group_size, g = r % group_size;
-            if (ADDR != 0 && t >= sqn.seqlen_q(p.seqlen_q)) continue;  // past the sequence's queries
-            const int q_head = q_head_of(kv_head, g, group_size);
-            out[b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2] + d] = from_acc<T>(bad ? quiet_nan() : res);
-            if (lse != nullptr && d == 0)
-                lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, ls != 0.f, bad);
-        } else {
-            part(i, r, d, res, softmax::lse2(mm, ls, ls != 0.f));
-        }
+        for (int w = 0; w < NW; ++w) os = fmaf(o_w[(w * ROWS + i) * HEAD_DIM + d], wt_w[w * ROWS + i], os);
+        const float res = os * sc_w[i];
+        if (num_splits == 1)
+            static_cast<T*>(dst)[d] = from_acc<T>(res);
+        else
+            static_cast<float*>(dst)[d] = res;
     }
 }
 
@@ -503,7 +507,7 @@ __device__ __forceinline__ void decode_body(
     // then the warps, through shared memory
     __shared__ float sm_m[NUM_WARPS][ROWS], sm_l[NUM_WARPS][ROWS];
     __shared__ float sm_o[NUM_WARPS][ROWS][HEAD_DIM];
-    __shared__ float sm_w[row_scratch<NUM_WARPS, ROWS>()];  // write_cta_result's per-row values
+    __shared__ __align__(8) float sm_w[row_scratch<NUM_WARPS, ROWS>()];  // write_cta_result's per-row values
     if (lane < LANES) {
 #pragma unroll
         for (int i = 0; i < ROWS; ++i) {

@@ -87,8 +87,6 @@ template <typename A> __device__ __forceinline__ A out_scale(A l, bool seen, boo
 template <typename A> __device__ __forceinline__ A out_scale(A l, bool bad) {
     return bad ? (A)quiet_nan() : l > (A)0 ? (A)1 / l : (A)0;
 }
-// out = normalized(o, l, ..), dividing (the decode kernels)
-__device__ __forceinline__ float normalized(float o, float l, bool seen) { return seen ? o / l : 0.f; }
 // lse in log2 units (a split's partial result), and natural, as the kernels write it
 template <typename A> __device__ __forceinline__ A lse2(A m, A l, bool seen) {
     return seen ? m + log2_acc(l) : neg_inf<A>();
