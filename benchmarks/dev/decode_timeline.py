@@ -29,12 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import cupy  # noqa: E402
 import ml_dtypes  # noqa: E402
 
-from cupy_gqa import _compile, _plan, _specs  # noqa: E402
+from cupy_gqa import _plan, _specs  # noqa: E402
+from hopper_timeline import in_place_of, load_traced, with_marks  # noqa: E402
 
 CASES = {  # (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim)
     "D06": (1, 1, 32768, 8, 1, 128),
@@ -71,13 +73,7 @@ INSERTIONS = [  # (a place in kernels/decode.cu, found exactly once; the text pu
 
 
 def traced_source(spec) -> str:
-    src = _compile.source_for(spec)
-    for anchor, where, text in INSERTIONS:
-        found = src.count(anchor)
-        if found != 1:
-            raise SystemExit(f"decode_timeline: expected one {anchor!r} in the decode source, found {found}")
-        src = src.replace(anchor, anchor + text if where == "after" else text + anchor)
-    return PRELUDE + src
+    return with_marks(spec, PRELUDE, INSERTIONS, "decode_timeline")
 
 
 def run_case(name: str, splits: int, say) -> None:
@@ -90,14 +86,8 @@ def run_case(name: str, splits: int, say) -> None:
     arch = _specs.arch_of(*divmod(int(cupy.cuda.Device().compute_capability), 10))
     spec = _specs.decode_spec("bfloat16", d, 16, arch)
     plan_spec = problem.spec(spec)
-    module = cupy.RawModule(code=traced_source(plan_spec), options=_compile.compile_options(plan_spec),
-                            name_expressions=[plan_spec.name])
-    kernel = module.get_function(plan_spec.name)
-    if plan_spec.smem > 48 * 1024:
-        kernel.max_dynamic_shared_size_bytes = plan_spec.smem
-    real = _plan.get_kernel
-    _plan.get_kernel = lambda sp: kernel if sp.name == plan_spec.name else real(sp)
-    try:
+    module, kernel = load_traced(plan_spec, traced_source(plan_spec))
+    with in_place_of(plan_spec, kernel):
         plan = _plan._decode_plan(problem, _plan._layout(q, k, v, out), spec, splits, False)
         work = cupy.empty(max(plan.workspace_bytes // 4, 1), dtype=cupy.float32)
         plan(q, k, v, out, lse, None, work if plan.combined else None)  # load, warm up
@@ -115,8 +105,6 @@ def run_case(name: str, splits: int, say) -> None:
             stop.synchronize()
             times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
         marks = cupy.asnumpy(buf).reshape(MAX_CTAS, SLOTS, 2)  # the last call's
-    finally:
-        _plan.get_kernel = real
     ctas = plan.grid[0]
     clock_ghz = cupy.cuda.Device().attributes["ClockRate"] / 1e6
     m = marks[:ctas].astype(np.int64)

@@ -28,6 +28,7 @@ tile of every CTA, and for the tiles with 1, 2, .. key tiles.
     python3 benchmarks/dev/hopper_timeline.py --cases H3,H4 [--out DIR]
 """
 import argparse
+import contextlib
 import collections
 import statistics
 import sys
@@ -91,14 +92,40 @@ INSERTIONS = [
 ]
 
 
-def traced_source(spec) -> str:
+def with_marks(spec, prelude: str, insertions, tool: str) -> str:
+    """The source of ``spec`` with each (anchor, "before" / "after", text) of
+    ``insertions`` put at its anchor (which must occur exactly once), ``prelude`` first."""
     src = _compile.source_for(spec)
-    for anchor, where, text in INSERTIONS:
+    for anchor, where, text in insertions:
         found = src.count(anchor)
         if found != 1:
-            raise SystemExit(f"hopper_timeline: expected one {anchor!r} in the hopper source, found {found}")
+            raise SystemExit(f"{tool}: expected one {anchor!r} in {spec.source}, found {found}")
         src = src.replace(anchor, anchor + text if where == "after" else text + anchor)
-    return PRELUDE + src
+    return prelude + src
+
+
+def traced_source(spec) -> str:
+    return with_marks(spec, PRELUDE, INSERTIONS, "hopper_timeline")
+
+
+def load_traced(spec, source: str):
+    """``source`` compiled as cupy_gqa compiles ``spec``: its module and kernel."""
+    module = cupy.RawModule(code=source, options=_compile.compile_options(spec), name_expressions=[spec.name])
+    kernel = module.get_function(spec.name)
+    if spec.smem > 48 * 1024:
+        kernel.max_dynamic_shared_size_bytes = spec.smem
+    return module, kernel
+
+
+@contextlib.contextmanager
+def in_place_of(spec, kernel):
+    """cupy_gqa's launches take ``kernel`` where they would take ``spec``'s, inside the block."""
+    real = _plan.get_kernel
+    _plan.get_kernel = lambda sp: kernel if sp.name == spec.name else real(sp)
+    try:
+        yield
+    finally:
+        _plan.get_kernel = real
 
 
 def run_case(name: str, say) -> None:
@@ -107,13 +134,8 @@ def run_case(name: str, say) -> None:
     q, k, v = (cupy.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype)
                for shape in ((b, s, hq, d), (b, s, hkv, d), (b, s, hkv, d)))
     spec = _specs.HOPPER[dtype, _specs.hopper_head_dim_pad(d), True]
-    module = cupy.RawModule(code=traced_source(spec), options=_compile.compile_options(spec), name_expressions=[spec.name])
-    kernel = module.get_function(spec.name)
-    if spec.smem > 48 * 1024:
-        kernel.max_dynamic_shared_size_bytes = spec.smem
-    real = _plan.get_kernel
-    _plan.get_kernel = lambda sp: kernel if sp.name == spec.name else real(sp)
-    try:
+    module, kernel = load_traced(spec, traced_source(spec))
+    with in_place_of(spec, kernel):
         _plan.plan_hopper.cache_clear()
         out = cupy_gqa.attention(q, k, v, kernel="hopper")  # warm-up: plans, maps
         trace = module.get_global("cg_trace")
@@ -127,9 +149,7 @@ def run_case(name: str, say) -> None:
         stop.synchronize()
         ms = cupy.cuda.get_elapsed_time(start, stop)
         marks = cupy.asnumpy(buf).reshape(MAX_CTAS, len(ROLES), CAP, 2)
-    finally:
-        _plan.get_kernel = real
-        _plan.plan_hopper.cache_clear()
+    _plan.plan_hopper.cache_clear()
     ref = cupy_gqa.attention(q, k, v, kernel="hopper")
     assert bool(cupy.array_equal(out.view(cupy.int16), ref.view(cupy.int16))), "the traced kernel must give the same bits"
     clock_khz = cupy.cuda.Device().attributes["ClockRate"]
