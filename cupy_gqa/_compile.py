@@ -136,6 +136,13 @@ class CompileReport:
     stack_frame: int | None
     log: str
 
+    @property
+    def message(self) -> str:
+        """NVRTC's log, or, where it holds no ptxas report to read the counts from, that."""
+        if "ptxas" in self.log:
+            return self.log
+        return f"{self.spec.name}: NVRTC's log holds no ptxas report (ok={self.ok}, log {self.log!r})"
+
 
 def _ptxas_number(log: str, pattern: str) -> int | None:
     m = re.search(pattern, log)

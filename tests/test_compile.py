@@ -63,7 +63,7 @@ def test_hopper_kernels_have_no_spills(spec):
     included, at every tile, dtype and mask."""
     report = compile_offline(spec, "sm_90")
     assert report.ok, report.log
-    assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+    assert _spills(report) == (0, 0, 0), report.message
     # setmaxnreg moves registers between warpgroups inside the CTA's launch allocation
     # (kernels/hopper.cu: producer_regs + NWG consumer_regs = (NWG + 1) x 65536 / threads):
     # it must be 65536 / threads, 168 for two consumer warpgroups, 128 for three
@@ -145,7 +145,7 @@ def test_modifier_kernels_compile_without_spills(spec):
     assert report.ok, report.log
     if spec.name.startswith(_MODS_SPILL_KNOWN):
         pytest.xfail("known spills of this tile with modifiers")
-    assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+    assert _spills(report) == (0, 0, 0), report.message
 
 
 @pytest.mark.parametrize("family_source", ["rowwise.cu", "tiled.cu", "tiled_tf32.cu", "hopper.cu", "decode.cu"])
@@ -162,13 +162,24 @@ def test_user_modifiers_compile_into_each_kernel_file(family_source):
     spec = next(s for s in specs_for(ARCHS["sm_90"]) if s.source == family_source and (s.block_m or s.family == "rowwise"))
     report = compile_offline(_specs.with_mods(spec, 63, code), "sm_90")
     assert report.ok, report.log
-    assert (report.spill_stores, report.spill_loads) == (0, 0), report.log
+    assert _spills(report, stack=False) == (0, 0), report.message
 
 
 def _nvrtc_major() -> int:
     from cupy.cuda import nvrtc
 
     return nvrtc.getVersion()[0]
+
+
+def _spills(report, stack: bool = True) -> tuple:
+    """ptxas' (spill stores, spill loads[, stack frame]) of a compile. NVRTC 13 prints
+    no ptxas report for some kernels (the same kernels under NVRTC 12, which CI runs,
+    report every count): there the test is skipped, not passed; under NVRTC 12 a
+    missing report fails the comparison with report.message."""
+    if "ptxas" not in report.log and _nvrtc_major() >= 13:
+        pytest.skip(f"{report.spec.name}: NVRTC {_nvrtc_major()} printed no ptxas report")
+    counts = (report.spill_stores, report.spill_loads, report.stack_frame)
+    return counts if stack else counts[:2]
 
 
 def _seq_specs():
@@ -194,7 +205,7 @@ def test_seq_kernels_compile_without_spills(spec):
     """The *_seq instantiations (varlen, paged, left padding) compile with no spills and no stack."""
     report = compile_offline(spec, "sm_90")
     assert report.ok, report.log
-    assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+    assert _spills(report) == (0, 0, 0), report.message
 
 
 def test_hopper_seq_instantiations_cover_varlen_and_left_padding():
@@ -256,7 +267,7 @@ def test_decode_kernels_fit_the_cost_models_registers(arch, spec):
 
     report = compile_offline(spec, arch)
     assert report.ok, report.log
-    assert (report.spill_stores, report.spill_loads, report.stack_frame) == (0, 0, 0), report.log
+    assert _spills(report) == (0, 0, 0), report.message
     if report.registers is not None:  # None: no ptxas report (NVRTC 13 for some)
         assert report.registers <= _specs.decode_regs(spec), report.log
 
@@ -276,3 +287,14 @@ def test_hopper_user_modifiers_take_two_consumer_warpgroups():
     for flags in (1, 2, 4, 8, 15):
         assert _specs.with_mods(spec, flags).block_m == 192
     assert _specs.with_mods(_specs.HOPPER["bfloat16", 128, True], 63, "").block_m == 128
+
+
+def test_compile_report_message_says_when_ptxas_printed_nothing():
+    """A spill check that cannot read ptxas' counts says so, naming the kernel."""
+    from cupy_gqa._compile import CompileReport
+
+    spec = next(s for s in SPECS if s.family == "hopper")
+    empty = CompileReport(spec, "sm_90", True, None, None, None, None, "")
+    assert spec.name in empty.message and "no ptxas report" in empty.message
+    log = "ptxas info    : Used 168 registers\nptxas         .     0 bytes stack frame"
+    assert CompileReport(spec, "sm_90", True, 168, 0, 0, 0, log).message == log
