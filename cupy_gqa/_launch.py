@@ -18,6 +18,7 @@ launch can be captured into a CUDA graph.
 """
 from __future__ import annotations
 
+import ctypes
 import struct
 import threading
 
@@ -44,6 +45,56 @@ _SEQ_OFFSET = _ADDRESSES.size + len(BLOBS) * BLOB_BYTES
 _driver_launch = None
 
 
+# A kernel launched as a programmatic dependent of the one before it on its stream
+# (sm_90: its CTAs may start while the first kernel's run; it waits for that
+# kernel's results with griddepcontrol.wait): cuLaunchKernelEx, which CuPy does not
+# wrap, through ctypes, with its configuration (cuda.h: CUlaunchConfig,
+# CUlaunchAttribute) built once per kernel and only the stream written per launch.
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def dependent_config(grid_x: int, threads: int, smem: int) -> _LaunchConfig:
+    """The cuLaunchKernelEx configuration of a programmatic dependent launch (stream 0 until set)."""
+    attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1  # programmaticStreamSerializationAllowed
+    config = _LaunchConfig(grid=(grid_x, 1, 1), block=(threads, 1, 1), shared_mem=smem, num_attrs=1)
+    config.attrs = ctypes.pointer(attr)
+    config._attr = attr  # kept alive with the configuration
+    return config
+
+
+_cu_launch_kernel_ex = None
+
+
+def _launch_dependent(config: _LaunchConfig, function: int, stream: int, argv: int) -> None:
+    """cuLaunchKernelEx(config on ``stream``, function, argument pointers); raises CuPy's driver error."""
+    global _cu_launch_kernel_ex
+    if _cu_launch_kernel_ex is None:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx  # the driver CuPy runs on
+        fn.argtypes = (ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        fn.restype = ctypes.c_int
+        _cu_launch_kernel_ex = fn
+    config.stream = stream
+    status = _cu_launch_kernel_ex(ctypes.byref(config), function, argv, None)
+    if status:
+        from cupy_backends.cuda.api.driver import CUDADriverError
+
+        raise CUDADriverError(status)
+
+
+# what launches a programmatic dependent (tests replace it as they do _driver_launch)
+_driver_launch_dependent = _launch_dependent
+
+
 _bound = threading.local()  # attributes: the devices whose context this thread has bound
 
 
@@ -61,9 +112,11 @@ def _bind_context(device: int) -> None:
 class PackedLaunch:
     """One or more kernels launched back to back with pre-packed arguments.
 
-    ``kernels``: (function handle, grid_x, threads, shared_mem, args) for each
-    kernel, in launch order, where each arg is a slot name (an address written
-    at each launch) or ``bytes`` (a value fixed for the plan, passed by value).
+    ``kernels``: (function handle, grid_x, threads, shared_mem, args[, dependent])
+    for each kernel, in launch order, where each arg is a slot name (an address
+    written at each launch) or ``bytes`` (a value fixed for the plan, passed by
+    value); ``dependent``: launched as a programmatic dependent of the kernel
+    before it (sm_90; the kernel waits with griddepcontrol.wait).
     ``device``: the CUDA device whose context holds the functions.
     ``keep``: objects that own the function handles (their modules stay loaded).
     ``part_lse_offset``: bytes from the workspace's start to its second slot
@@ -80,8 +133,8 @@ class PackedLaunch:
         offsets: dict[bytes, int] = {}
         size = _SEQ_OFFSET + SEQ_BYTES
         assert len(seq_params) in (0, SEQ_BYTES), len(seq_params)
-        for *_, args in kernels:
-            for arg in args:
+        for kernel in kernels:
+            for arg in kernel[4]:
                 if isinstance(arg, bytes) and arg not in offsets:
                     offsets[arg] = size
                     size += -(-len(arg) // 8) * 8  # every value 8-byte aligned
@@ -95,10 +148,11 @@ class PackedLaunch:
         base = self._buffer.ctypes.data
         self._argvs = []  # kept alive: the driver reads them at each launch
         self._calls = []
-        for function, grid_x, threads, smem, args in kernels:
+        for function, grid_x, threads, smem, args, *dependent in kernels:
             argv = np.array([base + (self._slot_offset(a) if isinstance(a, str) else offsets[a]) for a in args], np.uint64)
             self._argvs.append(argv)
-            self._calls.append((int(function), int(grid_x), int(threads), int(smem), argv.ctypes.data))
+            config = dependent_config(int(grid_x), int(threads), int(smem)) if dependent and dependent[0] else None
+            self._calls.append((int(function), int(grid_x), int(threads), int(smem), argv.ctypes.data, config))
         self.device = device
         self._keep = tuple(keep)
         self._part_lse_offset = part_lse_offset
@@ -130,8 +184,11 @@ class PackedLaunch:
                 self._bytes[start : start + BLOB_BYTES] = blob
             if self._seq:
                 _SEQ_ADDRESSES.pack_into(self._buffer, _SEQ_OFFSET, *(seq or self._seq))
-            for function, grid, threads, smem, argv in self._calls:
-                _driver_launch(function, grid_x or grid, 1, 1, threads, 1, 1, smem, stream, argv, 0)
+            for function, grid, threads, smem, argv, config in self._calls:
+                if config is None:
+                    _driver_launch(function, grid_x or grid, 1, 1, threads, 1, 1, smem, stream, argv, 0)
+                else:
+                    _driver_launch_dependent(config, function, stream, argv)
 
     def values(self) -> bytes:
         """The argument buffer as it stands (tests)."""

@@ -778,7 +778,11 @@ class DecodeLaunch(_PackedPerDevice):
             combine = get_kernel(self.combine)
             mods = self.problem.mod_args(self.combine, device) if self.problem is not None else ()
             args = ("out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods, *seq)
-            kernels.append((combine.kernel.ptr, self.combine_grid[0], self.combine.threads, self.combine.smem, args))
+            # a programmatic dependent where the device has them: its CTAs start as the
+            # decode kernel's run, and wait for its partials (griddepcontrol.wait)
+            dependent = device_arch(device).dependent_launch
+            kernels.append((combine.kernel.ptr, self.combine_grid[0], self.combine.threads, self.combine.smem, args,
+                            dependent))
             keep.append(combine)
         seq_params = self.problem.seq_params() if self.problem is not None else b""
         return PackedLaunch(kernels, device, keep=keep, part_lse_offset=self.part_lse_offset, seq_params=seq_params)

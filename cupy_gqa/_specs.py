@@ -27,6 +27,11 @@ class Arch:
         """Thread-block clusters and distributed shared memory (9.0 and newer)."""
         return int(self.name[3:]) >= 90
 
+    @property
+    def dependent_launch(self) -> bool:
+        """Programmatic dependent launches (griddepcontrol; 9.0 and newer)."""
+        return int(self.name[3:]) >= 90
+
 
 ARCHS = {
     a.name: a

@@ -490,6 +490,22 @@ struct Mods {
 };
 typedef Mods<0> NoMods;
 
+// Programmatic dependent launches (sm_90; cupy_gqa/_launch.py: a kernel launched as
+// the dependent of the one before it). The first kernel lets the dependent's CTAs
+// start once each of its own CTAs has run this (they then wait, not the launch) ...
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// ... and the dependent waits here until the first kernel has finished and its writes
+// are visible. Both do nothing in a kernel not launched that way, and below sm_90.
+__device__ __forceinline__ void wait_for_prior_kernel() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // The hardware tanh (one MUFU instruction; relative error at most 2^-10.9, about
 // fp16's rounding): softcap's in the kernels for fp16 and bf16 inputs, as
 // cap * fast_tanh(x * (1 / cap)), where the exact tanhf and division would cost

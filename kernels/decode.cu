@@ -340,17 +340,18 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
         float scale = 0.f;
         const int t = r / group_size;
         if (r < rows_total && (ADDR == 0 || t < sqn.seqlen_q(p.seqlen_q))) {  // (ADDR: past the sequence's queries)
-            const bool seen = ls != 0.f;  // a row that saw no key (of this split): 0 and lse = -inf
             if (num_splits == 1) {
                 const int q_head = q_head_of(kv_head, r % group_size, group_size);
                 float alpha = 1.f;
                 if constexpr (M::SINKS)  // the sink joins the denominator (softmax.cuh: fold_sink)
                     alpha = softmax::fold_sink(mm, ls, mods::sink2<M, float>(*mp, q_head));
                 const bool bad = len < 0;
-                scale = softmax::out_scale(ls, ls != 0.f, bad) * alpha;
+                const bool seen = ls != 0.f;  // (with a sink's share, if any)
+                scale = softmax::out_scale(ls, seen, bad) * alpha;
                 dst = out + b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2];
-                if (lse != nullptr) lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, ls != 0.f, bad);
+                if (lse != nullptr) lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, seen, bad);
             } else {
+                const bool seen = ls != 0.f;  // a row that saw no key (of this split): 0 and lse = -inf
                 scale = seen ? 1.f / ls : 0.f;
                 dst = part.row(i, r, softmax::lse2(mm, ls, seen));
             }
@@ -391,6 +392,7 @@ __device__ __forceinline__ void decode_body(
     const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
+    allow_dependent_launch();  // the combine's CTAs may start (they wait for this kernel)
     constexpr int W = 16 / (int)sizeof(T);        // elements per 16-byte chunk
     constexpr int DL = 8;                         // dims per lane
     constexpr int C = DL / W;                     // chunks per lane and row (fp32: 2)
@@ -682,15 +684,19 @@ __device__ __forceinline__ void cluster_merge(const float* po, const float* pl, 
     for (int x = (int)cluster_rank() * THREADS + threadIdx.x; x < ROWS * HEAD_DIM; x += CLUSTER * THREADS) {
         const int i = x / HEAD_DIM, d = x % HEAD_DIM, r = rb * ROWS + i;
         if (r >= rows_total) break;  // rows are the slow index: the rest are idle too
+        float lse2[CLUSTER];  // each split's lse of the row, read once
+#pragma unroll
+        for (int s = 0; s < CLUSTER; ++s) lse2[s] = ld_cluster(l_base + 4 * i, s);
         float mm, ls, acc[1];
         merge_parts<CLUSTER>(
-            0, CLUSTER, 1, [&](int s) { return ld_cluster(l_base + 4 * i, s); },
+            0, CLUSTER, 1, [&](int s) { return lse2[s]; },
             [&](int s, float (&ov)[1]) { ov[0] = ld_cluster(o_base + 4 * (i * HEAD_DIM + d), s); }, mm, ls, acc);
         const int t = r / group_size, q_head = q_head_of(kv_head, r % group_size, group_size);
+        const bool seen = ls != 0.f;
         out[b * p.o_stride[0] + (sqn.q0() + t) * p.o_stride[1] + q_head * p.o_stride[2] + d] =
-            from_acc<T>(acc[0] * softmax::out_scale(ls, ls != 0.f, bad));
+            from_acc<T>(acc[0] * softmax::out_scale(ls, seen, bad));
         if (lse != nullptr && d == 0)
-            lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, ls != 0.f, bad);
+            lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, seen, bad);
     }
     cluster_sync();  // ... and read by every CTA of the cluster
 }
@@ -730,6 +736,7 @@ __device__ __forceinline__ void decode_mma_body(
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* sQ = reinterpret_cast<T*>(smem_raw + L::Q);
+    allow_dependent_launch();  // the combine's CTAs may start (they wait for this kernel)
 
     // --- which work: (b, kv_head, row block, split) -------------------------
     // (call_rows: the call's packed rows, computed here as the contiguous kernel always has)
@@ -1067,6 +1074,7 @@ __device__ __forceinline__ void decode_combine_body(
     const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
+    wait_for_prior_kernel();  // (launched as the decode kernel's dependent) its partials are written
     const int group_size = p.group_size, rows_total = p.seqlen_q * group_size;
     const int quads = p.head_dim / 4;
     // J adjacent lanes share an output quad, lane j taking splits j, j + J, .. (at most 4,
@@ -1112,10 +1120,11 @@ __device__ __forceinline__ void decode_combine_body(
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[e] *= alpha;
         }
-        const float inv = softmax::out_scale(ls, ls != 0.f, bad);  // NaN when bad
+        const bool seen = ls != 0.f;
+        const float inv = softmax::out_scale(ls, seen, bad);  // NaN when bad
 #pragma unroll
         for (int e = 0; e < 4; ++e) o_row[e] = from_acc<T>(acc[e] * inv);
-        if (lse_row != nullptr) *lse_row = softmax::lse(mm, ls, ls != 0.f, bad);
+        if (lse_row != nullptr) *lse_row = softmax::lse(mm, ls, seen, bad);
     }
 }
 

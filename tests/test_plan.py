@@ -550,3 +550,35 @@ def test_hopper_barrier_protocol_model():
     for direct_out, q_slots in ((False, 1), (True, 1), (False, 2)):
         assert model.check(q_empty_wait=True, direct_out=direct_out, q_slots=q_slots) is None
         assert model.check(q_empty_wait=False, direct_out=direct_out, q_slots=q_slots) is not None
+
+
+def test_dependent_launch_structs_match_cuda_h():
+    """cuLaunchKernelEx's configuration as cuda.h lays it out (64-bit): CUlaunchAttribute
+    72 bytes, CUlaunchConfig 56 with the stream at 32, the attributes at 40, their count at 48."""
+    import ctypes
+
+    from cupy_gqa import _launch
+
+    assert ctypes.sizeof(_launch._LaunchAttribute) == 72
+    assert ctypes.sizeof(_launch._LaunchConfig) == 56
+    offsets = {name: getattr(_launch._LaunchConfig, name).offset for name in ("stream", "attrs", "num_attrs")}
+    assert offsets == {"stream": 32, "attrs": 40, "num_attrs": 48}
+    config = _launch.dependent_config(7, 128, 4096)
+    assert tuple(config.grid) == (7, 1, 1) and tuple(config.block) == (128, 1, 1) and config.shared_mem == 4096
+    assert config.num_attrs == 1 and config.attrs[0].id == 6 and config.attrs[0].value[0] == 1
+
+
+def test_packed_launch_launches_a_dependent_kernel_through_launch_ex(monkeypatch):
+    """A kernel marked dependent goes through cuLaunchKernelEx on the same stream, after
+    the kernel before it through cuLaunchKernel, with its own grid."""
+    from cupy_gqa import _launch
+
+    plain, dependent = [], []
+    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: plain.append(a))
+    monkeypatch.setattr(_launch, "_driver_launch_dependent",
+                        lambda config, function, stream, argv: dependent.append((tuple(config.grid), function, stream)))
+    monkeypatch.setitem(_launch._bound.__dict__, 0, True)
+    packed = _launch.PackedLaunch([(11, 5, 128, 0, ("q",)), (22, 3, 256, 0, ("out",), True)], device=0)
+    packed(99, 1, 2, 3, 4, 5, 0)
+    assert [(a[0], a[1], a[8]) for a in plain] == [(11, 5, 99)]
+    assert dependent == [((3, 1, 1), 22, 99)]
