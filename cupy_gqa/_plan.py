@@ -488,8 +488,10 @@ def decode_unsupported(problem: Problem, q, k, v, out) -> str | None:
     """Why kernels/decode.cu cannot run this call, or None if it can."""
     if problem.dtype not in _specs.DECODE_DTYPES:
         return f"dtype {problem.dtype} (it takes {', '.join(_specs.DECODE_DTYPES)})"
-    if problem.head_dim not in _specs.DECODE_HEAD_DIMS:
-        return f"head_dim {problem.head_dim} (it takes {', '.join(map(str, _specs.DECODE_HEAD_DIMS))})"
+    if _specs.decode_head_dim(problem.dtype, problem.head_dim) is None:
+        takes = ("a multiple of 8 up to 256" if problem.dtype in _specs.DECODE_MMA_DTYPES
+                 else ", ".join(map(str, _specs.DECODE_HEAD_DIMS)))
+        return f"head_dim {problem.head_dim} (it takes {takes} in {problem.dtype})"
     if problem.seqlen_q > _specs.DECODE_MAX_SEQLEN_Q:
         return f"seqlen_q {problem.seqlen_q} (it takes 1 to {_specs.DECODE_MAX_SEQLEN_Q} query tokens)"
     arch = device_arch(q.device.id)
@@ -617,12 +619,14 @@ def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: in
     tile = _specs.DECODE_MMA_BN
     keys = min(problem.seqlen_k, math.ceil(math.ceil(problem.seqlen_k / num_splits) / tile) * tile)
     rate = decode_bytes_in_flight(spec) / DECODE_LATENCY_S
-    flops = 4 * spec.block_m * problem.head_dim * keys
+    flops = 4 * spec.block_m * spec.head_dim * keys  # (padded columns computed too)
     per_sm = DECODE_MMA_FLOPS_PER_SM if spec.sm80 else DECODE_FFMA_FLOPS_PER_SM
     # (tensor cores) the tiles of each key stream, in sequence
     streams = _specs.DECODE_MMA_WARPS // (spec.block_m // 16) if spec.sm80 else 0
     issue = waves * math.ceil(math.ceil(keys / tile) / streams) * DECODE_TILE_S if streams else 0.0
-    t_sm = waves * DECODE_CTA_FIXED_S + max(c * keys * key_bytes / (resident * rate), c * flops / per_sm, issue)
+    # (a padded head dim streams as many keys in flight as its kernel's: its bytes are fewer, not its keys)
+    slot_bytes = 2 * spec.head_dim * _specs.ITEMSIZE[problem.dtype]
+    t_sm = waves * DECODE_CTA_FIXED_S + max(c * keys * slot_bytes / (resident * rate), c * flops / per_sm, issue)
     kv_bytes = problem.batch * problem.num_kv_heads * problem.seqlen_k * key_bytes
     t = max(t_sm, kv_bytes / DECODE_HBM_BYTES_PER_S, row_blocks * kv_bytes / DECODE_L2_BYTES_PER_S)
     if num_splits > 1 and decode_cluster(problem, spec, num_splits, arch):
@@ -730,7 +734,7 @@ class DecodeLaunch(_PackedPerDevice):
     (or, ``cluster``, none: the cluster kernel merges its own splits).
 
     Workspace (num_splits > 1, not cluster): workspace_bytes of float32 values, the partial
-    outputs (packed_rows * num_splits * head_dim, packed_rows = batch *
+    outputs (packed_rows * num_splits * head_dim, the call's head_dim, packed_rows = batch *
     num_q_heads * seqlen_q) then their lse (packed_rows * num_splits), at a
     16-byte aligned address. Calling the plan takes it as ``workspace``: a
     caller's CuPy array (checked here), a function of the byte count that
@@ -747,7 +751,7 @@ class DecodeLaunch(_PackedPerDevice):
     params: np.ndarray
     num_splits: int
     workspace_rows: int  # packed rows: batch * num_q_heads * seqlen_q
-    problem: Problem | None = None  # for the modifiers' ModParams (spec.mods), built per device
+    problem: Problem  # the call: its head_dim (the workspace's rows; spec's may be padded), its modifiers' ModParams
     cluster: bool = False  # spec is the cluster kernel of num_splits splits (_specs.decode_cluster_spec)
 
     @property
@@ -759,24 +763,24 @@ class DecodeLaunch(_PackedPerDevice):
     def workspace_bytes(self) -> int:
         if not self.combined:
             return 0
-        return 4 * self.workspace_rows * self.num_splits * (self.spec.head_dim + 1)
+        return 4 * self.workspace_rows * self.num_splits * (self.problem.head_dim + 1)
 
     @property
     def part_lse_offset(self) -> int:
         """Bytes from the workspace's start to the partial lse."""
-        return 4 * self.workspace_rows * self.num_splits * self.spec.head_dim
+        return 4 * self.workspace_rows * self.num_splits * self.problem.head_dim
 
     def _pack(self, device: int) -> PackedLaunch:
         """The decode kernel, then the combine kernel when split (not in clusters)."""
         params, ns = self.params.tobytes(), np.int32(self.num_splits).tobytes()
         kernel = get_kernel(self.spec)
-        mods = self.problem.mod_args(self.spec, device) if self.problem is not None else ()
-        seq = self.problem.seq_args() if self.problem is not None else ()
+        mods = self.problem.mod_args(self.spec, device)
+        seq = self.problem.seq_args()
         args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods, *seq)
         kernels, keep = [(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], [kernel]
         if self.combined:
             combine = get_kernel(self.combine)
-            mods = self.problem.mod_args(self.combine, device) if self.problem is not None else ()
+            mods = self.problem.mod_args(self.combine, device)
             args = ("out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods, *seq)
             # a programmatic dependent where the device has them: its CTAs start as the
             # decode kernel's run, and wait for its partials (griddepcontrol.wait)
@@ -784,7 +788,7 @@ class DecodeLaunch(_PackedPerDevice):
             kernels.append((combine.kernel.ptr, self.combine_grid[0], self.combine.threads, self.combine.smem, args,
                             dependent))
             keep.append(combine)
-        seq_params = self.problem.seq_params() if self.problem is not None else b""
+        seq_params = self.problem.seq_params()
         return PackedLaunch(kernels, device, keep=keep, part_lse_offset=self.part_lse_offset, seq_params=seq_params)
 
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,

@@ -483,6 +483,19 @@ DECODE_MMA_BN = 16  # kernels/decode.cu: DECODE_MMA_BN
 DECODE_MMA_STAGES = {64: 3, 128: 3, 256: 2}
 
 
+def decode_head_dim(dtype: str, head_dim: int) -> int | None:
+    """The head dim of the decode kernel that runs a call of (dtype, head_dim):
+    the tensor-core kernels (float16, bfloat16) take any multiple of 8 up to
+    256, rounded up to the next of DECODE_HEAD_DIMS (kernels/decode.cu: the
+    padded columns are zeros and never written); the CUDA-core kernel
+    (float32) takes DECODE_HEAD_DIMS exactly. None where none runs it."""
+    if dtype in DECODE_MMA_DTYPES:
+        if head_dim % 8 != 0 or not 0 < head_dim <= max(DECODE_HEAD_DIMS):
+            return None
+        return min(d for d in DECODE_HEAD_DIMS if d >= head_dim)
+    return head_dim if dtype in DECODE_DTYPES and head_dim in DECODE_HEAD_DIMS else None
+
+
 def decode_mma_stages(head_dim: int, row_warps: int) -> int:
     """The table's stages of the layout with ``row_warps`` warps per key stream."""
     return 1 + (DECODE_MMA_STAGES[head_dim] - 1) * row_warps
@@ -620,8 +633,9 @@ def decode_spec(dtype: str, head_dim: int, block_m: int, arch: Arch) -> Spec | N
     ``arch``: in fp16 / bf16 the tensor-core kernel (sm_80 and newer), its
     pipeline shortened (down to 2 stages) where the table's does not fit the
     shared memory; in float32 the CUDA-core kernel (every architecture). None
-    where it doesn't run."""
-    if dtype not in DECODE_DTYPES or head_dim not in DECODE_HEAD_DIMS or block_m not in decode_block_ms(dtype):
+    where it doesn't run. ``head_dim``: the call's (decode_head_dim pads it)."""
+    head_dim = decode_head_dim(dtype, head_dim)
+    if head_dim is None or block_m not in decode_block_ms(dtype):
         return None
     spec = DECODE[dtype, head_dim, block_m]
     if dtype in DECODE_MMA_DTYPES:

@@ -92,7 +92,9 @@ def attention(
         that is a multiple of 8, with the same stride, alignment and scale
         rules as "tiled". "decode" is
         the split-KV kernel for a few query tokens against a long KV cache:
-        float16, bfloat16 or float32, head_dim 64, 128 or 256, seqlen_q <= 16,
+        float16 and bfloat16 at any head_dim that is a multiple of 8 (padded to
+        64, 128 or 256 inside the kernel), float32 at head_dim 64, 128 or 256;
+        seqlen_q <= 16,
         a unit-stride head_dim axis and 16-byte aligned rows; with the keys cut
         into several ranges it takes a float32 workspace (see ``workspace``).
         "tiled", "hopper"

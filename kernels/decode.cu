@@ -70,7 +70,10 @@
 //
 // Template parameters
 //   T         __half, __nv_bfloat16 or float
-//   HEAD_DIM  64, 128 or 256 (exactly p.head_dim)
+//   HEAD_DIM  64, 128 or 256: the CUDA-core kernel's is p.head_dim; the
+//             tensor-core kernels' is p.head_dim (a multiple of 8) rounded up:
+//             columns past p.head_dim are zero in shared memory (Q, K, V) and
+//             never written (out, part_o, whose rows are p.head_dim long)
 //   ROWS      packed rows per CTA: 1, 2, 4 or 8 (rows past seqlen_q * group_size idle)
 // Requirements (checked by the Python layer): head_dim stride 1, 16-byte
 // aligned pointers and strides.
@@ -270,16 +273,15 @@ __device__ __forceinline__ void merge_parts(int s0, int n, int step, const Lse& 
 // domain) goes: row(i, r, lse2) writes the lse of the CTA's row i (packed row r)
 // and returns where the row's HEAD_DIM values go ...
 // ... the workspace (see the top), merged by decode_combine;
-template <int HEAD_DIM>
 struct WorkspacePart {
     float* o;
     float* lse;
     index_t prow0;  // the packed row index of (b, kv_head)'s row 0
-    int split, num_splits;
+    int split, num_splits, head_dim;  // (rows of p.head_dim values)
     __device__ __forceinline__ float* row(int i, int r, float lse2) const {
         const index_t at = (prow0 + r) * num_splits + split;
         lse[at] = lse2;
-        return o + at * HEAD_DIM;
+        return o + at * head_dim;
     }
 };
 // ... or the CTA's own shared memory, o[i][HEAD_DIM] and lse[i], merged by
@@ -367,7 +369,7 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
         const int i = x / HEAD_DIM, d = x % HEAD_DIM;
         if (ROWS * HEAD_DIM % THREADS != 0 && x >= ROWS * HEAD_DIM) break;
         void* const dst = dst_w[i];
-        if (dst == nullptr) continue;
+        if (dst == nullptr || d >= p.head_dim) continue;  // (padded columns: never written)
         float os = 0.f;
 #pragma unroll
         for (int w = 0; w < NW; ++w) os = fmaf(o_w[(w * ROWS + i) * HEAD_DIM + d], wt_w[w * ROWS + i], os);
@@ -525,8 +527,8 @@ __device__ __forceinline__ void decode_body(
     }
     __syncthreads();
 
-    const WorkspacePart<HEAD_DIM> part{part_o, part_lse, ((index_t)b * p.num_kv_heads + kv_head) * call_rows, split,
-                                       num_splits};
+    const WorkspacePart part{part_o, part_lse, ((index_t)b * p.num_kv_heads + kv_head) * call_rows, split, num_splits,
+                             HEAD_DIM};
     write_cta_result<T, HEAD_DIM, ROWS, NUM_WARPS, DECODE_THREADS, M>(&sm_m[0][0], &sm_l[0][0], &sm_o[0][0][0], sm_w, out, lse,
                                                                       p, b, kv_head, rb, num_splits, len, part, &mp, sqn);
 }
@@ -684,6 +686,7 @@ __device__ __forceinline__ void cluster_merge(const float* po, const float* pl, 
     for (int x = (int)cluster_rank() * THREADS + threadIdx.x; x < ROWS * HEAD_DIM; x += CLUSTER * THREADS) {
         const int i = x / HEAD_DIM, d = x % HEAD_DIM, r = rb * ROWS + i;
         if (r >= rows_total) break;  // rows are the slow index: the rest are idle too
+        if (d >= p.head_dim) continue;  // (padded columns: never written)
         float lse2[CLUSTER];  // each split's lse of the row, read once
 #pragma unroll
         for (int s = 0; s < CLUSTER; ++s) lse2[s] = ld_cluster(l_base + 4 * i, s);
@@ -751,7 +754,7 @@ __device__ __forceinline__ void decode_mma_body(
     // --- Q tile (zero past the last row) and the rows' visible keys -----------
     for (int c = threadIdx.x; c < ROWS * CH; c += THREADS) {
         const int i = c / CH, ch = c % CH, r = rb * ROWS + i;
-        const bool live = r < rows_total && len >= 0;
+        const bool live = r < rows_total && len >= 0 && ch * 8 < p.head_dim;  // (padded columns: zeros)
         const int t = r / group_size, g = r % group_size;
         const T* src = live ? q + b * p.q_stride[0] + (sqn.q0() + t) * p.q_stride[1] + q_head_of(kv_head, g, group_size) * p.q_stride[2] + ch * 8 : q;
         cp_async_16(smem_addr(sQ + i * ROW + ch * 8), src, live);
@@ -813,6 +816,9 @@ __device__ __forceinline__ void decode_mma_body(
     // that does not change from tile to tile is computed here, once: the loop is short
     // (one warp per scheduler), and its address arithmetic was most of it.
     const int ld_r = rt * PASSES * RPP + lane / CH, ld_ch = lane % CH;
+    // (a padded head dim) a lane of a column past p.head_dim copies zeros, from column 0
+    const bool ld_col = ld_ch * 8 < p.head_dim;
+    const int src_ch = ld_col ? ld_ch : 0;
     const index_t ks = p.k_stride[1], vs = p.v_stride[1];
     const index_t k_pass = RPP * ks, v_pass = RPP * vs;  // from pass i to i + 1, elements
     // shared memory: rows ld_r + RPP * i for i < SWZ_P have distinct swizzles (kv_at);
@@ -824,8 +830,8 @@ __device__ __forceinline__ void decode_mma_body(
     for (int i = 0; i < SWZ_P; ++i) dst[i] = smem_addr(sW + kv_at<D>(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7));
     // the next tile this stream copies: its first key, and (contiguous) the lane's rows of it
     int next_key0 = k_begin + (stream + i_first * NS) * BN;
-    const T* k_next = k + sqn.k_batch() * p.k_stride[0] + sqn.k0() * ks + kv_head * p.k_stride[2] + (ld_r + (index_t)next_key0) * ks + ld_ch * 8;
-    const T* v_next = v + sqn.k_batch() * p.v_stride[0] + sqn.k0() * vs + kv_head * p.v_stride[2] + (ld_r + (index_t)next_key0) * vs + ld_ch * 8;
+    const T* k_next = k + sqn.k_batch() * p.k_stride[0] + sqn.k0() * ks + kv_head * p.k_stride[2] + (ld_r + (index_t)next_key0) * ks + src_ch * 8;
+    const T* v_next = v + sqn.k_batch() * p.v_stride[0] + sqn.k0() * vs + kv_head * p.v_stride[2] + (ld_r + (index_t)next_key0) * vs + src_ch * 8;
     const index_t k_step = (index_t)NS * BN * ks, v_step = (index_t)NS * BN * vs;  // from one of the stream's tiles to its next
     // (pages) the pages of the next tile this stream copies, read while the tiles before it compute
     typename Sequence<ADDR>::PageSpan span = {0, 0, 0};
@@ -844,8 +850,8 @@ __device__ __forceinline__ void decode_mma_body(
             const typename Sequence<ADDR>::PageSpan here = span;
             look_up(key0 + NS * BN);  // tiles stream, stream + NS, .. in order
             const index_t row = here.row + ld_r;  // the lane's first row, on the first page
-            kp = k + kv_head * p.k_stride[2] + ld_ch * 8 + (index_t)here.first * p.k_stride[0] + row * ks;
-            vp = v + kv_head * p.v_stride[2] + ld_ch * 8 + (index_t)here.first * p.v_stride[0] + row * vs;
+            kp = k + kv_head * p.k_stride[2] + src_ch * 8 + (index_t)here.first * p.k_stride[0] + row * ks;
+            vp = v + kv_head * p.v_stride[2] + src_ch * 8 + (index_t)here.first * p.v_stride[0] + row * vs;
             page_left = sqn.page_size - (int)row;
             // row page_size of the first page is row 0 of the second
             k_jump = (index_t)(here.second - here.first) * p.k_stride[0] - (index_t)sqn.page_size * ks;
@@ -872,7 +878,7 @@ __device__ __forceinline__ void decode_mma_body(
                     vi += v_jump;
                 }
             }
-            const bool ok = RPP * i < left;
+            const bool ok = RPP * i < left && ld_col;
             copy_16(d, ok ? ki : k_safe, ok);
             copy_16(d + TILE * (int)sizeof(T), ok ? vi : v_safe, ok);
             kp += k_pass;
@@ -1012,8 +1018,8 @@ __device__ __forceinline__ void decode_mma_body(
     }
     __syncthreads();
     if constexpr (CLUSTER == 1) {
-        const WorkspacePart<HEAD_DIM> part{part_o, part_lse, ((index_t)b * p.num_kv_heads + kv_head) * call_rows,
-                                           split, num_splits};
+        const WorkspacePart part{part_o, part_lse, ((index_t)b * p.num_kv_heads + kv_head) * call_rows, split,
+                                 num_splits, p.head_dim};
         write_cta_result<T, HEAD_DIM, ROWS, NS, THREADS, M>(m_w, l_w, o_w, row_w, out, lse, p, b, kv_head, rb, num_splits,
                                                              len, part, &mp, sqn);
     } else {

@@ -30,6 +30,7 @@ CASES = [
     (2, 4, 700, 8, 2, 128),  # decode with split keys (the combine kernel; on sm_90 fp16 / bf16 a 2-CTA cluster)
     (1, 1, 2048, 8, 1, 64),  # decode split into 8-CTA clusters (sm_90, fp16 / bf16)
     (3, 16, 300, 16, 1, 256),  # decode's largest rows and head_dim
+    (2, 3, 900, 8, 2, 80),  # decode at a padded head_dim (fp16 / bf16: the 128 kernel), split keys
     (2, 70, 300, 8, 2, 192),  # hopper: head_dim padded to a third slab, several K/V tiles per CTA
 ]
 DTYPES = ["float32", "float16", "bfloat16", "float64"]

@@ -207,3 +207,35 @@ def test_cluster_split_costs_no_combine():
     t_combine = _plan.decode_seconds(p, spec, 8, 132, a100)  # the same kernel on an architecture without clusters
     assert t_cluster < t_combine - _plan.DECODE_COMBINE_FIXED_S + 2 * _plan.DECODE_CLUSTER_MERGE_S
 
+
+
+def test_padded_head_dims_run_the_next_kernel():
+    """float16 / bfloat16 take every multiple of 8 up to 256 on the kernel of the
+    next table head dim (columns past head_dim padded inside it); float32 only the
+    table's; the workspace's rows are the call's head_dim long."""
+    arch = H200[1]
+    for head_dim, padded in ((8, 64), (40, 64), (72, 128), (96, 128), (136, 256), (248, 256), (256, 256)):
+        assert _specs.decode_head_dim("bfloat16", head_dim) == padded
+        assert [s.head_dim for s in _specs.decode_specs("float16", head_dim, arch)] == [padded] * 3
+        assert _specs.decode_head_dim("float32", head_dim) == (head_dim if head_dim in _specs.DECODE_HEAD_DIMS else None)
+    for head_dim in (0, 4, 100, 264):
+        assert _specs.decode_head_dim("bfloat16", head_dim) is None
+        assert _specs.decode_specs("bfloat16", head_dim, arch) == ()
+    p = problem(1, 1, 32768, 32, 32, head_dim=96)
+    shape = (1, 1, 32, 96)
+    layout = tuple((shape, (6144, 6144, 192, 2), 2) for _ in range(4))  # contiguous q, k, v, out (k, v: as q's rows)
+    spec = _specs.decode_spec("bfloat16", 96, 16, arch)
+    plan = _plan._decode_plan(p, layout, spec, 3)
+    assert plan.workspace_bytes == 4 * 32 * 3 * (96 + 1) and plan.part_lse_offset == 4 * 32 * 3 * 96
+
+
+def test_padded_head_dim_is_modelled_as_its_kernel():
+    """A padded call streams as many keys at a time as its kernel (its bytes are
+    fewer): the model times it no faster than the kernel's own head dim."""
+    arch = H200[1]
+    for hd, padded in ((96, 128), (192, 256)):
+        a, b = problem(8, 1, 4096, 32, 32, head_dim=hd), problem(8, 1, 4096, 32, 32, head_dim=padded)
+        for ns in (1, 4):
+            sa = _specs.decode_spec("bfloat16", hd, 16, arch)
+            assert _plan.decode_seconds(a, sa, ns, *H200) >= 0.99 * _plan.decode_seconds(b, sa, ns, *H200) * hd / padded
+    assert choose(problem(8, 1, 4096, 32, 32, head_dim=96)).kernel == "decode"  # Phi-3-mini's decode step

@@ -1,7 +1,8 @@
 """The split-KV decode kernel (kernels/decode.cu) and seqlens_k on the GPU, against the float64 reference.
 
 Decode shapes: seqlen_q 1 to 16 against seqlen_k 1 to 20000, group sizes 1,
-4, 6, 7, 8, 16, 48, 64, 71, head dims 64, 128, 256, float16 / bfloat16 /
+4, 6, 7, 8, 16, 48, 64, 71, head dims 64, 128, 256 (and multiples of 8
+between them, padded, in float16 / bfloat16), float16 / bfloat16 /
 float32, every rows-per-CTA layout (16, 32, 64 on tensor cores, 1 to 8 on
 CUDA cores) with one row block or several, ragged seqlens_k (0 and full
 included, on the host or the device), lse. Outputs are NaN-poisoned before
@@ -136,8 +137,11 @@ def test_unsupported_calls_are_refused():
     q, k, v = (cupy.asarray(x) for x in random_qkv(1, 17, 50, 4, 1, 64, "bfloat16"))
     with pytest.raises(ValueError, match=r"kernel: 'decode' does not support this call: seqlen_q 17"):
         cupy_gqa.attention(q, k, v, kernel="decode")
-    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 50, 4, 1, 96, "bfloat16"))
-    with pytest.raises(ValueError, match=r"kernel: 'decode' does not support this call: head_dim 96"):
+    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 50, 4, 1, 100, "bfloat16"))
+    with pytest.raises(ValueError, match=r"does not support this call: head_dim 100 \(it takes a multiple of 8 up to 256"):
+        cupy_gqa.attention(q, k, v, kernel="decode")
+    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 50, 4, 1, 96, "float32"))
+    with pytest.raises(ValueError, match=r"does not support this call: head_dim 96 \(it takes 64, 128, 256 in float32\)"):
         cupy_gqa.attention(q, k, v, kernel="decode")
     q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 50, 4, 1, 64, "float64"))
     with pytest.raises(ValueError, match=r"kernel: 'decode' does not support this call: dtype float64"):
@@ -252,6 +256,51 @@ def test_multi_warp_streams_every_head_dim(dtype, head_dim, block_m):
     q, k, v = random_qkv(2, 1, 777, 64, 2, head_dim, dtype, seed=head_dim + block_m)
     for num_splits in (1, 2, 7):
         check(q, k, v, num_splits=num_splits, block_m=block_m, what=f"D{head_dim} block_m={block_m} splits={num_splits}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("head_dim", [8, 40, 72, 80, 96, 104, 136, 160, 192, 248])
+def test_padded_head_dims(dtype, head_dim):
+    """head_dims between the kernels' 64, 128 and 256, padded inside the
+    kernel: every rows-per-CTA layout, unsplit, through the combine (3 splits)
+    and in clusters (4, sm_90), with ragged device lengths (0 and full
+    included), several row blocks, causal or not. The memory past a row's
+    head_dim holds the next head's (or key's) values, so a padded column
+    that were read, or an output column written past head_dim, would show."""
+    q, k, v = random_qkv(3, 3, 1500, 16, 2, head_dim, dtype, seed=head_dim)  # 24 rows per KV head
+    lens = np.array([1500, 0, 333], dtype=np.int32)
+    for block_m in _block_ms(dtype):
+        for num_splits, cluster in ((1, None), (3, False), (4, True if _clusters() else None)):
+            check(q, k, v, num_splits=num_splits, block_m=block_m, cluster=cluster, seqlens_k=lens, lens_on="device",
+                  what=f"D{head_dim} block_m={block_m} splits={num_splits}")
+    check(q, k, v, causal=False, what=f"D{head_dim} non-causal, auto")
+    # the modifiers' kernel: a sliding window, a softcap and sinks
+    mods = {"window": (500, 0), "softcap": 20.0, "sinks": np.linspace(-1, 1, 16).astype(np.float32)}
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    res, lse = cupy_gqa.attention(qd, kd, vd, kernel="decode", return_lse=True,
+                                  **{**mods, "sinks": cupy.asarray(mods["sinks"])})
+    ref, ref_lse = reference_attention(q, k, v, causal=True, **mods)
+    assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype], f"D{head_dim} window, softcap, sinks")
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+    # out= a view whose rows are longer than head_dim: the columns past it stay as they were
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    wide = cupy.full(q.shape[:3] + (head_dim + 8,), 7, dtype=q.dtype)
+    cupy_gqa.attention(qd, kd, vd, kernel="decode", out=wide[..., :head_dim])
+    assert (cupy.asnumpy(wide[..., head_dim:]) == 7).all()
+    ref, _ = reference_attention(q, k, v, causal=True)
+    assert_close(cupy.asnumpy(wide[..., :head_dim]), ref, TOLERANCE[dtype], f"D{head_dim} into a wider out")
+
+
+@pytest.mark.parametrize("head_dim", [80, 96])
+def test_padded_head_dims_auto_takes_decode(head_dim):
+    """auto runs decode at a padded head dim where the cost model says so
+    (Phi-3-mini's decode: 32 heads of 96, one per KV head)."""
+    q, k, v = random_qkv(2, 1, 3000, 32, 32, head_dim, "bfloat16", seed=head_dim)
+    problem = _plan.Problem.of(cupy.asarray(q), cupy.asarray(k), dtype="bfloat16", causal=True,
+                               softmax_scale=1 / np.sqrt(head_dim))
+    device = cupy.cuda.Device().id
+    assert _plan.decode_dispatch(problem, _plan.sm_count(device), _plan.device_arch(device)).kernel == "decode"
+    check(q, k, v, kernel="auto", what=f"auto D{head_dim}")
 
 
 @pytest.mark.parametrize("seqlen_q", range(2, 9))

@@ -186,6 +186,24 @@ def test_paged_decode_split(dtype):
     assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("head_dim", [80, 96, 192])
+def test_paged_decode_padded_head_dim(dtype, head_dim):
+    """Paged decode at head dims the kernel pads (to 128 or 256), split through
+    the combine."""
+    rng = np.random.default_rng(head_dim)
+    k, v, table = _pool(2, 16, 300, 1, head_dim, dtype, rng)
+    seqlens = np.array([4800, 3001], dtype=np.int32)
+    q = rng.standard_normal((2, 1, 4, head_dim)).astype(NP_DTYPES[dtype])
+    args = [cupy.asarray(x) for x in (q, k, v)]
+    kw = {"block_table": cupy.asarray(table), "seqlens_k": cupy.asarray(seqlens), "kernel": "decode"}
+    assert cupy_gqa.decode_workspace_size(*args, **kw) > 0
+    res, lse = cupy_gqa.attention(*args, **kw, return_lse=True)
+    ref, ref_lse = reference_kvcache(q, k, v, seqlens_k=seqlens, block_table=table)
+    assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype], f"paged D{head_dim}")
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+
+
 @pytest.mark.parametrize("block_m", [16, 32, 64])
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("addressing", ["varlen", "paged_leftpad"])

@@ -23,10 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy  # noqa: E402
 
 from bench_attention import CASES, SHAPE_SWEEP  # noqa: E402
-from profile_decode import DTYPES  # noqa: E402
+from profile_decode import DTYPES as HALF_DTYPES  # noqa: E402
 from cupy_gqa import _plan, _specs  # noqa: E402
 
 REPS, CALLS = 15, 20
+DTYPES = {**HALF_DTYPES, "fp32": ("float32", np.float32)}
 
 
 def median_ms(fn) -> float:
