@@ -371,8 +371,12 @@ HOPPER_ARCH = "sm_90a"
 # out by its threads, 0.171 against 0.187, where hopper's per-CTA cost weighs
 # most; hopper ahead, 0.137, when it moves them by bulk copies). Where tiled
 # does not apply (head_dim 80, 160, 192, ...), auto takes hopper at any length.
-HOPPER_AUTO_MIN_KEYS = 1024
-HOPPER_BULK_QO_AUTO_MIN_KEYS = 512  # where Q and out go by bulk copies (_plan.hopper_bulk_qo)
+# Since hopper's steps 8 to 13 (benchmarks/dev/hopper_short_ab.py, 2026-12-04,
+# NOTES_hopper): with bulk copies hopper takes 0.63 to 0.85 of tiled's time
+# from 128 keys on (B64 S256 Hq32 Hkv8 D128, the sweep's P18: 0.167 against
+# 0.243 ms); with the threads' copies (group 6) 0.92 at 256 keys, 1.25 at 128.
+HOPPER_AUTO_MIN_KEYS = 256
+HOPPER_BULK_QO_AUTO_MIN_KEYS = 128  # where Q and out go by bulk copies (_plan.hopper_bulk_qo)
 
 
 def hopper_head_dim_pad(head_dim: int) -> int:
