@@ -32,6 +32,9 @@ SHAPES = [
     ("g4_S1k", 8, 1024, 32, 8, 128, "bfloat16", True),
     ("g4_S256", 32, 256, 32, 8, 128, "bfloat16", True),
     ("d64_S1k", 16, 1024, 16, 4, 64, "float16", True),
+    ("mha_S4k", 4, 4096, 32, 32, 128, "bfloat16", True),    # the sweep's P17: 128 KV heads' K/V, 256 MB
+    ("mha_d96_S2k", 4, 2048, 32, 32, 96, "bfloat16", True),  # P10
+    ("mha_d192_S2k", 4, 2048, 16, 16, 192, "bfloat16", True),  # P13
 ]
 
 
