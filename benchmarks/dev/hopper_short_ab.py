@@ -4,9 +4,10 @@
 
     python benchmarks/dev/hopper_short_ab.py [--seqlens 128,256,384,512,768,1024]
 
-Timing: CuPy events around CALLS back-to-back calls (CuPy inputs, the repeat
-path), per call, the median of REPS; L2 not flushed (the inputs of these
-calls fit in it either way). Prints ms per call and hopper / tiled.
+Timing: decode_layouts.median_ms (CuPy events around back-to-back calls,
+per call, the median of its REPS) on CuPy inputs (the repeat path); L2 not
+flushed (the inputs of these calls fit in it either way). The run of
+2026-12-04 took the median of 9. Prints ms per call and hopper / tiled.
 """
 import argparse
 import sys
@@ -16,28 +17,15 @@ import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cupy  # noqa: E402
 
 import cupy_gqa  # noqa: E402
+from decode_layouts import REPS, median_ms  # noqa: E402
 from cupy_gqa import _plan  # noqa: E402
 
-REPS, CALLS = 9, 20
 # (batch, num_q_heads, num_kv_heads, head_dim): the sweep's P18 and P16 classes, D64, MHA
 SHAPES = [(64, 32, 8, 128), (16, 12, 2, 128), (32, 32, 8, 64), (16, 32, 32, 128), (64, 32, 8, 96)]
-
-
-def median_ms(fn) -> float:
-    fn()
-    times = []
-    for _ in range(REPS):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        for _ in range(CALLS):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) / CALLS)
-    return float(np.median(times))
 
 
 def main() -> int:
