@@ -354,7 +354,7 @@ __device__ __forceinline__ void write_cta_result(const float* m_w, const float* 
                 if (lse != nullptr) lse[sqn.lse_at(q_head, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(mm, ls, seen, bad);
             } else {
                 const bool seen = ls != 0.f;  // a row that saw no key (of this split): 0 and lse = -inf
-                scale = seen ? 1.f / ls : 0.f;
+                scale = softmax::out_scale(ls, seen, false);  // (a bad length: NaN in the combine)
                 dst = part.row(i, r, softmax::lse2(mm, ls, seen));
             }
         }

@@ -581,7 +581,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // warpgroup 0 takes the last one's final pass at the end, so every barrier
     // phase that starts also completes (benchmarks/dev/hopper_barriers.py).
     auto take_turn = [&] { pair_sync(TURN_BAR + wg); };
-    auto pass_turn = [&] { pair_arrive(TURN_BAR + (NWG == 2 ? wg ^ 1 : (wg + 1) % NWG)); };  // (the xor: cheaper than %)
+    auto pass_turn = [&] { pair_arrive(TURN_BAR + (NWG == 2 ? wg ^ 1 : (wg + 1) % NWG)); };  // (the xor at two: the code measured before three)
     if (wg == NWG - 1) pair_arrive(TURN_BAR);
     // Whether the softmax of S_j runs while P_{j-1} V_{j-1} does (its registers,
     // O and P, held meanwhile). ALiBi, a score_mod and the larger tiles need
