@@ -185,19 +185,33 @@ __device__ __forceinline__ int first_row_seeing(int key, int diag, int group, bo
 // The tiles of the prefill kernels, in launch order: tile index (blockIdx.x,
 // or the index a persistent CTA takes next) -> (batch b, KV head kv_head, tile
 // m_tile of BLOCK_M packed query rows), num_m_tiles tiles per (b, kv_head).
-//   causal:     m_tile slowest and reversed, so the heavy (late) tiles of every
-//               (b, kv_head) are launched first;
+//   causal:     the (b, kv_head) pairs in sections of `section` pairs whose K
+//               and V fit PREFILL_L2_SECTION_BYTES together (seqlen_k keys of
+//               head_dim, counted at 2 bytes an element), one section after
+//               another; in each, m_tile slowest and reversed, so that its
+//               heavy (late) tiles are launched first, and the tiles running
+//               at once are a few pairs' neighbouring row blocks, which read
+//               the same K/V from L2 (with every pair in one section, a
+//               launch of many KV heads ran each pair's tiles far apart and
+//               read its K/V from HBM for each);
 //   non-causal: (b, kv_head) slowest, so its K/V stays in L2 across its tiles.
+enum : int { PREFILL_L2_SECTION_BYTES = 16 << 20 };
 struct TileOfBlock {
     int b, kv_head, m_tile;
 };
 template <bool CAUSAL>
-__device__ __forceinline__ TileOfBlock tile_of_block(int num_m_tiles, int batch, int num_kv_heads, int tile) {
-    const int num_bh = batch * num_kv_heads;
+__device__ __forceinline__ TileOfBlock tile_of_block(const AttnParams& p, int num_m_tiles, int tile) {
+    const int num_kv_heads = p.num_kv_heads, num_bh = p.batch * num_kv_heads;
     int m_tile, bh;
     if (CAUSAL) {
-        m_tile = num_m_tiles - 1 - tile / num_bh;
-        bh = tile % num_bh;
+        // (in float: a 64-bit division would cost the producer warps registers they don't have)
+        const float pair_bytes = fmaxf(4.f * (float)p.seqlen_k * (float)p.head_dim, 1.f);
+        const int section = max(1, min(num_bh, (int)((float)PREFILL_L2_SECTION_BYTES / pair_bytes)));
+        const int per = section * num_m_tiles;  // tiles of a full section
+        const int sec = tile / per, within = tile - sec * per;
+        const int pairs = min(section, num_bh - sec * section);  // (the last section may be short)
+        m_tile = num_m_tiles - 1 - within / pairs;
+        bh = sec * section + within % pairs;
     } else {
         bh = tile / num_m_tiles;
         m_tile = tile % num_m_tiles;
@@ -224,7 +238,7 @@ template <bool CAUSAL, int BLOCK_M>
 __device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group,
                                                         int tile) {
     const int packed_rows = p.seqlen_q * group;
-    const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, tile);
+    const TileOfBlock t = tile_of_block<CAUSAL>(p, (packed_rows + BLOCK_M - 1) / BLOCK_M, tile);
     const int row0 = t.m_tile * BLOCK_M;
     const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
     const int seqlen_k = max(len, 0);
@@ -241,7 +255,7 @@ __device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_mods(const A
         return prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, group, tile);
     } else {
         const int packed_rows = p.seqlen_q * group;
-        const TileOfBlock t = tile_of_block<CAUSAL>((packed_rows + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, tile);
+        const TileOfBlock t = tile_of_block<CAUSAL>(p, (packed_rows + BLOCK_M - 1) / BLOCK_M, tile);
         const int row0 = t.m_tile * BLOCK_M;
         const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
         const int seqlen_k = max(len, 0);
@@ -273,7 +287,7 @@ __device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_seq(const At
     } else {
         static_assert(!WINDOW, "per-sequence addressing takes no modifiers");
         const TileOfBlock t =
-            tile_of_block<CAUSAL>((p.seqlen_q * group + BLOCK_M - 1) / BLOCK_M, p.batch, p.num_kv_heads, index);
+            tile_of_block<CAUSAL>(p, (p.seqlen_q * group + BLOCK_M - 1) / BLOCK_M, index);
         sqn = sequence_of<ADDR>(p, seqlens_k, sp, t.b);
         const int packed_rows = sqn.seqlen_q(p.seqlen_q) * group;
         const int row0 = t.m_tile * BLOCK_M;

@@ -767,24 +767,34 @@ __device__ __forceinline__ void decode_mma_body(
     mods::Row mrow[2];               // (modifiers) the lane's rows' view of them (common.cuh: mods)
     int first_min = 1 << 30;         // (window) the first key any live row sees
     const int my_row = rt * 16 + lane / 4;
+    if constexpr (M::ANY) {
 #pragma unroll(ROWS <= 16 ? ROWS : 1)
-    for (int i = 0; i < ROWS; ++i) {
-        const int r = rb * ROWS + i;
-        const bool live = r < rows_total && len >= 0;
-        int n;
-        if constexpr (M::ANY) {
+        for (int i = 0; i < ROWS; ++i) {
+            const int r = rb * ROWS + i;
+            const bool live = r < rows_total && len >= 0;
             mods::Row mr = {r / group_size, 0, 0, -1, 0.f};
             if (live) mr = mods::row<M>(mp, sq, r / group_size, q_head_of(kv_head, r % group_size, group_size), p.causal != 0);
-            n = mr.last + 1;
-            if (live) first_min = min(first_min, mr.first);
-            if (i == my_row) mrow[0] = mr;
-            if (i == my_row + 8) mrow[1] = mr;
-        } else {
-            n = live ? visible_keys(r / group_size, sqn.seqlen_q(p.seqlen_q), len, p.causal != 0) : 0;
+            const int n = mr.last + 1;
+            if (live) {
+                first_min = min(first_min, mr.first);
+                n_max = max(n_max, n);
+                if (i / 16 == rt) n_min = min(n_min, n);
+            }
+            if (i == my_row) { mrow[0] = mr; n_vis[0] = n; }
+            if (i == my_row + 8) { mrow[1] = mr; n_vis[1] = n; }
         }
-        if (live) { n_max = max(n_max, n); if (i / 16 == rt) n_min = min(n_min, n); }
-        if (i == my_row) n_vis[0] = n;
-        if (i == my_row + 8) n_vis[1] = n;
+    } else {
+        // without modifiers a row's visible keys grow with its query (visible_keys), so the
+        // extremes are the first and last live rows' (a loop over the rows costs a division
+        // a row at the start of every CTA)
+        const int r0 = rb * ROWS, r_end = len >= 0 ? min(r0 + ROWS, rows_total) : r0;  // live rows [r0, r_end)
+        const int sq_len = sqn.seqlen_q(p.seqlen_q);
+        const bool causal = p.causal != 0;
+        auto vis = [&](int r) { return r < r_end ? visible_keys(r / group_size, sq_len, len, causal) : 0; };
+        if (r_end > r0) n_max = vis(r_end - 1);
+        if (r0 + rt * 16 < r_end) n_min = vis(r0 + rt * 16);
+        n_vis[0] = vis(r0 + my_row);
+        n_vis[1] = vis(r0 + my_row + 8);
     }
 
     // --- this split's keys [k_begin, k_end), in tiles of BN -----------------
