@@ -16,9 +16,10 @@
 #                                               alone), the report in $OUT/profile.txt
 #   benchmarks/dev/device_check.sh backward     one call for the backward pass: its GPU tests, the sanitizer
 #                                               on its kernels, a quick G1-G3 bench and the training check
-#   benchmarks/dev/device_check.sh pending      each patch of benchmarks/dev/pending in a copy of this tree: its
-#                                               hopper GPU tests, hopper_ab.py (this tree against the copy, in
-#                                               one process) and hopper_cta_cost.py in each
+#   benchmarks/dev/device_check.sh pending      each patch of benchmarks/dev/pending in a copy of this tree, by
+#                                               the kernels it touches: hopper's GPU tests, hopper_ab.py (this
+#                                               tree against the copy, in one process) and hopper_cta_cost.py;
+#                                               decode's GPU tests, its sanitizer group, decode_stages.py in each
 #   benchmarks/dev/device_check.sh seq          one call for the per-sequence calls (varlen, paged, left
 #                                               padding): their GPU tests with decode, graphs and interop, a
 #                                               D1/P1-P3/V1 bench, then the sanitizer on every family's
@@ -122,9 +123,12 @@ case "$stage" in
       "$out/profile.txt" | cut -c1-150 | head -120
     exit $rc ;;
   pending)
-    # each patch of benchmarks/dev/pending, applied to a copy of this tree: the hopper GPU tests
-    # in the copy, hopper_ab.py (this tree and the copy timed in turn in one process), and
-    # hopper_cta_cost.py in each (the patches are kernel steps built but not yet measured)
+    # each patch of benchmarks/dev/pending, applied to a copy of this tree, by the kernels it
+    # touches: hopper.cu -- its hopper GPU tests and the sanitizer's hopper group in the copy
+    # (at once), then hopper_ab.py (this tree and the copy timed in turn in one process; with
+    # PENDING_CTA_COST=1 also hopper_cta_cost.py in each); decode.cu -- the decode,
+    # per-sequence and graph GPU tests and the sanitizer's decode group in the copy (at once),
+    # then decode_stages.py --stages 3 in this tree and, with DECODE_STAGES_ARGS, in the copy
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     here=$PWD
     shopt -s nullglob
@@ -136,19 +140,45 @@ case "$stage" in
       cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
       if ! (cd "$d" && patch -p1 -s <"$here/$patch"); then echo "$name: does not apply"; continue; fi
       t0=$SECONDS
-      (cd "$d" && export PYTHONPATH="$d" && timeout -s KILL "${PENDING_TESTS_S:-240}" python3 -m pytest -q -n 16 -p no:cacheprovider \
-        -rf tests/test_gpu_kernels.py tests/test_gpu_seq.py tests/test_gpu_modifiers.py tests/test_gpu_graphs.py \
-        tests/test_gpu_fuzz.py -k hopper && { [ ! -f tests/test_gpu_softmax.py ] || python3 -m pytest -q \
-        -p no:cacheprovider tests/test_gpu_softmax.py; }) >"$out/pending_${name}_tests.txt" 2>&1
-      echo "$name: tests rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/pending_${name}_tests.txt" | tail -8
-      cases=${PENDING_CASES:-H1,H2,H3,H4,N1,H6}
-      timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "$cases" --rounds 3 >"$out/pending_${name}_ab.txt" 2>&1
-      reap; cat "$out/pending_${name}_ab.txt"
-      for t in "$here" "$d"; do
-        (cd "$t" && PYTHONPATH="$t" timeout -s KILL 60 python3 benchmarks/dev/hopper_cta_cost.py --kernels hopper \
-          --head-dims 64,128) 2>&1 | grep -E "per wave =" | sed "s|^|$(basename "$t"): |"
-        reap
-      done
+      if grep -q "^diff --git a/kernels/hopper.cu" "$patch"; then
+        (cd "$d" && export PYTHONPATH="$d" && timeout -s KILL "${PENDING_TESTS_S:-240}" python3 -m pytest -q -n 12 -p no:cacheprovider \
+          -rf tests/test_gpu_kernels.py tests/test_gpu_seq.py tests/test_gpu_modifiers.py tests/test_gpu_graphs.py \
+          tests/test_gpu_fuzz.py -k hopper) >"$out/pending_${name}_tests.txt" 2>&1 &
+        (cd "$d" && PYTHONPATH="$d" SANITIZE_GROUPS=hopper timeout -s KILL "${PENDING_TESTS_S:-240}" \
+          bash benchmarks/dev/sanitize_parallel.sh "$out/pending_${name}_san") >"$out/pending_${name}_san.txt" 2>&1 &
+        wait
+        echo "$name: hopper tests and sanitizer in $((SECONDS - t0)) s"; reap
+        grep -E "passed|failed|FAILED" "$out/pending_${name}_tests.txt" | tail -8; cat "$out/pending_${name}_san.txt"
+        cases=${PENDING_CASES:-H1,H2,H3,H4,N1,H6}
+        timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "$cases" --rounds 3 >"$out/pending_${name}_ab.txt" 2>&1
+        reap; cat "$out/pending_${name}_ab.txt"
+        if [ -n "${PENDING_CTA_COST:-}" ]; then
+          for t in "$here" "$d"; do
+            (cd "$t" && PYTHONPATH="$t" timeout -s KILL 60 python3 benchmarks/dev/hopper_cta_cost.py --kernels hopper \
+              --head-dims 64,128) 2>&1 | grep -E "per wave =" | sed "s|^|$(basename "$t"): |"
+            reap
+          done
+        fi
+      fi
+      if grep -q "^diff --git a/kernels/decode.cu" "$patch"; then
+        t0=$SECONDS
+        (cd "$d" && export PYTHONPATH="$d" && timeout -s KILL "${PENDING_TESTS_S:-240}" python3 -m pytest -q -n 8 -p no:cacheprovider \
+          -rf tests/test_gpu_decode.py tests/test_gpu_seq.py tests/test_gpu_graphs.py -k "decode or paged or graph") \
+          >"$out/pending_${name}_tests.txt" 2>&1 &
+        (cd "$d" && PYTHONPATH="$d" SANITIZE_GROUPS=decode timeout -s KILL "${PENDING_TESTS_S:-240}" \
+          bash benchmarks/dev/sanitize_parallel.sh "$out/pending_${name}_san") >"$out/pending_${name}_san.txt" 2>&1 &
+        wait
+        echo "$name: decode tests and sanitizer in $((SECONDS - t0)) s"; reap
+        grep -E "passed|failed|FAILED" "$out/pending_${name}_tests.txt" | tail -8; cat "$out/pending_${name}_san.txt"
+        echo "== decode_stages.py in this tree"
+        timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 2>&1 | tail -16; reap
+        if [ -n "${DECODE_STAGES_ARGS:-}" ]; then
+          echo "== decode_stages.py --stages 3 $DECODE_STAGES_ARGS in the copy"
+          (cd "$d" && PYTHONPATH="$d" timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 \
+            $DECODE_STAGES_ARGS) 2>&1 | tail -16
+          reap
+        fi
+      fi
     done ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
