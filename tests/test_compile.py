@@ -272,21 +272,43 @@ def test_decode_kernels_fit_the_cost_models_registers(arch, spec):
         assert report.registers <= _specs.decode_regs(spec), report.log
 
 
-def test_hopper_user_modifiers_take_two_consumer_warpgroups():
+def test_hopper_score_modifiers_take_two_consumer_warpgroups():
     """At head dim 64 the hopper kernel has three consumer warpgroups (160 registers a
-    thread); a user's score_mod or mask_mod takes the two-warpgroup tile (224), the
-    built-in modifiers keep three."""
+    thread); a softcap, ALiBi, a user's score_mod or mask_mod takes the two-warpgroup
+    tile (224), a window and sinks keep three."""
     from cupy_gqa import _specs
 
     spec = _specs.HOPPER["bfloat16", 64, True]
     assert (spec.block_m, spec.threads) == (192, 512)
-    for flags in (16, 32, 48, 63):
+    for flags in (2, 4, 6, 15, 16, 32, 48, 63):
         s = _specs.with_mods(spec, flags, "")
         assert (s.block_m, s.threads) == (128, 384) and ", 64, 128, 128, 4, true, " in s.name, s.name
         assert s.smem == _specs.hopper_smem(64, 128, 128, 4)
-    for flags in (1, 2, 4, 8, 15):
+    for flags in (1, 8, 9):
         assert _specs.with_mods(spec, flags).block_m == 192
     assert _specs.with_mods(_specs.HOPPER["bfloat16", 128, True], 63, "").block_m == 128
+
+
+def _hopper_modifier_specs():
+    from cupy_gqa import _specs
+
+    picked = []
+    for spec in SPECS:
+        if spec.family == "hopper" and spec.dtype == "bfloat16":
+            for flags in ((1, 2, 3, 4, 6, 8, 10, 12, 14) if spec.head_dim == 64 else (2, 4)):
+                picked.append(_specs.with_mods(spec, flags, ""))
+    return picked
+
+
+@pytest.mark.parametrize("spec", _hopper_modifier_specs(), ids=lambda s: s.name)
+def test_hopper_modifier_kernels_have_no_spills(spec):
+    """The built-in modifiers one by one and together, at every head dim (each
+    combination at head dim 64, where the kernel of three consumer warpgroups has
+    the fewest registers): no spills, no serialized wgmma."""
+    report = compile_offline(spec, "sm_90")
+    assert report.ok, report.log
+    assert _spills(report) == (0, 0, 0), report.message
+    assert "Potential Performance Loss" not in report.log, report.log
 
 
 def test_compile_report_message_says_when_ptxas_printed_nothing():
