@@ -128,11 +128,13 @@ case "$stage" in
     # (at once), then hopper_ab.py (this tree and the copy timed in turn in one process; with
     # PENDING_CTA_COST=1 also hopper_cta_cost.py in each); decode.cu -- the decode,
     # per-sequence and graph GPU tests and the sanitizer's decode group in the copy (at once),
-    # then decode_stages.py --stages 3 in this tree and, with DECODE_STAGES_ARGS, in the copy
+    # then decode_stages.py --stages 3 in this tree and, with DECODE_STAGES_ARGS, in the copy.
+    # PENDING_ONLY (a glob) picks patches by name; PENDING_SOFTCAP=30 adds a hopper_ab.py
+    # run of the cases with that softcap on both sides
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     here=$PWD
     shopt -s nullglob
-    patches=(benchmarks/dev/pending/*.patch)
+    patches=(benchmarks/dev/pending/${PENDING_ONLY:-*}.patch)
     [ ${#patches[@]} -eq 0 ] && echo "no patches in benchmarks/dev/pending"
     for patch in "${patches[@]}"; do
       name=$(basename "$patch" .patch); d=/tmp/pending_$name
@@ -152,6 +154,11 @@ case "$stage" in
         cases=${PENDING_CASES:-H1,H2,H3,H4,N1,H6}
         timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "$cases" --rounds 3 >"$out/pending_${name}_ab.txt" 2>&1
         reap; cat "$out/pending_${name}_ab.txt"
+        if [ -n "${PENDING_SOFTCAP:-}" ]; then
+          timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "$cases" --rounds 3 \
+            --softcap "$PENDING_SOFTCAP" >"$out/pending_${name}_ab_softcap.txt" 2>&1
+          reap; cat "$out/pending_${name}_ab_softcap.txt"
+        fi
         if [ -n "${PENDING_CTA_COST:-}" ]; then
           for t in "$here" "$d"; do
             (cd "$t" && PYTHONPATH="$t" timeout -s KILL 60 python3 benchmarks/dev/hopper_cta_cost.py --kernels hopper \
