@@ -129,12 +129,14 @@ case "$stage" in
     # PENDING_CTA_COST=1 also hopper_cta_cost.py in each); decode.cu -- the decode,
     # per-sequence and graph GPU tests and the sanitizer's decode group in the copy (at once),
     # then decode_stages.py --stages 3 in this tree and, with DECODE_STAGES_ARGS, in the copy.
-    # PENDING_ONLY (a glob) picks patches by name; PENDING_SOFTCAP=30 adds a hopper_ab.py
+    # PENDING_ONLY (names or globs, space-separated) picks patches; PENDING_SOFTCAP=30 adds a hopper_ab.py
     # run of the cases with that softcap on both sides
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     here=$PWD
     shopt -s nullglob
-    patches=(benchmarks/dev/pending/${PENDING_ONLY:-*}.patch)
+    patches=()
+    read -r -a only <<<"${PENDING_ONLY:-*}"  # (no expansion against this directory's files)
+    for g in "${only[@]}"; do patches+=(benchmarks/dev/pending/$g.patch); done
     [ ${#patches[@]} -eq 0 ] && echo "no patches in benchmarks/dev/pending"
     for patch in "${patches[@]}"; do
       name=$(basename "$patch" .patch); d=/tmp/pending_$name
