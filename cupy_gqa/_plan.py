@@ -266,10 +266,11 @@ def tiled_unsupported(problem: Problem, q, k, v, out) -> str | None:
     return issue or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
-def _prefill_launch(problem: Problem, layout: tuple, spec: _specs.Spec) -> Launch:
+def _prefill_launch(problem: Problem, layout: tuple, spec: _specs.Spec, tile_rows: int | None = None) -> Launch:
     """The 1-D grid of the prefill kernels (tiled, tiled_tf32, hopper): one CTA per
-    block_m packed rows (seqlen_q * group_size of them) of each (batch, KV head)."""
-    num_m_tiles = math.ceil(problem.seqlen_q * problem.group_size / spec.block_m)
+    tile of packed rows (seqlen_q * group_size of them) of each (batch, KV head);
+    a tile is block_m rows, or tile_rows (hopper's, hopper_wg_rows)."""
+    num_m_tiles = math.ceil(problem.seqlen_q * problem.group_size / (tile_rows or spec.block_m))
     blocks = num_m_tiles * problem.batch * problem.num_kv_heads
     if blocks > MAX_GRID_X:
         raise ValueError(f"q: too many query rows for one launch ({blocks} blocks > {MAX_GRID_X})")
@@ -351,15 +352,31 @@ def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
     return _scale_issue(problem) or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
+HOPPER_MIN_WG_ROWS = 56  # the fewest packed rows of a warpgroup's 64 that bulk copies of Q and out may leave it
+
+
+def hopper_wg_rows(group: int, bulk_qo: bool) -> int:
+    """The packed rows of a hopper consumer warpgroup (kernels/hopper.cu:
+    wg_rows_of): 64, or with Q and out by bulk copies, the whole positions of
+    the group that fit in 64 rows (the copy engine's box is group heads by
+    whole positions), 64 - 64 % group."""
+    return 64 - 64 % group if bulk_qo else 64
+
+
 def hopper_bulk_qo(problem: Problem, q_layout: tuple, out_layout: tuple) -> bool:
-    """Whether the hopper kernel moves Q and out by bulk tensor copies: a box of
-    64 packed rows (a consumer warpgroup's) must be whole positions of one
-    group, so group_size divides 64 (1, 2, 4, .. 64), and q and out must be
-    arrays the copy engine steps through; per-sequence calls keep the threads'
-    copies (a sequence's rows end inside the array, and a store would run on).
-    The layouts are _layout's (shape, byte strides, itemsize)."""
+    """Whether the hopper kernel moves Q and out by bulk tensor copies: a
+    warpgroup's box holds whole positions of one group, so the group must leave
+    it at least HOPPER_MIN_WG_ROWS of its 64 rows (every group that divides 64;
+    3, 5, 6, 7, 9, 10, 12, 14, 15 and others that nearly do; these below head
+    dim 256, whose kernel has no register to spare for the shorter blocks),
+    and q and out must be arrays the copy engine steps through; per-sequence
+    calls keep the threads' copies (a sequence's rows end inside the array,
+    and a store would run on). The layouts are _layout's (shape, byte
+    strides, itemsize)."""
     group = problem.group_size
-    if problem.seq is not None or group > 64 or 64 % group:
+    if problem.seq is not None or group > 64 or hopper_wg_rows(group, True) < HOPPER_MIN_WG_ROWS:
+        return False
+    if 64 % group and _specs.hopper_head_dim_pad(problem.head_dim) == 256:
         return False
     return all(_tma.geometry_issue(shape, strides) is None for shape, strides, _ in (q_layout, out_layout))
 
@@ -453,9 +470,9 @@ class HopperLaunch(Launch):
             shape, strides, itemsize = self.layouts[which]
             if which in (1, 2):  # key tiles
                 encoded = _tma.tile_map(ptr, shape, strides, itemsize, self.spec.block_n)
-            else:  # packed rows: a consumer warpgroup's 64 rows of the tile
+            else:  # packed rows: a consumer warpgroup's rows of the tile, whole positions
                 group = self.problem.group_size
-                encoded = _tma.packed_map(ptr, shape, strides, itemsize, group, 64 // group)
+                encoded = _tma.packed_map(ptr, shape, strides, itemsize, group, hopper_wg_rows(group, True) // group)
             if len(maps) >= self.MAPS_KEPT:
                 maps.clear()
             maps[(which, ptr)] = encoded
@@ -465,9 +482,10 @@ class HopperLaunch(Launch):
 @functools.lru_cache(maxsize=4096)
 def plan_hopper(problem: Problem, layout: tuple) -> HopperLaunch:
     spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
-    launch = _prefill_launch(problem, layout, problem.spec(spec))
-    return HopperLaunch(launch.spec, launch.grid, launch.params, launch.problem, layouts=layout,
-                        bulk_qo=hopper_bulk_qo(problem, layout[0], layout[3]))  # fmt: skip
+    bulk_qo = hopper_bulk_qo(problem, layout[0], layout[3])
+    tile_rows = spec.block_m // 64 * hopper_wg_rows(problem.group_size, bulk_qo)
+    launch = _prefill_launch(problem, layout, problem.spec(spec), tile_rows)
+    return HopperLaunch(launch.spec, launch.grid, launch.params, launch.problem, layouts=layout, bulk_qo=bulk_qo)
 
 
 def hopper_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:

@@ -234,33 +234,51 @@ struct PrefillTile {
 
 __device__ __forceinline__ int seqlen_k_of(const int* seqlens_k, int b, int seqlen_k);
 
-template <bool CAUSAL, int BLOCK_M>
-__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group,
-                                                        int tile) {
+// A kernel's tiles: `rows` packed rows each, m_tiles = ceil(seqlen_q * group /
+// rows) of them per (b, kv_head). BLOCK_M rows (tile_rows<BLOCK_M>) but for
+// hopper's bulk copies of a group that does not divide 64, whose tiles hold
+// whole positions and so fewer rows (kernels/hopper.cu): the *_at functions
+// take them; prefill_tile<CAUSAL, BLOCK_M> and its kin are those of BLOCK_M.
+struct TileRows {
+    int rows, m_tiles;
+};
+template <int BLOCK_M> __device__ __forceinline__ TileRows tile_rows(const AttnParams& p, int group) {
+    return {BLOCK_M, (p.seqlen_q * group + BLOCK_M - 1) / BLOCK_M};
+}
+
+template <bool CAUSAL>
+__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile_at(const AttnParams& p, const int* seqlens_k, int group,
+                                                           int tile, const TileRows& tr) {
     const int packed_rows = p.seqlen_q * group;
-    const TileOfBlock t = tile_of_block<CAUSAL>(p, (packed_rows + BLOCK_M - 1) / BLOCK_M, tile);
-    const int row0 = t.m_tile * BLOCK_M;
+    const TileOfBlock t = tile_of_block<CAUSAL>(p, tr.m_tiles, tile);
+    const int row0 = t.m_tile * tr.rows;
     const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
     const int seqlen_k = max(len, 0);
     return {t.b, t.kv_head, row0, group, packed_rows, len, seqlen_k,
-            KeyRange<CAUSAL>(row0, min(row0 + BLOCK_M, packed_rows) - 1, p.seqlen_q, seqlen_k, group)};
+            KeyRange<CAUSAL>(row0, min(row0 + tr.rows, packed_rows) - 1, p.seqlen_q, seqlen_k, group)};
+}
+template <bool CAUSAL, int BLOCK_M>
+__device__ __forceinline__ PrefillTile<CAUSAL> prefill_tile(const AttnParams& p, const int* seqlens_k, int group,
+                                                        int tile) {
+    return prefill_tile_at<CAUSAL>(p, seqlens_k, group, tile, tile_rows<BLOCK_M>(p, group));
 }
 
 // The same for a kernel with modifiers (WINDOW: the keys within the window
 // [left, right] of the window modifier).
-template <bool CAUSAL, int BLOCK_M, bool WINDOW>
-__device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_mods(const AttnParams& p, const int* seqlens_k,
-                                                                        int group, int left, int right, int tile) {
+template <bool CAUSAL, bool WINDOW>
+__device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_mods_at(const AttnParams& p, const int* seqlens_k,
+                                                                           int group, int left, int right, int tile,
+                                                                           const TileRows& tr) {
     if constexpr (!WINDOW) {
-        return prefill_tile<CAUSAL, BLOCK_M>(p, seqlens_k, group, tile);
+        return prefill_tile_at<CAUSAL>(p, seqlens_k, group, tile, tr);
     } else {
         const int packed_rows = p.seqlen_q * group;
-        const TileOfBlock t = tile_of_block<CAUSAL>(p, (packed_rows + BLOCK_M - 1) / BLOCK_M, tile);
-        const int row0 = t.m_tile * BLOCK_M;
+        const TileOfBlock t = tile_of_block<CAUSAL>(p, tr.m_tiles, tile);
+        const int row0 = t.m_tile * tr.rows;
         const int len = seqlen_k_of(seqlens_k, t.b, p.seqlen_k);
         const int seqlen_k = max(len, 0);
         return {t.b, t.kv_head, row0, group, packed_rows, len, seqlen_k,
-                KeyRange<CAUSAL, true>(row0, min(row0 + BLOCK_M, packed_rows) - 1, p.seqlen_q, seqlen_k, group, left,
+                KeyRange<CAUSAL, true>(row0, min(row0 + tr.rows, packed_rows) - 1, p.seqlen_q, seqlen_k, group, left,
                                        right)};
     }
 }
@@ -274,27 +292,34 @@ template <int ADDR> struct Sequence;
 struct SeqParams;
 template <int ADDR>
 __device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const int* seqlens_k, const SeqParams* sp, int b);
-template <bool CAUSAL, int BLOCK_M, bool WINDOW, int ADDR>
-__device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_seq(const AttnParams& p, const int* seqlens_k,
-                                                                       const SeqParams* sp, int group, int left, int right,
-                                                                       Sequence<ADDR>& sqn, int index) {
+template <bool CAUSAL, bool WINDOW, int ADDR>
+__device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_seq_at(const AttnParams& p, const int* seqlens_k,
+                                                                          const SeqParams* sp, int group, int left,
+                                                                          int right, Sequence<ADDR>& sqn, int index,
+                                                                          const TileRows& tr) {
     if constexpr (ADDR == 0) {
         const PrefillTile<CAUSAL, WINDOW> tile =
-            prefill_tile_mods<CAUSAL, BLOCK_M, WINDOW>(p, seqlens_k, group, left, right, index);
+            prefill_tile_mods_at<CAUSAL, WINDOW>(p, seqlens_k, group, left, right, index, tr);
         sqn.b = tile.b;
         sqn.len = tile.len;
         return tile;
     } else {
         static_assert(!WINDOW, "per-sequence addressing takes no modifiers");
-        const TileOfBlock t =
-            tile_of_block<CAUSAL>(p, (p.seqlen_q * group + BLOCK_M - 1) / BLOCK_M, index);
+        const TileOfBlock t = tile_of_block<CAUSAL>(p, tr.m_tiles, index);
         sqn = sequence_of<ADDR>(p, seqlens_k, sp, t.b);
         const int packed_rows = sqn.seqlen_q(p.seqlen_q) * group;
-        const int row0 = t.m_tile * BLOCK_M;
+        const int row0 = t.m_tile * tr.rows;
         const int seqlen_k = max(sqn.len, 0);
         return {t.b, t.kv_head, row0, group, packed_rows, sqn.len, seqlen_k,
-                KeyRange<CAUSAL>(row0, max(row0, min(row0 + BLOCK_M, packed_rows) - 1), sqn.seqlen_q(p.seqlen_q), seqlen_k, group)};
+                KeyRange<CAUSAL>(row0, max(row0, min(row0 + tr.rows, packed_rows) - 1), sqn.seqlen_q(p.seqlen_q), seqlen_k, group)};
     }
+}
+template <bool CAUSAL, int BLOCK_M, bool WINDOW, int ADDR>
+__device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_seq(const AttnParams& p, const int* seqlens_k,
+                                                                       const SeqParams* sp, int group, int left, int right,
+                                                                       Sequence<ADDR>& sqn, int index) {
+    return prefill_tile_seq_at<CAUSAL, WINDOW, ADDR>(p, seqlens_k, sp, group, left, right, sqn, index,
+                                                     tile_rows<BLOCK_M>(p, group));
 }
 
 // Valid keys of batch b: seqlens_k[b] when the caller gave per-sequence cache

@@ -73,12 +73,17 @@
  *
  * Q and out by bulk copies (qo_bulk, cupy_gqa/_plan.py: hopper_bulk_qo).  The
  * packed rows of a consumer warpgroup are a box of the (head_dim, heads,
- * seqlen_q, batch) view of q or out when group divides 64: group heads by
- * 64 / group positions. The copy engine fills the rows
- * and columns past the array's ends with zeros on loads and drops them on
- * stores, so the short last tile and padded head dims need no code. With
- * other groups, and for per-sequence calls (a sequence's rows end inside the
- * array), Q and out go by the threads' copies.
+ * seqlen_q, batch) view of q or out: group heads by whole positions, 64 /
+ * group of them when group divides 64. For a group that does not, the box is
+ * the floor(64 / group) positions that fit, wg_rows = 64 - 64 % group rows
+ * (60 for groups 5, 6, 10, 12; 63 for 3, 7, 9, 21), and a tile is NWG such
+ * blocks: the block's last 64 - wg_rows rows are idle (zero Q, never stored).
+ * The host takes these copies where wg_rows is at least 56, below head dim
+ * 256 (whose producer has no register to spare for them). The copy engine
+ * fills the rows and columns past the array's ends with zeros on loads and
+ * drops them on stores, so the short last tile and padded head dims need no
+ * code. With other groups, and for per-sequence calls (a sequence's rows end
+ * inside the array), Q and out go by the threads' copies (wg_rows 64).
  *
  * Modifiers (hopper_attention_mods; common.cuh: modifiers).  The window's
  * left side moves the first key tile up (KeyRange.start); the scores are
@@ -242,6 +247,17 @@ template <int NWG> __host__ __device__ constexpr int turn_bar() { return EPILOGU
 template <int NWG> __host__ __device__ constexpr int producer_regs() { return NWG == 2 ? 56 : 32; }
 template <int NWG> __host__ __device__ constexpr int consumer_regs() { return NWG == 2 ? 224 : 160; }
 
+// The packed rows of a consumer warpgroup's block of a tile: 64, or, where Q and
+// out go by bulk copies for a group that does not divide 64, the whole positions
+// that fit in 64 rows (the copy engine's box is group heads by whole positions):
+// 64 - 64 % group (cupy_gqa/_plan.py: hopper_wg_rows, which takes those copies
+// only where that is at least HOPPER_MIN_WG_ROWS, and below head dim 256, whose
+// producer has no register to spare for it). The block's rows past it are zero in
+// shared memory and never stored.
+template <int HEAD_DIM_PAD> __device__ __forceinline__ int wg_rows_of(int group, bool bulk_qo) {
+    return HEAD_DIM_PAD < 256 && bulk_qo ? 64 - 64 % group : 64;
+}
+
 }  // namespace hopper_detail
 
 
@@ -337,11 +353,28 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     volatile int* const next_tile = reinterpret_cast<volatile int*>(smem + (bars - base) + 8 * L::BARRIERS);
 
     // Q in and out by bulk tensor copies (the host's choice, qo_bulk): the boxes
-    // of q_map and o_map are (64 columns, group heads, 64 / group positions), a
-    // warpgroup's packed rows in order, so group divides 64. Else (and for
-    // per-sequence addressing) by the threads' 16-byte copies.
+    // of q_map and o_map are (64 columns, group heads, wg_rows / group positions),
+    // a warpgroup's packed rows in order (see the top). Else (and for per-sequence
+    // addressing) by the threads' 16-byte copies.
     const bool bulk_qo = ADDR == 0 && qo_bulk != 0;
     const int tid = threadIdx.x;
+    const int group = p.num_q_heads / p.num_kv_heads;
+    const int wg_rows = wg_rows_of<HEAD_DIM_PAD>(group, bulk_qo);  // a warpgroup's packed rows (above)
+    const int tile_rows = NWG * wg_rows;             // a tile's: rows [h wg_rows, h wg_rows + wg_rows) are warpgroup h's
+    TileRows tr = {tile_rows, (seqlen_q * group + tile_rows - 1) / tile_rows};  // common.cuh
+    asm volatile("" : "+r"(tr.m_tiles));  // (computed once: ptxas would redo the division in each role)
+    if (wg_rows < 64) {
+        // the rows of each warpgroup's block that no copy writes: zero, once (the
+        // async proxy, wgmma, reads them; each thread's fence, then the barrier)
+        const int idle = 64 - wg_rows, chunks = QS * NWG * L::SLABS * idle * 8;
+        for (int c = tid; c < chunks; c += blockDim.x) {
+            const int ch = c % 8, r = wg_rows + c / 8 % idle, rest = c / 8 / idle;
+            const int h = rest % NWG, sl = rest / NWG % L::SLABS, qs = rest / NWG / L::SLABS;
+            *reinterpret_cast<uint4*>(smem + qs * L::Q_BYTES + sl * L::Q_SLAB + (h * 64 + r) * 128 + ch * 16) =
+                make_uint4(0u, 0u, 0u, 0u);
+        }
+        fence_proxy_async();
+    }
     if (tid == 0) {
         for (int qs = 0; qs < QS; ++qs)
             for (int h = 0; h < NWG; ++h) {
@@ -357,7 +390,6 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     }
     __syncthreads();
 
-    const int group = p.num_q_heads / p.num_kv_heads;
     int left = -1, right = -1;  // the window modifier's sides (common.cuh: KeyRange)
     if constexpr (M::WINDOW) left = mp.window_left, right = mp.window_right;
 
@@ -378,14 +410,14 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         regs_dec<producer_regs<NWG>()>();
         const int pt = tid - CONSUMERS;
         const int ch_used = p.head_dim / 8;    // chunks that hold data; the rest are zero
-        const int num_tiles = (p.seqlen_q * group + BLOCK_M - 1) / BLOCK_M * p.batch * p.num_kv_heads;
+        const int num_tiles = tr.m_tiles * p.batch * p.num_kv_heads;
         int tile = blockIdx.x, ring = 0, published = 0;
         while (tile >= 0) {
             int fetched = 0;
             if (tile_counter != nullptr && pt == 0) fetched = atomicAdd(tile_counter, 1);
             Sequence<ADDR> sqn;  // the tile's sequence: where its queries and keys are
             const PrefillTile<CAUSAL, M::WINDOW> tl =
-                prefill_tile_seq<CAUSAL, BLOCK_M, M::WINDOW, ADDR>(p, seqlens_k, sp, group, left, right, sqn, tile);
+                prefill_tile_seq_at<CAUSAL, M::WINDOW, ADDR>(p, seqlens_k, sp, group, left, right, sqn, tile, tr);
             // with per-sequence addressing, a tile past its sequence's rows has nothing to do
             if (ADDR == 0 || tl.row0 < tl.packed_rows) {
                 const int b = tl.b, kvh = tl.kv_head, row0 = tl.row0, packed_rows = tl.packed_rows;
@@ -490,13 +522,14 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                     const unsigned dst = sQ + qs * L::Q_BYTES + h * 64 * 128;
                     if (bulk_qo) {
                         if (pt == 0) {
-                            mbar_expect_tx(q_full(h, qs), L::Q_BYTES / NWG);
+                            mbar_expect_tx(q_full(h, qs), L::SLABS * wg_rows * 128);
 #pragma unroll
                             for (int sl = 0; sl < L::SLABS; ++sl)
                                 tma_load_4d(dst + sl * L::Q_SLAB, q_map, q_full(h, qs), sl * 64, kvh * group,
-                                            (row0 + h * 64) / group, b);
+                                            (row0 + h * wg_rows) / group, b);
                         }
                     } else {
+                        // (the threads' copies: wg_rows is 64)
                         auto q_chunk = [&](int c) {
                             const int r = c / CHP, ch = c % CHP;
                             const int pr = row0 + h * 64 + r;
@@ -563,7 +596,10 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // registers: no register-to-uniform moves between the wgmmas)
     const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // rows [64 wg, 64 wg + 64) of the tile
     const int lane = tid & 31;
-    const int my_row = wg * 64 + ((tid / 32) & 3) * 16 + (lane >> 2);  // + 8 hf: the lane's rows hf = 0, 1
+    // the lane's rows hf = 0, 1 of its warpgroup's block: my_lrow() + 8 hf; in the Q tile
+    // in shared memory, wg * 64 + that; in the tile's packed rows, my_off + 8 hf
+    auto my_lrow = [&] { return (((int)threadIdx.x / 32) & 3) * 16 + (lane >> 2); };
+    const int my_off = wg * wg_rows + my_lrow();
 
     const unsigned long long desc_q0 = make_smem_desc(sQ + wg * 64 * 128, 16, 1024);
     const unsigned long long desc_k0 = make_smem_desc(sK, 16, 1024);
@@ -620,8 +656,11 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         }
         Sequence<ADDR> sqn;  // the tile's sequence: where its queries and keys are
         const PrefillTile<CAUSAL, M::WINDOW> tile =
-            prefill_tile_seq<CAUSAL, BLOCK_M, M::WINDOW, ADDR>(p, seqlens_k, sp, group, left, right, sqn, tile_index);
+            prefill_tile_seq_at<CAUSAL, M::WINDOW, ADDR>(p, seqlens_k, sp, group, left, right, sqn, tile_index, tr);
         const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, packed_rows = tile.packed_rows;
+        // the packed row of the lane's row hf: pr0 + 8 hf (a row of the block's rows
+        // past wg_rows, my_lrow() + 8 hf >= wg_rows, is idle: its Q is zero, nothing stored)
+        const int pr0 = row0 + my_off;
         const int len = tile.len, seqlen_k = tile.seqlen_k;  // valid keys of this sequence; len -1: bad, NaN rows
         const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;
         const int j0 = keys.start / BLOCK_N;
@@ -643,7 +682,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         if constexpr (M::ANY) {
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                const int pr = row0 + my_row + 8 * hf;
+                const int pr = pr0 + 8 * hf;
                 mrow[hf] = mods::diag<M>(mp, sq, pr / group, q_head_of(kvh, pr % group, group));
             }
         }
@@ -673,7 +712,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             const int n0 = j * BLOCK_N;
             if constexpr (!M::ANY) {
                 if (n0 + BLOCK_N > keys.free) {
-                    const int last[2] = {keys.last_key(row0 + my_row), keys.last_key(row0 + my_row + 8)};
+                    const int last[2] = {keys.last_key(pr0), keys.last_key(pr0 + 8)};
                     softmax::frag_mask(s, n0, lane, last);
                 }
                 return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2,
@@ -762,11 +801,11 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             for (int hf = 0; hf < 2; ++hf) {
                 float l;
                 const float inv = softmax::frag_row_end<M::SINKS>(l_run[hf], m_run[hf], l, len < 0, [&] {
-                    return mods::sink2<M, float>(mp, q_head_of(kvh, (row0 + my_row + 8 * hf) % group, group));
+                    return mods::sink2<M, float>(mp, q_head_of(kvh, (pr0 + 8 * hf) % group, group));
                 });
-                const int pr = row0 + my_row + 8 * hf;
+                const int pr = pr0 + 8 * hf;
                 const int g = pr % group;
-                if (pr < packed_rows) {
+                if (pr < packed_rows && my_lrow() + 8 * hf < wg_rows) {
                     const int t = pr / group;
                     T* dst = out + (index_t)b * p.o_stride[0] + (index_t)(sqn.q0() + t) * p.o_stride[1] +
                              (index_t)q_head_of(kvh, g, group) * p.o_stride[2] + 2 * (lane & 3);
@@ -785,28 +824,30 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             // (only this warpgroup's wgmmas read those rows, and they are done)
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                const int r = my_row + 8 * hf;
+                const int r = wg * 64 + my_lrow() + 8 * hf;
                 float l;
                 const float inv = softmax::frag_row_end<M::SINKS>(l_run[hf], m_run[hf], l, len < 0, [&] {
-                    return mods::sink2<M, float>(mp, q_head_of(kvh, (row0 + r) % group, group));
+                    return mods::sink2<M, float>(mp, q_head_of(kvh, (pr0 + 8 * hf) % group, group));
                 });
+                if (my_lrow() + 8 * hf < wg_rows) {  // (an idle row's Q stays zero for the tiles to come)
 #pragma unroll
-                for (int dt = 0; dt < DT; ++dt) {
-                    // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8
-                    const unsigned addr = (dt / 8) * L::Q_SLAB + swizzle128(r, dt % 8) + 4 * (lane & 3);
-                    *reinterpret_cast<unsigned*>(smem + (sQt - base) + addr) =
-                        pack2<T>(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+                    for (int dt = 0; dt < DT; ++dt) {
+                        // columns 8 dt + 2 (lane % 4) + {0, 1}: chunk dt % 8 of slab dt / 8
+                        const unsigned addr = (dt / 8) * L::Q_SLAB + swizzle128(r, dt % 8) + 4 * (lane & 3);
+                        *reinterpret_cast<unsigned*>(smem + (sQt - base) + addr) =
+                            pack2<T>(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+                    }
                 }
                 if (lse != nullptr && (lane & 3) == 0) {
-                    const int pr = row0 + r;
-                    if (pr < packed_rows) {
+                    const int pr = pr0 + 8 * hf;
+                    if (pr < packed_rows && my_lrow() + 8 * hf < wg_rows) {
                         const int t = pr / group, g = pr - (pr / group) * group;
                         lse[sqn.lse_at(kvh, g, group, t, num_q_heads, seqlen_q)] = softmax::lse(m_run[hf], l, len < 0);
                     }
                 }
             }
             if (bulk_qo) {
-                // this warpgroup's 64 rows to out by one bulk copy per slab; the writes above
+                // this warpgroup's wg_rows rows to out by one bulk copy per slab; the writes above
                 // (generic proxy) are ordered before the copy engine's reads by each
                 // thread's proxy fence and the warpgroup's barrier
                 fence_proxy_async();
@@ -814,14 +855,14 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 if (tid % 128 == 0) {
 #pragma unroll
                     for (int sl = 0; sl < L::SLABS; ++sl)
-                        tma_store_4d(o_map, sQt + sl * L::Q_SLAB + wg * 64 * 128, sl * 64, kvh * group, (row0 + wg * 64) / group, b);
+                        tma_store_4d(o_map, sQt + sl * L::Q_SLAB + wg * 64 * 128, sl * 64, kvh * group, (row0 + wg * wg_rows) / group, b);
                     bulk_commit();
                     if constexpr (QS == 2) held = qs;  // read by the next tile (release_held)
                     else bulk_wait_read();             // the rows stay until the copies have read them
                 }
             } else {
                 warpgroup_sync(EPILOGUE_BAR + wg);
-                const int ch_used = p.head_dim / 8;
+                const int ch_used = p.head_dim / 8;  // (the threads' copies: wg_rows is 64)
                 for (int c = tid - wg * 128; c < 64 * ch_used; c += 128) {
                     const int r = wg * 64 + c / ch_used, ch = c - (c / ch_used) * ch_used;
                     const int pr = row0 + r;

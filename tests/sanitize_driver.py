@@ -32,6 +32,7 @@ CASES = [
     (3, 16, 300, 16, 1, 256),  # decode's largest rows and head_dim
     (2, 3, 900, 8, 2, 80),  # decode at a padded head_dim (fp16 / bf16: the 128 kernel), split keys
     (2, 70, 300, 8, 2, 192),  # hopper: head_dim padded to a third slab, several K/V tiles per CTA
+    (2, 50, 150, 12, 2, 64),  # hopper: group 6, bulk Q in blocks of 60 rows (three warpgroups, idle rows)
 ]
 DTYPES = ["float32", "float16", "bfloat16", "float64"]
 

@@ -164,14 +164,16 @@ def test_strided_layouts(kernel, dtype, layout, head_dim):
 
 
 @pytest.mark.parametrize("kernel", cupy_gqa.KERNELS)
-@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(2, 2), (8, 4), (16, 1), (32, 2), (64, 1), (6, 2)])
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(2, 2), (8, 4), (16, 1), (32, 2), (64, 1), (6, 2), (14, 2),
+                                                      (26, 2)])
 @pytest.mark.parametrize("head_dim", [40, 128])
 def test_out_view_inside_a_larger_buffer(kernel, num_q_heads, num_kv_heads, head_dim):
     """out as a view of a NaN buffer that is longer in every axis (positions,
     heads, head dims): the call writes the view and nothing around it, for
-    group sizes whose packed rows make whole tiles of positions (1 to 64; hopper
-    then stores by bulk copies, which must clip at the view's ends) and one
-    that does not (3). seqlen_q 150 ends inside a tile."""
+    group sizes whose packed rows make whole tiles of positions (1 to 64), or
+    nearly (3, 7: 63 rows of a warpgroup's 64; hopper then stores by bulk
+    copies, which must clip at the view's ends), and one that does not (13:
+    52 rows, by the threads). seqlen_q 150 ends inside a tile."""
     seqlen_q, seqlen_k = 150, 170
     q, k, v = random_qkv(2, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, "bfloat16", seed=num_q_heads)
     if not expected_to_run(kernel, "bfloat16", head_dim, seqlen_q=seqlen_q):
@@ -424,12 +426,12 @@ def _hopper_only():
 
 
 @pytest.mark.parametrize("ctas", [1, 3, 7])
-@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(8, 2, 128), (6, 2, 64), (4, 4, 80)])
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(8, 2, 128), (6, 2, 64), (4, 4, 80), (26, 2, 128)])
 @pytest.mark.parametrize("causal", [True, False])
 def test_hopper_persistent_ctas_walk_every_tile(monkeypatch, ctas, num_q_heads, num_kv_heads, head_dim, causal):
     """Few persistent CTAs (1, 3, 7) take every tile between them from a
     counter of the device's ring: tiles with no keys, Q and out by bulk copies (groups 4,
-    1) and by the threads (3), and a per-batch key count. Twice, so the second
+    3 in blocks of 63 rows, 1) and by the threads (13), and a per-batch key count. Twice, so the second
     launch finds its counter at 0 too; the result equals one CTA per tile bit
     for bit, and every counter of the ring reads 0 afterwards."""
     _hopper_only()
@@ -458,6 +460,44 @@ def test_hopper_persistent_ctas_walk_every_tile(monkeypatch, ctas, num_q_heads, 
     ring = _plan.counter_ring(cupy.cuda.Device().id)
     counters = cupy.ndarray((_plan.COUNTER_SLOTS,), cupy.int32, cupy.cuda.MemoryPointer(ring, 0))
     assert not bool(counters.any())
+
+
+@pytest.mark.parametrize("group", [3, 5, 6, 7, 12, 14])
+@pytest.mark.parametrize("head_dim", [64, 120, 192])
+@pytest.mark.parametrize("causal", [True, False])
+def test_hopper_blocks_of_whole_positions(group, head_dim, causal):
+    """A group that does not divide 64 but leaves a warpgroup at least 56 rows
+    of whole positions: hopper moves Q and out by bulk copies of 64 - 64 % group
+    rows a warpgroup (the rest idle), so its tiles hold fewer packed rows than
+    64 per warpgroup (three warpgroups at head dim 64, whose out goes from the
+    registers; two above, through shared memory). out and lse against float64,
+    with a per-batch key count (0, partial, full), seqlen_q off every tile, and
+    the persistent CTAs' result equal bit for bit to one CTA per tile."""
+    _hopper_only()
+    from cupy_gqa import _plan
+
+    q, k, v = random_qkv(3, 201, 230, 2 * group, 2, head_dim, "bfloat16", seed=group + head_dim)
+    qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
+    lens = np.array([230, 0, 77], np.int32)
+    problem = _plan.Problem(3, 201, 230, 2 * group, 2, head_dim, "bfloat16", causal, head_dim**-0.5)
+    assert _plan.hopper_plan_for(problem, qd, kd, vd, qd).bulk_qo
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    res, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, out=out, return_lse=True, kernel="hopper",
+                                  seqlens_k=cupy.asarray(lens))
+    for b, n in enumerate(lens):
+        if n:
+            ref, ref_lse = reference_attention(q[b : b + 1], k[b : b + 1, :n], v[b : b + 1, :n], causal=causal)
+            assert_close(cupy.asnumpy(res[b : b + 1]), ref, TOLERANCE["bfloat16"], f"batch {b}")
+            assert_lse_close(cupy.asnumpy(lse[b : b + 1]), ref_lse, 1e-6, f"batch {b} lse")
+        else:
+            assert bool((res[b] == 0).all()) and bool(cupy.isneginf(lse[b]).all())
+    old = _plan.HOPPER_PERSISTENT
+    try:
+        _plan.HOPPER_PERSISTENT = False
+        single = cupy_gqa.attention(qd, kd, vd, causal=causal, kernel="hopper", seqlens_k=cupy.asarray(lens))
+    finally:
+        _plan.HOPPER_PERSISTENT = old
+    assert cupy.asnumpy(single).tobytes() == cupy.asnumpy(res).tobytes()
 
 
 def test_hopper_streams_run_at_once():

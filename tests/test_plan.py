@@ -171,12 +171,14 @@ def test_auto_prefill_choice(monkeypatch, cc, head_dim, dtype):
     assert _plan.choose_kernel(problem, *arrays) == expected
 
 
-@pytest.mark.parametrize("num_q_heads,min_keys", [(32, "HOPPER_BULK_QO_AUTO_MIN_KEYS"), (24, "HOPPER_AUTO_MIN_KEYS")])
+@pytest.mark.parametrize("num_q_heads,min_keys", [(32, "HOPPER_BULK_QO_AUTO_MIN_KEYS"), (24, "HOPPER_BULK_QO_AUTO_MIN_KEYS"),
+                                                   (104, "HOPPER_AUTO_MIN_KEYS")])
 def test_auto_takes_hopper_over_tiled_for_long_keys(monkeypatch, num_q_heads, min_keys):
     """On 9.0, at head dims where both apply (64 and 128), auto takes hopper
     from its threshold of keys on and tiled below: HOPPER_BULK_QO_AUTO_MIN_KEYS
-    where hopper moves Q and out by bulk copies (group 4), HOPPER_AUTO_MIN_KEYS
-    where it copies them by its threads (group 3)."""
+    where hopper moves Q and out by bulk copies (group 4; group 3, 63 rows a
+    warpgroup), HOPPER_AUTO_MIN_KEYS where it copies them by its threads (group
+    13: 52 rows of whole positions, under HOPPER_MIN_WG_ROWS)."""
     monkeypatch.setattr(_plan, "compute_capability", lambda device: (9, 0))
     monkeypatch.setattr(_tma, "available", lambda: True)
     threshold = getattr(_specs, min_keys)
@@ -288,11 +290,12 @@ def test_hopper_launch_at_head_dim_64_encodes_no_map_of_out(monkeypatch):
     assert buf[args[10] : args[10] + 128] == bytes(128)  # no map of out
 
 
-@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(6, 2), (128, 1)])
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(39, 3), (48, 1), (128, 1)])
 def test_hopper_launch_keeps_thread_copies_of_q_and_out_for_other_groups(monkeypatch, num_q_heads, num_kv_heads):
-    """A group that does not divide 64 (3; 128) has no box of whole positions
-    for a warpgroup's rows: no maps of q and out are encoded, their slots stay
-    zero and the flag is 0, so the kernel copies them by its threads."""
+    """A group whose whole positions leave a warpgroup's box fewer than 56 of its
+    64 rows (13: 52; 48: 48) or none (128): no maps of q and out are encoded,
+    their slots stay zero and the flag is 0, so the kernel copies them by its
+    threads, 64 rows a warpgroup."""
     launched, encoded = _stand_in_launches(monkeypatch)
     problem = _plan.Problem(1, 40, 40, num_q_heads, num_kv_heads, 64, "float16", False, 0.125)
     q_layout = ((1, 40, num_q_heads, 64), (40 * num_q_heads * 128, num_q_heads * 128, 128, 2), 2)
@@ -305,6 +308,33 @@ def test_hopper_launch_keeps_thread_copies_of_q_and_out_for_other_groups(monkeyp
     args = plan.packed().arg_addresses(0)
     (_, buf), = launched
     assert buf[args[9] : args[9] + 256] == bytes(256) and buf[args[11] : args[11] + 4] == bytes(4)
+
+
+@pytest.mark.parametrize("group,wg_rows", [(3, 63), (5, 60), (6, 60), (7, 63), (12, 60), (14, 56), (16, 64)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_hopper_bulk_copies_of_groups_that_nearly_divide_64(monkeypatch, group, wg_rows, head_dim):
+    """A group that leaves a warpgroup at least 56 rows of whole positions takes
+    the bulk copies: boxes of group heads by wg_rows / group positions, tiles of
+    NWG x wg_rows packed rows (two warpgroups; three at head dim 64), so the
+    grid counts those tiles."""
+    launched, encoded = _stand_in_launches(monkeypatch)
+    seqlen, kv_heads = 333, 2
+    problem = _plan.Problem(2, seqlen, seqlen, group * kv_heads, kv_heads, head_dim, "bfloat16", True, 0.1)
+    hq = group * kv_heads
+    q_layout = ((2, seqlen, hq, head_dim), (seqlen * hq * head_dim * 2, hq * head_dim * 2, head_dim * 2, 2), 2)
+    kv_layout = ((2, seqlen, kv_heads, head_dim), (seqlen * kv_heads * head_dim * 2, kv_heads * head_dim * 2, head_dim * 2, 2), 2)
+    plan = _plan.plan_hopper(problem, (q_layout, kv_layout, kv_layout, q_layout))
+    assert plan.bulk_qo and _plan.hopper_wg_rows(group, True) == wg_rows
+    nwg = plan.spec.block_m // 64
+    assert plan.grid == (math.ceil(seqlen * group / (nwg * wg_rows)) * 2 * kv_heads,)
+    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, plan.packed().values())))
+    plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
+    packed = [e for e in encoded if e[0] == "packed"]
+    assert packed and all(e[-2:] == (group, wg_rows // group) for e in packed)
+    if wg_rows < 64:  # not at head dim 256 (kernels/hopper.cu: wg_rows_of)
+        wide = _plan.Problem(2, seqlen, seqlen, hq, kv_heads, 256, "bfloat16", True, 0.1)
+        q256 = ((2, seqlen, hq, 256), (seqlen * hq * 512, hq * 512, 512, 2), 2)
+        assert not _plan.hopper_bulk_qo(wide, q256, q256)
 
 
 def test_hopper_smem_fits_and_head_dims_pad():

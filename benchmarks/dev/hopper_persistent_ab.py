@@ -27,7 +27,7 @@ SHAPES = [
     ("H6", 4, 2048, 32, 8, 192, "bfloat16", True),
     ("H7", 4, 2048, 32, 8, 256, "bfloat16", True),
     ("g8_S8k", 2, 8192, 64, 8, 128, "bfloat16", True),      # group 8 (Llama-70B class)
-    ("g7_S2k", 4, 2048, 28, 4, 128, "bfloat16", True),      # group 7: Q and out by the threads
+    ("g7_S2k", 4, 2048, 28, 4, 128, "bfloat16", True),      # group 7 (the sweep's P05 at S2k)
     ("mha_S1k", 8, 1024, 16, 16, 128, "bfloat16", True),    # group 1
     ("g4_S1k", 8, 1024, 32, 8, 128, "bfloat16", True),
     ("g4_S256", 32, 256, 32, 8, 128, "bfloat16", True),
@@ -35,6 +35,7 @@ SHAPES = [
     ("mha_S4k", 4, 4096, 32, 32, 128, "bfloat16", True),    # the sweep's P17: 128 KV heads' K/V, 256 MB
     ("mha_d96_S2k", 4, 2048, 32, 32, 96, "bfloat16", True),  # P10
     ("mha_d192_S2k", 4, 2048, 16, 16, 192, "bfloat16", True),  # P13
+    ("g6_S1k", 16, 1024, 12, 2, 128, "bfloat16", True),     # the sweep's P16: group 6
 ]
 
 
