@@ -549,6 +549,12 @@ DECODE_TILE_S = 0.6e-6
 DECODE_COMBINE_FIXED_S = 3e-6
 DECODE_COMBINE_ROUND_S = 0.3e-6
 DECODE_COMBINE_UNROLL = 4  # kernels/decode.cu: decode_combine_body
+# And per split through the combine, whatever its lanes: fitted to calls timed
+# as a model's decode step finds its layer's K/V, out of L2 (decode_layouts.py
+# on 28 shapes, benchmarks/NOTES_decode.md). Without it the model split D06's
+# shape (B1, 32768 keys, one KV head) 121 ways, measured 18.3 us against 16.8
+# at 64: past about 512 keys a split, more CTAs no longer shorten the pass.
+DECODE_SPLIT_S = 60e-9
 # The cluster kernel's merge in place of the combine (decode_cluster): two
 # cluster barriers and one round trip to the other CTAs' shared memory, in
 # the same launch. With it the model puts 8 splits in clusters 2.7 us ahead
@@ -624,8 +630,9 @@ def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: in
         t_sm     = waves * DECODE_CTA_FIXED_S + max(c * bytes / (resident * rate), c * flops / FLOPS_PER_SM,
                                                 waves * tiles per key stream * DECODE_TILE_S)
         t_kernel = max(t_sm, K/V bytes / HBM, row_blocks * K/V bytes / L2)
-    plus, split, the combine: DECODE_COMBINE_FIXED_S, its round trips, and the
-    partials' bytes (written and read) at the HBM rate; or, split into
+    plus, split, the combine: DECODE_COMBINE_FIXED_S, its round trips,
+    DECODE_SPLIT_S a split, and the partials' bytes (written and read) at the
+    HBM rate; or, split into
     clusters (decode_cluster), DECODE_CLUSTER_MERGE_S."""
     rows = problem.seqlen_q * problem.group_size
     row_blocks = math.ceil(rows / spec.block_m)
@@ -653,6 +660,7 @@ def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: in
         partials = problem.batch * problem.num_q_heads * problem.seqlen_q * num_splits * (problem.head_dim + 1) * 4
         per_lane = math.ceil(num_splits / decode_combine_lanes(num_splits))
         t += DECODE_COMBINE_FIXED_S + 2 * math.ceil(per_lane / DECODE_COMBINE_UNROLL) * DECODE_COMBINE_ROUND_S
+        t += num_splits * DECODE_SPLIT_S
         t += 2 * partials / DECODE_HBM_BYTES_PER_S
     return t
 

@@ -108,7 +108,7 @@ def with_mods(spec: Spec, flags: int, user_code: str = "") -> Spec:
     if not flags:
         return spec
     assert spec.family in MODS_FAMILIES, spec.family
-    if flags & (2 | 4 | 16 | 32):  # _mods.MOD_SOFTCAP, MOD_ALIBI, MOD_SCORE, MOD_MASK
+    if flags & (4 | 16 | 32):  # _mods.MOD_ALIBI, MOD_SCORE, MOD_MASK
         spec = _two_consumer_warpgroups(spec)
     kernel, args, spec = _sixteen_rows_per_warp(spec)
     return replace(spec, name=f"{kernel}_mods<{args[:-1]}, {flags}>", mods=flags, user_code=user_code)
@@ -442,10 +442,11 @@ HOPPER = {
 
 def _two_consumer_warpgroups(spec: Spec) -> Spec:
     """The hopper kernel ``spec`` with two consumer warpgroups (128 rows) where
-    it has three: a softcap, ALiBi, or a user's score_mod or mask_mod needs the
-    registers that a third warpgroup takes (160 a thread, against 224 with
-    two; with three, softcap and ALiBi spilled 8 to 296 bytes at head dim 64).
-    A window and sinks keep three."""
+    it has three: ALiBi or a user's score_mod or mask_mod needs the registers
+    that a third warpgroup takes (160 a thread, against 224 with two; with
+    three, ALiBi spilled 240 bytes at head dim 64). A window, sinks and a
+    softcap keep three (a softcap there waits for its P V before its softmax:
+    kernels/hopper.cu, OVERLAP_PV)."""
     if spec.family != "hopper" or spec.block_m <= 128:
         return spec
     ctype, dpad, _, bn, stages, causal, _ = spec.name.split("<", 1)[1][:-1].split(", ")

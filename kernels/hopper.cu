@@ -622,8 +622,9 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // Whether the softmax of S_j runs while P_{j-1} V_{j-1} does (its registers,
     // O and P, held meanwhile). ALiBi, a score_mod and the larger tiles need
     // those registers: there the warpgroup waits for P V first, and the other
-    // warpgroup's products still overlap its softmax.
-    constexpr bool OVERLAP_PV = !M::ANY || (!M::ALIBI && !M::SCORE && HEAD_DIM_PAD <= 192);
+    // warpgroup's products still overlap its softmax. So does a softcap with
+    // three consumer warpgroups (160 registers a thread).
+    constexpr bool OVERLAP_PV = !M::ANY || (!M::ALIBI && !M::SCORE && HEAD_DIM_PAD <= 192 && !(M::SOFTCAP && NWG == 3));
 
     // With two Q tiles and out by bulk copies, the thread that issues a tile's out
     // copies waits for them to have read its rows only in the warpgroup's next

@@ -274,17 +274,17 @@ def test_decode_kernels_fit_the_cost_models_registers(arch, spec):
 
 def test_hopper_score_modifiers_take_two_consumer_warpgroups():
     """At head dim 64 the hopper kernel has three consumer warpgroups (160 registers a
-    thread); a softcap, ALiBi, a user's score_mod or mask_mod takes the two-warpgroup
-    tile (224), a window and sinks keep three."""
+    thread); ALiBi, a user's score_mod or mask_mod takes the two-warpgroup tile (224),
+    a window, a softcap and sinks keep three."""
     from cupy_gqa import _specs
 
     spec = _specs.HOPPER["bfloat16", 64, True]
     assert (spec.block_m, spec.threads) == (192, 512)
-    for flags in (2, 4, 6, 15, 16, 32, 48, 63):
+    for flags in (4, 6, 15, 16, 32, 48, 63):
         s = _specs.with_mods(spec, flags, "")
         assert (s.block_m, s.threads) == (128, 384) and ", 64, 128, 128, 4, true, " in s.name, s.name
         assert s.smem == _specs.hopper_smem(64, 128, 128, 4)
-    for flags in (1, 8, 9):
+    for flags in (1, 2, 3, 8, 9, 10, 11):
         assert _specs.with_mods(spec, flags).block_m == 192
     assert _specs.with_mods(_specs.HOPPER["bfloat16", 128, True], 63, "").block_m == 128
 

@@ -20,8 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from cupy_gqa import _plan, _specs  # noqa: E402
 
-CONSTANTS = ("DECODE_CTA_FIXED_S", "DECODE_COMBINE_FIXED_S", "DECODE_COMBINE_ROUND_S", "DECODE_TILE_S", "DECODE_LATENCY_S")
-GRID = ([2e-6, 3e-6, 4e-6], [3e-6, 5e-6, 8e-6], [0.3e-6, 0.6e-6, 1.0e-6, 1.5e-6], [0.6e-6, 0.8e-6], [1.5e-6, 2e-6])
+CONSTANTS = ("DECODE_CTA_FIXED_S", "DECODE_COMBINE_FIXED_S", "DECODE_COMBINE_ROUND_S", "DECODE_TILE_S", "DECODE_LATENCY_S",
+             "DECODE_SPLIT_S")
+GRID = ([2e-6, 3e-6, 4e-6], [3e-6, 5e-6], [0.3e-6, 0.6e-6, 1.0e-6], [0.5e-6, 0.6e-6, 0.7e-6], [1.5e-6, 2e-6],
+        [0, 20e-9, 40e-9, 60e-9, 80e-9])
 
 
 def read(path):
