@@ -4,12 +4,13 @@ stores (out by the copy engine), on a GPU machine:
 
     python3 benchmarks/dev/initcheck_bulk_store.py hopper   # once, to compile outside the tool
     compute-sanitizer --tool initcheck --print-limit 2 python3 benchmarks/dev/initcheck_bulk_store.py hopper
-    compute-sanitizer --tool initcheck --print-limit 2 python3 benchmarks/dev/initcheck_bulk_store.py tiled
+    compute-sanitizer --tool initcheck --print-limit 2 python3 benchmarks/dev/initcheck_bulk_store.py rowwise
 
 One forward call (the sanitizer driver's case (2, 70, 300, 8, 2, 192), fp16:
 group 4, so hopper writes out by bulk copies), then a CuPy kernel that reads
 every element of out. If initcheck reports 215040 uninitialized reads
-(2 x 70 x 8 x 192) after hopper and none after tiled, the reads it flags in
+(2 x 70 x 8 x 192) after hopper and none after rowwise (ordinary stores; tiled
+has no kernel of head dim 192), the reads it flags in
 the sanitizer's backward group are its blind spot for the copy engine's
 writes, not memory the kernels leave unwritten (the printed sums agree).
 """
