@@ -7,7 +7,7 @@ beside decode_seconds' time for the same launch and decode_dispatch's choice.
     python benchmarks/dev/decode_layouts.py --cases D01,D06,D15,D16 [--splits 1,2,4,8,16,32,64] [--out DIR]
 
 Timing: CuPy events around one launch of a kept plan (decode kernel and
-combine) with a kept workspace, the median of REPS, each after a 256 MB
+combine) with a kept workspace, decode_dev.py's median of 30, each after a 256 MB
 buffer is zeroed (L2 flushed, and the host's head start), as bench_attention's
 timer and as a model's decode step finds its layer's K/V; with --warm, around
 CALLS back-to-back launches, no flush (K/V that fit stay in L2). Notes:
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy  # noqa: E402
 
 from bench_attention import CASES, SHAPE_SWEEP  # noqa: E402
+from decode_dev import median_ms as flushed_ms  # noqa: E402  (one launch after an L2 flush)
 from profile_decode import DTYPES as HALF_DTYPES  # noqa: E402
 from cupy_gqa import _plan, _specs  # noqa: E402
 
@@ -33,25 +34,12 @@ REPS, CALLS = 15, 20
 DTYPES = {**HALF_DTYPES, "fp32": ("float32", np.float32)}
 
 
-FLUSH_BYTES = 256 << 20
-
-
-def median_ms(fn, flush=None) -> float:
-    """The median over REPS of the time of one launch after ``flush`` is zeroed;
-    without ``flush``, of CALLS back-to-back launches, per launch (the GPU runs
-    behind the host, so launches' host time is hidden)."""
+def median_ms(fn) -> float:
+    """The median over REPS of the time of CALLS back-to-back launches, per launch
+    (the GPU runs behind the host, so launches' host time is hidden): --warm."""
     fn()
     times = []
     for _ in range(REPS):
-        if flush is not None:
-            flush.fill(0)
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(start, end))
-            continue
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
         for _ in range(CALLS):
@@ -69,7 +57,6 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--warm", action="store_true", help="back-to-back launches, no L2 flush")
     args = ap.parse_args()
-    flush = None if args.warm else cupy.empty(FLUSH_BYTES // 4, dtype=cupy.float32)
     by_name = {c.name: c for c in (*CASES, *SHAPE_SWEEP)}
     device = cupy.cuda.Device().id
     sms, arch = _plan.sm_count(device), _plan.device_arch(device)
@@ -102,7 +89,7 @@ def main() -> int:
                 addr = [a.data.ptr for a in (q, k, v, out, ws)]
                 fn = lambda packed=packed, addr=addr, ns=ns: packed(  # noqa: E731
                     stream, addr[0], addr[1], addr[2], addr[3], 0, 0, addr[4] if ns > 1 else 0)
-                ms = median_ms(fn, flush)
+                ms = median_ms(fn) if args.warm else flushed_ms(fn)
                 model = _plan.decode_seconds(problem, spec, ns, sms, arch)
                 rows_out.append(dict(case=name, block_m=block_m, splits=ns, us=ms * 1e3, model_us=model * 1e6))
                 cells.append(f"{ns}:{ms * 1e3:.1f}/{model * 1e6:.1f}")
