@@ -632,8 +632,7 @@ def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: in
         t_kernel = max(t_sm, K/V bytes / HBM, row_blocks * K/V bytes / L2)
     plus, split, the combine: DECODE_COMBINE_FIXED_S, its round trips,
     DECODE_SPLIT_S a split, and the partials' bytes (written and read) at the
-    HBM rate; or, split into
-    clusters (decode_cluster), DECODE_CLUSTER_MERGE_S."""
+    HBM rate; or, split into clusters (decode_cluster), DECODE_CLUSTER_MERGE_S."""
     rows = problem.seqlen_q * problem.group_size
     row_blocks = math.ceil(rows / spec.block_m)
     key_bytes = 2 * problem.head_dim * _specs.ITEMSIZE[problem.dtype]  # K and V of one key
