@@ -59,6 +59,36 @@ def test_one_long_sequence_fills_the_gpu():
     assert c.num_splits <= _plan.DECODE_MAX_SPLITS
 
 
+def test_one_kv_head_splits_no_shorter_than_a_pass_needs():
+    """D06's shape (B1, 32768 keys, 8 query heads on one KV head), timed out of
+    L2 on the H200: 64 key ranges 16.8 us, 96 17.0, 121 18.3 (past about 512
+    keys a range more CTAs don't shorten the pass; benchmarks/NOTES_decode.md).
+    The model's cost per split keeps the pick near 64."""
+    c = choose(problem(1, 1, 32768, 8, 1))
+    assert (c.kernel, c.block_m) == ("decode", 16) and 48 <= c.num_splits <= 96
+
+
+def test_picks_against_the_measured_layouts():
+    """The model's pick among the layouts measured out of L2 on the H200 (28
+    shapes, every block_m at 20 split counts: benchmarks/dev/results/
+    h200_decode_layouts_cold_f1ba464.txt) against the fastest of them: at most
+    6 % slower at any shape, 1 % in geometric mean (decode_model_fit.py reads
+    the file and applies decode_dispatch's tie rule)."""
+    import importlib.util
+    from pathlib import Path
+
+    dev = Path(__file__).resolve().parents[1] / "benchmarks" / "dev"
+    spec = importlib.util.spec_from_file_location("decode_model_fit", dev / "decode_model_fit.py")
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)
+    cases = fit.read(dev / "results" / "h200_decode_layouts_cold_f1ba464.txt")
+    assert len(cases) == 28
+    regrets, _ = fit.regrets(cases, H200[1], H200[0])
+    worst = max(regrets, key=lambda r: r[1])
+    assert worst[1] <= 1.06, worst
+    assert math.exp(sum(math.log(r[1]) for r in regrets) / len(regrets)) <= 1.01
+
+
 def test_batch_32_with_4000_keys():
     """256 (batch, KV head) pairs fill 132 SMs at 2 CTAs each: no split; the keys
     (not a multiple of 64) end in a masked tile, which the model doesn't charge."""
