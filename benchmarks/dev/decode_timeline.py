@@ -18,9 +18,10 @@ SM's clock64 and the global timer (ns, comparable across SMs):
   merged  the streams' (m, l, o) are in shared memory (before write_cta_result)
   end     the CTA's result is written
 The report: the spread of the CTAs' start times from the first, and the mean
-and the largest per-CTA time of each step (clock cycles and us at the SM
-clock), the first CTA's start to the last CTA's end, against the events'
-time of the whole call (decode kernel and combine). Notes: NOTES_decode.md.
+and the largest per-CTA time of each step (clock cycles and us at the rated
+SM clock; then each CTA's time by the global timer and the clock the SMs ran
+at), the first CTA's start to the last CTA's end, against the events' time of
+the whole call (decode kernel and combine). Notes: NOTES_decode.md.
 """
 import argparse
 import math
@@ -125,6 +126,10 @@ def run_case(name: str, splits: int, say) -> None:
         say(f"  {label:32s} mean {x.mean():7.2f} us   max {x.max():7.2f} us")
     spread = (clk[:, 2:6].max(axis=1) - clk[:, 2:6].min(axis=1)) / clock_ghz / 1e3
     say(f"  warps' loop ends, spread in a CTA  mean {spread.mean():7.2f} us")
+    # the rows above count clock64 at the rated clock; the global timer gives the SMs' own
+    ns = np.maximum(gt[:, 7] - gt[:, 0], 1)
+    say(f"  start to end (global timer)      mean {ns.mean() / 1e3:7.2f} us   max {ns.max() / 1e3:7.2f} us; "
+        f"SM clock {np.median((clk[:, 7] - clk[:, 0]) / ns):.2f} GHz (rated {clock_ghz:.2f})")
 
 
 def main() -> int:
