@@ -5,6 +5,7 @@ greedy generation under cProfile, after a warm-up generation of the same length.
     python3 benchmarks/dev/profile_model_decode.py [--config full] [--batch 1] [--new-tokens 32]
     python3 benchmarks/dev/profile_model_decode.py --events [--batch 1]       # GPU time of the attention calls
     python3 benchmarks/dev/profile_model_decode.py --ablate [--batch 1]       # mask and attention functions swapped
+    python3 benchmarks/dev/profile_model_decode.py --cold [--batch 1]          # a new prompt length, as bench_model's cold
     python3 benchmarks/dev/profile_model_decode.py --config tiny --device cpu   # a smoke run
 
 For each implementation: the wall time per token, the calls per token of the
@@ -42,10 +43,13 @@ def main():
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--events", action="store_true", help="CUDA events around the attention calls, no profiler")
     ap.add_argument("--ablate", action="store_true", help="each mask function with each attention function")
+    ap.add_argument("--cold", action="store_true",
+                    help="profile a generation whose prompt is one token shorter than the warm-up's (bench_model's cold)")
     args = ap.parse_args()
     import torch
     import transformers
 
+    from cupy_gqa import _compile
     from cupy_gqa.integrations import transformers as cupy_gqa_hf
 
     cupy_gqa_hf.register()
@@ -61,8 +65,11 @@ def main():
             del model
             continue
         with torch.no_grad():
-            model.generate(ids, **gen)  # warm-up: the same lengths as the profiled run
+            model.generate(ids, **gen)  # warm-up: the same lengths as the profiled run (--cold: one more)
             bench_model.sync(torch, args.device)
+            if args.cold:
+                ids = bench_model.prompt(torch, args.batch, args.prompt_len - 1, model.config.vocab_size, args.device, 3)
+            kernels_before = len(_compile._kernels)
             profiler = cProfile.Profile()
             t0 = time.perf_counter()
             profiler.enable()
@@ -77,7 +84,8 @@ def main():
         print(f"   per token: attention_forward {per_token('transformers.py:attention_forward'):.1f}, "
               f"sdpa_attention_forward {per_token('sdpa_attention.py:sdpa_attention_forward'):.1f}, "
               f"cupy_gqa full path (choose_kernel) {per_token('_plan.py:choose_kernel'):.1f}, "
-              f"plans made {per_token('_plan.py:plan_tiled') + per_token('_plan.py:plan_decode') + per_token('_plan.py:plan_hopper'):.1f}")
+              f"plans made {per_token('_plan.py:plan_tiled') + per_token('_plan.py:plan_decode') + per_token('_plan.py:plan_hopper'):.1f}; "
+              f"kernels compiled or loaded in the run: {len(_compile._kernels) - kernels_before}")
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
         print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[-4000:])
