@@ -890,7 +890,8 @@ def backward_inputs(torch, cupy_gqa, case: Case):
 
 
 def backward_kernel(case: Case, q, k) -> str:
-    """The backward kernels cupy_gqa runs for this case: backward_mma (tensor cores) or backward_rows."""
+    """The backward kernels cupy_gqa runs for this case: backward_mma (tensor cores; float32 in
+    split TF32: backward_tf32) or backward_rows (CUDA cores)."""
     import cupy
 
     from cupy_gqa import _plan
@@ -898,7 +899,9 @@ def backward_kernel(case: Case, q, k) -> str:
     qb, kb = (cupy.from_dlpack(x) for x in (q, k))
     problem = _plan.Problem.of(qb, kb, dtype=qb.dtype.name, causal=case.causal, softmax_scale=case.head_dim**-0.5)
     mma = _plan.backward_mma_unsupported(problem, _plan.device_arch(qb.device.id)) is None
-    return "backward_mma" if mma else "backward_rows"
+    if not mma:
+        return "backward_rows"
+    return "backward_tf32" if problem.dtype == "float32" else "backward_mma"
 
 
 def backward_cupy_impls(cupy_gqa, case: Case, q, k, v, dout, out, lse) -> list:

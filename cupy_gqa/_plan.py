@@ -1013,7 +1013,8 @@ class BackwardLaunch:
         acc = cupy.float64 if self.pre.dtype == "float64" else cupy.float32
         work = cupy.empty(2 * self.rows, dtype=acc)  # delta, lse2: from CuPy's pool, on the current stream
         delta, lse2 = work[: self.rows], work[self.rows :]
-        lse_arg = None if self.pre.dtype == "float64" else lse  # float64: bwd_dq_rows rebuilds lse2 in float64
+        # float32 and float64: the dQ kernels rebuild lse2 from their own scores (kernels/backward.cu)
+        lse_arg = None if self.pre.dtype in ("float32", "float64") else lse
         g_pre, g_dq, g_dkdv = self.grids
         prm = self.params  # CuPy passes a 1-element NumPy array by value (a few microseconds, three launches)
         get_kernel(self.pre)(g_pre, (self.pre.threads,), (out, dout, lse_arg, delta, lse2, prm))
@@ -1055,19 +1056,21 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool)
 
 def launch_backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, seqlens_k=None) -> None:
     """The backward pass of a validated call (arrays in (batch, seqlen, heads,
-    head_dim) order, non-empty). The tensor-core kernels (fp16 / bf16) read and
-    write 16-byte row vectors: arrays in other layouts go through contiguous
-    copies (inputs are never modified); the CUDA-core kernels take any strides."""
+    head_dim) order, non-empty). The tensor-core kernels (fp16, bf16, float32)
+    read and write 16-byte row vectors: arrays in other layouts go through
+    contiguous copies (inputs are never modified); the CUDA-core kernels take
+    any strides."""
     import cupy
 
     arch = device_arch(q.device.id)
     mma = backward_mma_unsupported(problem, arch) is None
     targets = (dq, dk, dv)
-    if mma:  # fp16 / bf16: copies move the 16-bit patterns (uint16 views), whatever CuPy makes of the dtype
-        q, k, v, dout = (a if _vector_ok(a) else cupy.ascontiguousarray(a.view(np.uint16)).view(a.dtype) for a in (q, k, v, dout))
+    bits = np.dtype(f"u{q.itemsize}")  # copies move the bit patterns, whatever CuPy makes of the dtype
+    if mma:
+        q, k, v, dout = (a if _vector_ok(a) else cupy.ascontiguousarray(a.view(bits)).view(a.dtype) for a in (q, k, v, dout))
         dq, dk, dv = (a if _vector_ok(a) else cupy.empty(a.shape, a.dtype) for a in (dq, dk, dv))
     layout = (*_layout(q, k, v, out, dout, dq, dk, dv), lse.strides)
     plan_backward(problem, layout, arch, mma)(dout, q, k, v, out, lse, dq, dk, dv, seqlens_k)
     for target, result in zip(targets, (dq, dk, dv)):
         if result is not target:
-            target.view(np.uint16)[...] = result.view(np.uint16)
+            target.view(bits)[...] = result.view(bits)

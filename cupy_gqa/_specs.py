@@ -664,18 +664,28 @@ def decode_specs(dtype: str, head_dim: int, arch: Arch) -> tuple[Spec, ...]:
 
 # --- backward: kernels/backward.cu (cupy_gqa.attention_backward) ---------------
 # Three launches per call: bwd_preprocess (delta, lse2), a dQ kernel and a dK/dV
-# kernel. fp16 / bf16 on sm_80+ use the tensor-core pair (bwd_dq_mma,
-# bwd_dkdv_mma) at head_dim padded to one of BWD_MMA_HEAD_DIMS (any multiple
-# of 8 runs); every other call (float32, float64, other head dims, GPUs
-# without mma.sync) the CUDA-core pair (bwd_dq_rows, bwd_dkdv_rows), which
-# takes any strides.
-BWD_MMA_DTYPES = ("float16", "bfloat16")
+# kernel. On sm_80+ fp16 / bf16 use the tensor-core pair (bwd_dq_mma,
+# bwd_dkdv_mma) and float32 its split-TF32 pair (bwd_dq_tf32, bwd_dkdv_tf32),
+# at head_dim padded to one of BWD_MMA_HEAD_DIMS (any multiple of 8 runs);
+# every other call (float64, other head dims, GPUs without mma.sync) the
+# CUDA-core pair (bwd_dq_rows, bwd_dkdv_rows), which takes any strides.
+BWD_MMA16_DTYPES = ("float16", "bfloat16")  # bwd_dq_mma, bwd_dkdv_mma
+BWD_MMA_DTYPES = (*BWD_MMA16_DTYPES, "float32")
 BWD_MMA_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 # padded head dim -> dQ kernel (BLOCK_M packed rows = 16 per warp, BLOCK_N keys per K/V tile, NUM_WARPS)
 BWD_DQ_TILES = {32: (64, 64, 4), 64: (64, 64, 4), 96: (64, 64, 4), 128: (64, 64, 4), 192: (64, 32, 4), 256: (64, 32, 4)}
 # padded head dim -> dK/dV kernel (KEY_WARPS: 16 keys each, BLOCK_M packed rows per Q/dO tile,
 # DSPLIT: warps sharing a key slab's head dims, 2 above 128 where one warp's dK, dV rows don't fit)
 BWD_DKDV_TILES = {32: (4, 64, 1), 64: (4, 64, 1), 96: (4, 32, 1), 128: (4, 32, 1), 192: (4, 32, 2), 256: (4, 32, 2)}
+# float32 (split TF32, rows of head_dim + 4 floats), padded head dims up to 128 (above, a warp's 16
+# rows of dQ take 96 or 128 accumulators a lane beside the products' and ptxas spills: the CUDA-core
+# kernels run those): padded head dim -> dQ kernel (BLOCK_M, BLOCK_N, NUM_WARPS, PRESPLIT: where Q,
+# dO, K, V are split, as in tiled_tf32: 0 at each use, 1 K and V once per CTA, 2 also Q and dO) and
+# dK/dV kernel (KEY_WARPS, BLOCK_M, DSPLIT). The largest split mode that keeps two dQ CTAs per SM
+# where one does (D32, D64, D96), else the largest that fits; dK/dV warps keep at most 64 head dims
+# of dK and dV each (beside them, P^T and dS^T as operands).
+BWD_TF32_DQ_TILES = {32: (64, 32, 4, 2), 64: (64, 32, 4, 1), 96: (64, 32, 4, 0), 128: (64, 16, 4, 1)}
+BWD_TF32_DKDV_TILES = {32: (4, 32, 1), 64: (4, 32, 1), 96: (2, 16, 2), 128: (2, 32, 2)}
 BWD_PREPROCESS_THREADS = 256  # kernels/backward.cu: bwd_preprocess's __launch_bounds__
 BWD_ROWS_THREADS = 128  # kernels/backward.cu: BWD_ROWS_THREADS
 
@@ -698,6 +708,73 @@ def bwd_dkdv_smem(head_dim: int, block_n: int, block_m: int) -> int:
     return (2 * block_n + 4 * block_m) * (head_dim + 8) * 2 + 4 * block_m * 4
 
 
+def bwd_dq_tf32_smem(head_dim: int, block_m: int, block_n: int, presplit: int) -> int:
+    """bwd_dq_tf32's shared memory: Q and dO tiles, two K and two V stages, the
+    small parts of a K and a V tile (presplit >= 1) and of Q and dO (2), rows of
+    head_dim + 4 floats (bwd_detail::DqTf32Smem)."""
+    tiles = 2 * block_m + 4 * block_n + (2 * block_n if presplit >= 1 else 0) + (2 * block_m if presplit == 2 else 0)
+    return tiles * (head_dim + 4) * 4
+
+
+def bwd_dkdv_tf32_smem(head_dim: int, block_n: int, block_m: int) -> int:
+    """bwd_dkdv_tf32's: K and V with their small parts, two stages of Q and of dO
+    and the small parts of one of each, rows of head_dim + 4 floats, and two
+    stages of lse2 and delta floats (bwd_detail::DkvTf32Smem)."""
+    return (4 * block_n + 6 * block_m) * (head_dim + 4) * 4 + 4 * block_m * 4
+
+
+@functools.lru_cache(maxsize=None)
+def bwd_dq_tf32_spec(head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
+    """The float32 dQ kernel: the table's split mode lowered, then BLOCK_N halved
+    (down to 16), then BLOCK_M with the warps (16 rows each), until it fits ``arch``."""
+    bm, bn, warps, presplit = BWD_TF32_DQ_TILES[head_dim_pad]
+    while bwd_dq_tf32_smem(head_dim_pad, bm, bn, presplit) > arch.smem and (presplit > 0 or bn > 16 or bm > 16):
+        if presplit > 0:
+            presplit -= 1
+        elif bn > 16:
+            bn //= 2
+        else:
+            bm, warps = bm // 2, warps // 2
+    smem = bwd_dq_tf32_smem(head_dim_pad, bm, bn, presplit)
+    if not arch.sm80 or smem > arch.smem:
+        return None
+    return Spec(
+        family="backward",
+        source="backward.cu",
+        name=f"bwd_dq_tf32<{head_dim_pad}, {bm}, {bn}, {warps}, {str(causal).lower()}, {presplit}, {smem}>",
+        dtype="float32",
+        head_dim=head_dim_pad,
+        threads=warps * 32,
+        block_m=bm,  # packed query rows per CTA
+        smem=smem,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def bwd_dkdv_tf32_spec(head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
+    """The float32 dK/dV kernel, BLOCK_M halved (down to 16), then the key warps,
+    until it fits ``arch``."""
+    kw, bm, dsplit = BWD_TF32_DKDV_TILES[head_dim_pad]
+    while bwd_dkdv_tf32_smem(head_dim_pad, 16 * kw, bm) > arch.smem and (bm > 16 or kw > 1):
+        if bm > 16:
+            bm //= 2
+        else:
+            kw //= 2
+    smem = bwd_dkdv_tf32_smem(head_dim_pad, 16 * kw, bm)
+    if not arch.sm80 or smem > arch.smem:
+        return None
+    return Spec(
+        family="backward",
+        source="backward.cu",
+        name=f"bwd_dkdv_tf32<{head_dim_pad}, {bm}, {kw}, {dsplit}, {str(causal).lower()}, {smem}>",
+        dtype="float32",
+        head_dim=head_dim_pad,
+        threads=kw * dsplit * 32,
+        block_m=16 * kw,  # keys per CTA
+        smem=smem,
+    )
+
+
 @functools.lru_cache(maxsize=None)
 def bwd_dq_mma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
     """The tensor-core dQ kernel, BLOCK_N halved (down to 16) until it fits ``arch``."""
@@ -705,7 +782,7 @@ def bwd_dq_mma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> 
     while bwd_dq_smem(head_dim_pad, bm, bn) > arch.smem and bn > 16:
         bn //= 2
     smem = bwd_dq_smem(head_dim_pad, bm, bn)
-    if dtype not in BWD_MMA_DTYPES or not arch.sm80 or smem > arch.smem:
+    if dtype not in BWD_MMA16_DTYPES or not arch.sm80 or smem > arch.smem:
         return None
     return Spec(
         family="backward",
@@ -730,7 +807,7 @@ def bwd_dkdv_mma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -
         else:
             kw //= 2
     smem = bwd_dkdv_smem(head_dim_pad, 16 * kw, bm)
-    if dtype not in BWD_MMA_DTYPES or not arch.sm80 or smem > arch.smem:
+    if dtype not in BWD_MMA16_DTYPES or not arch.sm80 or smem > arch.smem:
         return None
     return Spec(
         family="backward",
@@ -806,7 +883,12 @@ def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch) -> tuple[
     if dtype not in BWD_MMA_DTYPES or head_dim % 8 or head_dim > MAX_HEAD_DIM or not arch.sm80:
         return None
     dpad = bwd_head_dim_pad(head_dim)
-    dq, dkdv = bwd_dq_mma_spec(dtype, dpad, causal, arch), bwd_dkdv_mma_spec(dtype, dpad, causal, arch)
+    if dtype == "float32":
+        if dpad not in BWD_TF32_DQ_TILES:
+            return None
+        dq, dkdv = bwd_dq_tf32_spec(dpad, causal, arch), bwd_dkdv_tf32_spec(dpad, causal, arch)
+    else:
+        dq, dkdv = bwd_dq_mma_spec(dtype, dpad, causal, arch), bwd_dkdv_mma_spec(dtype, dpad, causal, arch)
     return None if dq is None or dkdv is None else (dq, dkdv)
 
 
@@ -833,7 +915,7 @@ def serves(spec: Spec, head_dim: int) -> bool:
     if spec.family == "backward":
         if spec.name.startswith("bwd_preprocess"):
             return True
-        if "_mma<" in spec.name:
+        if "_mma<" in spec.name or "_tf32<" in spec.name:
             return head_dim % 8 == 0 and spec.head_dim == bwd_head_dim_pad(head_dim)
         return spec.head_dim == next(b for b in ROWWISE_BUCKETS if b >= head_dim)
     return spec.head_dim == head_dim

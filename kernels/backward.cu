@@ -70,8 +70,17 @@
  *   rows of q, k, v, dout, dq, dk, dv; scale_log2 > 0 (masked scores are -inf
  *   before the scaling).
  *
- * CUDA-core kernels (every dtype and head dim, any strides; float32 and
- * float64 everywhere, fp16 / bf16 where the tensor-core kernels don't run):
+ * float32 tensor-core kernels (sm_80+, padded head dims 32 to 128; split TF32,
+ * kernels/tf32.cuh: three TF32 m16n8k8 products per product, fp32-class error):
+ *   bwd_dq_tf32, bwd_dkdv_tf32: the two kernels above on float32 tiles (rows of
+ *     D + 4 floats), P^T, dS^T and dS taken from the accumulators as A operands
+ *     (tf32.cuh: frag_a), their B operands read by scalar shared loads. The dQ
+ *     kernel rebuilds lse2 from its own scores with the forward's online
+ *     softmax and writes it for the dK/dV kernel, whose S^T carries the same
+ *     bits (the products with the operands' roles swapped, in the same order).
+ *
+ * CUDA-core kernels (every dtype and head dim, any strides; float64
+ * everywhere, the other dtypes where the tensor-core kernels don't run):
  *   bwd_dq_rows: a team of TEAM lanes per packed row (PL = DPAD / TEAM dims
  *     of q, dout and dq each in registers), 128 / TEAM rows per CTA of one
  *     (b, kvh); K and V pass through shared memory in stages of KEYS keys
@@ -92,6 +101,7 @@
  */
 #include "common.cuh"
 #include "softmax.cuh"
+#include "tf32.cuh"
 
 // The launch parameters, by value (mirrored by cupy_gqa/_plan.py: BWD_PARAMS_DTYPE).
 struct BwdParams {
@@ -146,6 +156,9 @@ __device__ __forceinline__ index_t ws_row(const BwdParams& p, int b, int kvh, in
     return ((index_t)b * p.a.num_kv_heads + kvh) * ((index_t)p.a.seqlen_q * p.a.group_size) + pr;
 }
 
+// Elements of T in one 16-byte chunk (the loads' and stores' unit).
+template <typename T> __host__ __device__ constexpr int chunk_elems() { return 16 / (int)sizeof(T); }
+
 // Rows [row0, row0 + ROWS) of the packed rows of (b, kvh) of a (batch, seq,
 // head, dim) tensor x with element strides st, into shared-memory rows of ROW
 // elements (cp.async, 16 bytes each); zero-filled past packed_rows and past
@@ -153,17 +166,17 @@ __device__ __forceinline__ index_t ws_row(const BwdParams& p, int b, int kvh, in
 template <typename T, int ROWS, int D, int ROW, int NTHREADS>
 __device__ __forceinline__ void load_packed_rows(T* s, const T* x, const index_t* st, int b, int kvh, int row0,
                                                  int packed_rows, int group, int head_dim, int tid) {
-    constexpr int CH = D / 8, TOTAL = ROWS * CH;
+    constexpr int E = chunk_elems<T>(), CH = D / E, TOTAL = ROWS * CH;
 #pragma unroll
     for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
         const int c = tid + i * NTHREADS;
         if (TOTAL % NTHREADS == 0 || c < TOTAL) {
             const int r = c / CH, ch = c - (c / CH) * CH;
             const int pr = row0 + r;
-            const bool ok = pr < packed_rows && ch * 8 < head_dim;
+            const bool ok = pr < packed_rows && ch * E < head_dim;
             const int t = pr / group, g = pr - (pr / group) * group;
-            const T* src = ok ? x + b * st[0] + (index_t)t * st[1] + (index_t)q_head_of(kvh, g, group) * st[2] + ch * 8 : x;
-            cp_async_16(smem_addr(s + r * ROW + ch * 8), src, ok);
+            const T* src = ok ? x + b * st[0] + (index_t)t * st[1] + (index_t)q_head_of(kvh, g, group) * st[2] + ch * E : x;
+            cp_async_16(smem_addr(s + r * ROW + ch * E), src, ok);
         }
     }
 }
@@ -174,15 +187,15 @@ __device__ __forceinline__ void load_packed_rows(T* s, const T* x, const index_t
 template <typename T, int ROWS, int D, int ROW, int NTHREADS>
 __device__ __forceinline__ void load_key_rows(T* s, const T* base, index_t stride_s, const T* any, int key0, int seqlen_k,
                                               int head_dim, int tid) {
-    constexpr int CH = D / 8, TOTAL = ROWS * CH;
+    constexpr int E = chunk_elems<T>(), CH = D / E, TOTAL = ROWS * CH;
 #pragma unroll
     for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
         const int c = tid + i * NTHREADS;
         if (TOTAL % NTHREADS == 0 || c < TOTAL) {
             const int r = c / CH, ch = c - (c / CH) * CH;
-            const bool ok = key0 + r < seqlen_k && ch * 8 < head_dim;
-            const T* src = ok ? base + (index_t)(key0 + r) * stride_s + ch * 8 : any;
-            cp_async_16(smem_addr(s + r * ROW + ch * 8), src, ok);
+            const bool ok = key0 + r < seqlen_k && ch * E < head_dim;
+            const T* src = ok ? base + (index_t)(key0 + r) * stride_s + ch * E : any;
+            cp_async_16(smem_addr(s + r * ROW + ch * E), src, ok);
         }
     }
 }
@@ -191,17 +204,60 @@ __device__ __forceinline__ void load_key_rows(T* s, const T* base, index_t strid
 // row r goes to dst_row(r) when it is not null, chunks past head_dim skipped.
 template <typename T, int ROWS, int D, int ROW, int NTHREADS, class DstRow>
 __device__ __forceinline__ void store_rows(const T* s, int head_dim, int tid, DstRow dst_row) {
-    constexpr int CH = D / 8, TOTAL = ROWS * CH;
+    constexpr int E = chunk_elems<T>(), CH = D / E, TOTAL = ROWS * CH;
 #pragma unroll
     for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
         const int c = tid + i * NTHREADS;
         if (TOTAL % NTHREADS == 0 || c < TOTAL) {
             const int r = c / CH, ch = c - (c / CH) * CH;
             T* dst = dst_row(r);
-            if (dst != nullptr && ch * 8 < head_dim)
-                *reinterpret_cast<uint4*>(dst + ch * 8) = *reinterpret_cast<const uint4*>(s + r * ROW + ch * 8);
+            if (dst != nullptr && ch * E < head_dim)
+                *reinterpret_cast<uint4*>(dst + ch * E) = *reinterpret_cast<const uint4*>(s + r * ROW + ch * E);
         }
     }
+}
+
+// Q and dO rows [row0, row0 + ROWS) of (b, kvh) into sQ and sdO (load_packed_rows).
+template <typename T, int ROWS, int D, int ROW, int NTHREADS>
+__device__ __forceinline__ void load_q_do(T* sQ, T* sdO, const T* q, const T* dout, const BwdParams& p, int b, int kvh,
+                                          int row0, int packed_rows, int group, int head_dim, int tid) {
+    load_packed_rows<T, ROWS, D, ROW, NTHREADS>(sQ, q, p.a.q_stride, b, kvh, row0, packed_rows, group, head_dim, tid);
+    load_packed_rows<T, ROWS, D, ROW, NTHREADS>(sdO, dout, p.do_stride, b, kvh, row0, packed_rows, group, head_dim, tid);
+}
+
+// K and V keys [key0, key0 + ROWS) from their (b, kvh) bases into sK and sV (load_key_rows).
+template <typename T, int ROWS, int D, int ROW, int NTHREADS>
+__device__ __forceinline__ void load_k_v(T* sK, T* sV, const T* kbase, const T* vbase, const T* k, const T* v,
+                                         const BwdParams& p, int key0, int seqlen_k, int head_dim, int tid) {
+    load_key_rows<T, ROWS, D, ROW, NTHREADS>(sK, kbase, p.a.k_stride[1], k, key0, seqlen_k, head_dim, tid);
+    load_key_rows<T, ROWS, D, ROW, NTHREADS>(sV, vbase, p.a.v_stride[1], v, key0, seqlen_k, head_dim, tid);
+}
+
+// A warp's 16 rows of dQ (packed rows from pr0), staged in shared memory at sO,
+// to dq (rows past packed_rows skipped).
+template <typename T, int D, int ROW>
+__device__ __forceinline__ void store_dq(const T* sO, T* dq, const BwdParams& p, int b, int kvh, int pr0,
+                                         int packed_rows, int group, int head_dim, int lane) {
+    store_rows<T, 16, D, ROW, 32>(sO, head_dim, lane, [&](int r) -> T* {
+        const int pr = pr0 + r;
+        if (pr >= packed_rows) return nullptr;
+        const int t = pr / group, g = pr - (pr / group) * group;
+        return dq + b * p.dq_stride[0] + (index_t)t * p.dq_stride[1] + (index_t)q_head_of(kvh, g, group) * p.dq_stride[2];
+    });
+}
+
+// A key block's dK and dV, staged in shared memory at sK and sV, to dk and dv:
+// every key of the array, zeros past the sequence's length.
+template <typename T, int ROWS, int D, int ROW, int NTHREADS>
+__device__ __forceinline__ void store_dk_dv(const T* sK, const T* sV, T* dk, T* dv, const BwdParams& p, int b, int kvh,
+                                            int n0, int head_dim, int tid) {
+    const int seqlen_k_all = p.a.seqlen_k;
+    store_rows<T, ROWS, D, ROW, NTHREADS>(sK, head_dim, tid, [&](int r) -> T* {
+        return n0 + r < seqlen_k_all ? dk + b * p.dk_stride[0] + (index_t)(n0 + r) * p.dk_stride[1] + (index_t)kvh * p.dk_stride[2] : nullptr;
+    });
+    store_rows<T, ROWS, D, ROW, NTHREADS>(sV, head_dim, tid, [&](int r) -> T* {
+        return n0 + r < seqlen_k_all ? dv + b * p.dv_stride[0] + (index_t)(n0 + r) * p.dv_stride[1] + (index_t)kvh * p.dv_stride[2] : nullptr;
+    });
 }
 
 // The shared-memory layouts (see the top): offsets in elements of T.
@@ -233,6 +289,45 @@ struct DkvSmem {
         BYTES = DELTA_BYTE + 2 * BLOCK_M * 4,
     };
 };
+// The float32 tensor-core kernels' layouts (split TF32, kernels/tf32.cuh):
+// rows of D + 4 floats (16 bytes mod 128: the 8 rows of an ldmatrix and the 32
+// scalar B loads hit distinct banks); offsets in floats.
+template <int D, int BLOCK_M, int BLOCK_N, int PRESPLIT>
+struct DqTf32Smem {
+    enum : int {
+        ROW = D + 4,
+        STAGE = BLOCK_N * ROW,               // one K (or V) tile
+        Q = 0,                               // [BLOCK_M][ROW]
+        DO = Q + BLOCK_M * ROW,              // [BLOCK_M][ROW]
+        K = DO + BLOCK_M * ROW,              // [2][BLOCK_N][ROW]
+        V = K + 2 * STAGE,                   // [2][BLOCK_N][ROW]
+        K_SMALL = V + 2 * STAGE,             // [BLOCK_N][ROW], PRESPLIT >= 1
+        V_SMALL = K_SMALL + STAGE,           // [BLOCK_N][ROW], PRESPLIT >= 1
+        Q_SMALL = V_SMALL + STAGE,           // [BLOCK_M][ROW], PRESPLIT == 2
+        DO_SMALL = Q_SMALL + BLOCK_M * ROW,  // [BLOCK_M][ROW], PRESPLIT == 2
+        END = PRESPLIT == 2 ? DO_SMALL + BLOCK_M * ROW : PRESPLIT == 1 ? Q_SMALL : K_SMALL,
+        BYTES = END * 4,
+    };
+};
+template <int D, int BLOCK_N, int BLOCK_M>
+struct DkvTf32Smem {
+    enum : int {
+        ROW = D + 4,
+        STAGE = BLOCK_M * ROW,               // one Q (or dO) tile
+        K = 0,                               // [BLOCK_N][ROW]
+        V = K + BLOCK_N * ROW,               // [BLOCK_N][ROW]
+        K_SMALL = V + BLOCK_N * ROW,         // [BLOCK_N][ROW]
+        V_SMALL = K_SMALL + BLOCK_N * ROW,   // [BLOCK_N][ROW]
+        Q = V_SMALL + BLOCK_N * ROW,         // [2][BLOCK_M][ROW]
+        DO = Q + 2 * STAGE,                  // [2][BLOCK_M][ROW]
+        Q_SMALL = DO + 2 * STAGE,            // [BLOCK_M][ROW]
+        DO_SMALL = Q_SMALL + STAGE,          // [BLOCK_M][ROW]
+        END = DO_SMALL + STAGE,
+        LSE2_BYTE = END * 4,                 // float [2][BLOCK_M]
+        DELTA_BYTE = LSE2_BYTE + 2 * BLOCK_M * 4,
+        BYTES = DELTA_BYTE + 2 * BLOCK_M * 4,
+    };
+};
 template <typename T, int DPAD, int KEYS>
 struct DqRowsSmem {
     enum : int {
@@ -252,6 +347,188 @@ struct DkvRowsSmem {
         BYTES = LAST_BYTE + ROWS * 4,
     };
 };
+
+// The CTA of a dK/dV kernel: key block n_block (slowest), then (b, kvh), and
+// the tiles of BLOCK_M packed rows that see some key of its BLOCK_N keys.
+struct KeyBlock {
+    int b, kvh, n0;           // batch, KV head, first key
+    int len, seqlen_k, diag;  // seqlen_k_of (-1: bad), max(len, 0), seqlen_k - seqlen_q
+    int group, packed_rows;   // group size, seqlen_q * group
+    int m_begin, num_m;       // first row tile, row tiles
+};
+template <bool CAUSAL, int BLOCK_N, int BLOCK_M>
+__device__ __forceinline__ KeyBlock key_block(const BwdParams& p, const int* seqlens_k) {
+    KeyBlock kb;
+    const int num_bh = p.a.batch * p.a.num_kv_heads;
+    const int n_block = (int)(blockIdx.x / num_bh), bh = (int)(blockIdx.x % num_bh);
+    kb.b = bh / p.a.num_kv_heads;
+    kb.kvh = bh - kb.b * p.a.num_kv_heads;
+    kb.n0 = n_block * BLOCK_N;
+    kb.group = p.a.group_size;
+    kb.packed_rows = p.a.seqlen_q * kb.group;
+    kb.len = seqlen_k_of(seqlens_k, kb.b, p.a.seqlen_k);
+    kb.seqlen_k = max(kb.len, 0);
+    kb.diag = kb.seqlen_k - p.a.seqlen_q;
+    // the packed rows that see some key of the block: from the first row that sees key n0 on
+    const int pr_first = kb.n0 < kb.seqlen_k ? first_row_seeing(kb.n0, kb.diag, kb.group, CAUSAL) : kb.packed_rows;
+    kb.m_begin = pr_first / BLOCK_M * BLOCK_M;
+    kb.num_m = pr_first < kb.packed_rows ? (kb.packed_rows - kb.m_begin + BLOCK_M - 1) / BLOCK_M : 0;
+    return kb;
+}
+
+// Row tile m0 of a dK/dV kernel into one stage: Q and dO (cp.async), and each
+// row's lse2 and delta (plain loads, read after the next barrier); rows past the
+// end get P = 0 (lse2 = +inf) and dS = 0.
+template <typename T, int BLOCK_M, int D, int ROW, int NTHREADS>
+__device__ __forceinline__ void load_row_tile(T* sQ, T* sdO, float* sLse2, float* sDelta, const T* q, const T* dout,
+                                              const float* lse2_ws, const float* delta_ws, const BwdParams& p,
+                                              const KeyBlock& kb, int m0, int head_dim, int tid) {
+    load_q_do<T, BLOCK_M, D, ROW, NTHREADS>(sQ, sdO, q, dout, p, kb.b, kb.kvh, m0, kb.packed_rows, kb.group, head_dim, tid);
+    for (int i = tid; i < BLOCK_M; i += NTHREADS) {
+        const int pr = m0 + i;
+        const bool ok = pr < kb.packed_rows;
+        sLse2[i] = ok ? lse2_ws[ws_row(p, kb.b, kb.kvh, pr)] : pos_inf<float>();
+        sDelta[i] = ok ? delta_ws[ws_row(p, kb.b, kb.kvh, pr)] : 0.f;
+    }
+}
+
+// S^T of a dK/dV kernel (rows: the lane's keys key_r; columns: packed rows
+// from m0) on a tile that crosses the end of the keys or the causal diagonal:
+// keys past the sequence, and (causal) rows that don't see the key, -inf.
+// Element (nt, e): key key_r[e >> 1], packed row m0 + 8 nt + 2 (lane % 4) + (e & 1).
+template <bool CAUSAL, int NT>
+__device__ __forceinline__ void mask_keys_t(float (&s)[NT][4], const int (&key_r)[2], int m0, int lane, const KeyBlock& kb) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int pr = m0 + nt * 8 + (lane & 3) * 2 + c;
+            const int last = CAUSAL ? min(kb.seqlen_k - 1, pr / kb.group + kb.diag) : kb.seqlen_k - 1;
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+                if (key_r[hf] > last) s[nt][2 * hf + c] = neg_inf<float>();
+        }
+}
+
+// P^T = exp2(S^T scale_log2 - lse2) (masked: 0) into s, dS^T = P^T (dP^T - delta)
+// into dpt, with the stage's lse2 and delta of each column (packed row).
+template <int NT, class Exp2>
+__device__ __forceinline__ void probs_t(float (&s)[NT][4], float (&dpt)[NT][4], float scale_log2, const float* lse2_s,
+                                        const float* delta_s, int lane, Exp2 exp2) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int col = nt * 8 + (lane & 3) * 2 + c;
+            const float l2 = lse2_s[col], de = delta_s[col];
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int e = 2 * hf + c;
+                const float pv = exp2(fmaf(s[nt][e], scale_log2, -l2));
+                s[nt][e] = pv;
+                dpt[nt][e] = pv * (dpt[nt][e] - de);
+            }
+        }
+}
+
+// NP products of one shape side by side in split TF32 (kernels/tf32.cuh):
+// c[i] = A_i B_i^T for a warp's 16 rows of A_i (the lane's ldmatrix address
+// a[i]) against NT n8 tiles of B_i (b[i]; rows of its n index, ROW floats
+// apart), over KD k8 steps, each group of KG steps in fresh accumulators summed
+// in IEEE fp32. A_PRE, B_PRE: the operand was split in shared memory (its
+// small parts *_small[i] bytes after the big ones), else it is split here.
+// SWAPPED: these are S^T = K Q^T and dP^T = V dO^T of the dK/dV kernel, whose
+// bits must be those of the dQ kernel's S = Q K^T and dP = dO V^T (tf32.cuh:
+// mma_f32_swapped; the same k8 groups in the same order, whatever NP).
+template <int NP, int NT, int KD, int ROW, bool A_PRE, bool B_PRE, bool SWAPPED>
+__device__ __forceinline__ void products_tf32(float (&c)[NP][NT][4], const unsigned (&a)[NP], const int (&a_small)[NP],
+                                              const unsigned (&b)[NP], const int (&b_small)[NP]) {
+    using namespace tf32_detail;
+#pragma unroll
+    for (int i = 0; i < NP; ++i)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[i][nt][e] = 0.f;
+#pragma unroll
+    for (int kg = 0; kg < KD; kg += KG) {
+        float part[NP][NT][4];
+#pragma unroll
+        for (int i = 0; i < NP; ++i)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) part[i][nt][e] = 0.f;
+#pragma unroll 1
+        for (int kd = kg; kd < kg + KG && kd < KD; ++kd) {  // not unrolled: ptxas would hoist every step's loads
+#pragma unroll
+            for (int i = 0; i < NP; ++i) {
+                unsigned xb[4], xs[4];
+                ldmatrix_split<A_PRE>(xb, xs, a[i] + kd * 8 * 4, a_small[i]);
+#pragma unroll
+                for (int np = 0; np < NT / 2; ++np) {
+                    unsigned yb[4], ys[4];
+                    ldmatrix_split<B_PRE>(yb, ys, b[i] + (np * 16 * ROW + kd * 8) * 4, b_small[i]);
+                    if (SWAPPED) {
+                        mma_f32_swapped<true>(part[i][2 * np], xb, xs, yb[0], yb[1], ys[0], ys[1]);
+                        mma_f32_swapped<true>(part[i][2 * np + 1], xb, xs, yb[2], yb[3], ys[2], ys[3]);
+                    } else {
+                        mma_f32<true>(part[i][2 * np], xb, xs, yb[0], yb[1], ys[0], ys[1]);
+                        mma_f32<true>(part[i][2 * np + 1], xb, xs, yb[2], yb[3], ys[2], ys[3]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NP; ++i)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) c[i][nt][e] += part[i][nt][e];
+    }
+}
+
+// acc += A X in split TF32 for the float32 kernels (dQ += dS K, dV += P^T dO,
+// dK += dS^T Q): A (16 rows x 8 NT, an accumulator, tf32.cuh: frag_a) against
+// the rows of X of the same k index (x, xs: the lane's element of X's big and
+// small parts, row 2c and column g of its first n8 tile; DT n8 tiles of X's
+// columns; PRE: X split beforehand, else raw at x), each n8 tile's product in
+// a fresh accumulator, added in IEEE fp32.
+template <bool PRE, int NT, int DT, int ROW>
+__device__ __forceinline__ void acc_rows_product(float (&acc)[DT][4], const float (&a)[NT][4], const float* x,
+                                                 const float* xs) {
+    using namespace tf32_detail;
+    unsigned ab[NT][4], as[NT][4];
+#pragma unroll
+    for (int kk = 0; kk < NT; ++kk) frag_a<true>(a[kk], ab[kk], as[kk]);
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kk = 0; kk < NT; ++kk) {
+            unsigned b0, b1, s0, s1;
+            frag_b_rows<PRE, ROW>(x + kk * 8 * ROW + dt * 8, xs + kk * 8 * ROW + dt * 8, b0, b1, s0, s1);
+            mma_f32<true>(part, ab[kk], as[kk], b0, b1, s0, s1);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[dt][e] += part[e];
+    }
+}
+
+// A float32 tile of ROWS rows (ROW floats apart, D used) split in place by the
+// CTA: big parts over the raw values, small parts into ``small`` (tf32.cuh).
+template <int ROWS, int D, int ROW, int NTHREADS>
+__device__ __forceinline__ void split_tile(float* raw, float* small, int tid) {
+    constexpr int CH = D / 4, TOTAL = ROWS * CH;
+#pragma unroll
+    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
+        const int c = tid + i * NTHREADS;
+        if (TOTAL % NTHREADS == 0 || c < TOTAL) {
+            const int r = c / CH, ch = c - (c / CH) * CH;
+            split_chunk_in_place(raw + r * ROW + ch * 4, small + r * ROW + ch * 4);
+        }
+    }
+}
 
 }  // namespace bwd_detail
 
@@ -328,11 +605,10 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
     const T* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
     const T* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
 
-    load_packed_rows<T, BLOCK_M, D, ROW, NTHREADS>(sQ, q, p.a.q_stride, b, kvh, row0, packed_rows, group, head_dim, tid);
-    load_packed_rows<T, BLOCK_M, D, ROW, NTHREADS>(sdO, dout, p.do_stride, b, kvh, row0, packed_rows, group, head_dim, tid);
+    load_q_do<T, BLOCK_M, D, ROW, NTHREADS>(sQ, sdO, q, dout, p, b, kvh, row0, packed_rows, group, head_dim, tid);
     auto load_kv = [&](int j, int stage) {
-        load_key_rows<T, BLOCK_N, D, ROW, NTHREADS>(sK + stage * L::STAGE, kbase, p.a.k_stride[1], k, j * BLOCK_N, seqlen_k, head_dim, tid);
-        load_key_rows<T, BLOCK_N, D, ROW, NTHREADS>(sV + stage * L::STAGE, vbase, p.a.v_stride[1], v, j * BLOCK_N, seqlen_k, head_dim, tid);
+        load_k_v<T, BLOCK_N, D, ROW, NTHREADS>(sK + stage * L::STAGE, sV + stage * L::STAGE, kbase, vbase, k, v, p,
+                                              j * BLOCK_N, seqlen_k, head_dim, tid);
     };
     if (num_n > 0) load_kv(0, 0);
     cp_async_commit();  // group 0: Q, dO and K/V tile 0
@@ -423,12 +699,7 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
                 pack2<T>(dq_acc[dt][2 * hf] * sc, dq_acc[dt][2 * hf + 1] * sc);
     }
     __syncwarp();
-    store_rows<T, 16, D, ROW, 32>(sO, head_dim, lane, [&](int r) -> T* {
-        const int pr = row0 + warp * 16 + r;
-        if (pr >= packed_rows) return nullptr;
-        const int t = pr / group, g = pr - (pr / group) * group;
-        return dq + b * p.dq_stride[0] + (index_t)t * p.dq_stride[1] + (index_t)q_head_of(kvh, g, group) * p.dq_stride[2];
-    });
+    store_dq<T, D, ROW>(sO, dq, p, b, kvh, row0 + warp * 16, packed_rows, group, head_dim, lane);
 }
 
 // ---- 3. dK, dV on the tensor cores ------------------------------------------------------
@@ -465,32 +736,17 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     const int head_dim = p.a.head_dim;
 
     // ---- this CTA's (key block, b, kv head): key blocks slowest ----
-    const int num_bh = p.a.batch * p.a.num_kv_heads;
-    const int n_block = (int)(blockIdx.x / num_bh), bh = (int)(blockIdx.x % num_bh);
-    const int b = bh / p.a.num_kv_heads, kvh = bh - b * p.a.num_kv_heads;
-    const int n0 = n_block * BLOCK_N;
-    const int group = p.a.group_size, packed_rows = p.a.seqlen_q * group;
-    const int len = seqlen_k_of(seqlens_k, b, p.a.seqlen_k), seqlen_k = max(len, 0);
-    const int diag = seqlen_k - p.a.seqlen_q;
-    // the packed rows that see some key of the block: from the first row that sees key n0 on
-    const int pr_first = n0 < seqlen_k ? first_row_seeing(n0, diag, group, CAUSAL) : packed_rows;
-    const int m_begin = pr_first / BLOCK_M * BLOCK_M;
-    const int num_m = pr_first < packed_rows ? (packed_rows - m_begin + BLOCK_M - 1) / BLOCK_M : 0;
+    const KeyBlock kb = key_block<CAUSAL, BLOCK_N, BLOCK_M>(p, seqlens_k);
+    const int b = kb.b, kvh = kb.kvh, n0 = kb.n0, len = kb.len, seqlen_k = kb.seqlen_k;
+    const int m_begin = kb.m_begin, num_m = kb.num_m;
 
-    load_key_rows<T, BLOCK_N, D, ROW, NTHREADS>(sK, k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2],
-                                                p.a.k_stride[1], k, n0, seqlen_k, head_dim, tid);
-    load_key_rows<T, BLOCK_N, D, ROW, NTHREADS>(sV, v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2],
-                                                p.a.v_stride[1], v, n0, seqlen_k, head_dim, tid);
+    load_k_v<T, BLOCK_N, D, ROW, NTHREADS>(sK, sV, k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2],
+                                          v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2], k, v, p, n0, seqlen_k,
+                                          head_dim, tid);
     auto load_rows = [&](int m, int stage) {
-        const int m0 = m_begin + m * BLOCK_M;
-        load_packed_rows<T, BLOCK_M, D, ROW, NTHREADS>(sQ + stage * L::STAGE, q, p.a.q_stride, b, kvh, m0, packed_rows, group, head_dim, tid);
-        load_packed_rows<T, BLOCK_M, D, ROW, NTHREADS>(sdO + stage * L::STAGE, dout, p.do_stride, b, kvh, m0, packed_rows, group, head_dim, tid);
-        for (int i = tid; i < BLOCK_M; i += NTHREADS) {  // rows past the end: P = 0 (lse2 = +inf), dS = 0
-            const int pr = m0 + i;
-            const bool ok = pr < packed_rows;
-            sLse2[stage * BLOCK_M + i] = ok ? lse2_ws[ws_row(p, b, kvh, pr)] : pos_inf<float>();
-            sDelta[stage * BLOCK_M + i] = ok ? delta_ws[ws_row(p, b, kvh, pr)] : 0.f;
-        }
+        load_row_tile<T, BLOCK_M, D, ROW, NTHREADS>(sQ + stage * L::STAGE, sdO + stage * L::STAGE, sLse2 + stage * BLOCK_M,
+                                                    sDelta + stage * BLOCK_M, q, dout, lse2_ws, delta_ws, p, kb,
+                                                    m_begin + m * BLOCK_M, head_dim, tid);
     };
     if (num_m > 0) load_rows(0, 0);
     cp_async_commit();  // group 0: K, V and row tile 0
@@ -526,37 +782,11 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
         bwd_detail::two_products<T, NT, KD, ROW>(s, dpt, sK_warp, sV_warp, sQ_lane, sdO_lane);
 
         // ---- mask: keys past the sequence, and (causal) rows that don't see the key ----
-        // element (nt, e): key key_r[e >> 1], packed row m0 + 8 nt + 2 (lane % 4) + (e & 1)
-        if (n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 / group + diag)) {
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int pr = m0 + nt * 8 + (lane & 3) * 2 + c;
-                    const int last = CAUSAL ? min(seqlen_k - 1, pr / group + diag) : seqlen_k - 1;
-#pragma unroll
-                    for (int hf = 0; hf < 2; ++hf)
-                        if (key_r[hf] > last) s[nt][2 * hf + c] = neg_inf<float>();
-                }
-        }
+        if (n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 / kb.group + kb.diag))
+            mask_keys_t<CAUSAL>(s, key_r, m0, lane, kb);
 
         // ---- P^T = exp2(S^T scale_log2 - lse2) (masked: 0), dS^T = P^T (dP^T - delta) ----
-        const float* lse2_s = sLse2 + stage * BLOCK_M;
-        const float* delta_s = sDelta + stage * BLOCK_M;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int col = nt * 8 + (lane & 3) * 2 + c;
-                const float l2 = lse2_s[col], de = delta_s[col];
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const int e = 2 * hf + c;
-                    const float pv = fast_exp2(fmaf(s[nt][e], scale_log2, -l2));
-                    s[nt][e] = pv;
-                    dpt[nt][e] = pv * (dpt[nt][e] - de);
-                }
-            }
+        probs_t(s, dpt, scale_log2, sLse2 + stage * BLOCK_M, sDelta + stage * BLOCK_M, lane, softmax::FastExp2());
 
         // ---- dV += P^T dO, dK += dS^T Q (the warp's head dims) ----
 #pragma unroll
@@ -602,13 +832,296 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
         }
     }
     __syncthreads();
-    const int seqlen_k_all = p.a.seqlen_k;  // every key of the array is written: past the sequence, zeros
-    store_rows<T, BLOCK_N, D, ROW, NTHREADS>(sK, head_dim, tid, [&](int r) -> T* {
-        return n0 + r < seqlen_k_all ? dk + b * p.dk_stride[0] + (index_t)(n0 + r) * p.dk_stride[1] + (index_t)kvh * p.dk_stride[2] : nullptr;
-    });
-    store_rows<T, BLOCK_N, D, ROW, NTHREADS>(sV, head_dim, tid, [&](int r) -> T* {
-        return n0 + r < seqlen_k_all ? dv + b * p.dv_stride[0] + (index_t)(n0 + r) * p.dv_stride[1] + (index_t)kvh * p.dv_stride[2] : nullptr;
-    });
+    store_dk_dv<T, BLOCK_N, D, ROW, NTHREADS>(sK, sV, dk, dv, p, b, kvh, n0, head_dim, tid);
+}
+
+// ---- 2b. dQ in float32 on the tensor cores (split TF32) --------------------------------
+// bwd_dq_mma's grid, key range and pipeline on float32 tiles (kernels/tf32.cuh:
+// three TF32 products per product, fp32-class error), with one addition: like
+// bwd_dq_rows for float32, it rebuilds each row's lse2 from its own scores (the
+// forward's lse comes from other arithmetic, and at scores of a few hundred the
+// difference would move every P by more than the gradients' accuracy). It runs
+// the forward's online softmax on them (softmax.cuh: frag_update): dQ
+// accumulates exp2(s - m) (dP - delta) K, rescaled as m rises and divided by l
+// at the end, and lse2 = m + log2 l goes to the workspace for bwd_dkdv_tf32,
+// whose scores are these bits (two_products_tf32: SWAPPED). PRESPLIT: where
+// the operands are split (as in kernels/tiled_tf32.cu): 0 in registers at
+// each use, 1 each K and V tile once per CTA, 2 also Q and dO, once.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int PRESPLIT, int SMEM_BYTES>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+bwd_dq_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+            const float* __restrict__ dout, const float* __restrict__ delta_ws, float* __restrict__ lse2_ws,
+            float* __restrict__ dq, const int* __restrict__ seqlens_k, const BwdParams p) {
+    using namespace bwd_detail;
+    using namespace tf32_detail;
+    constexpr int D = HEAD_DIM;
+    constexpr int NTHREADS = NUM_WARPS * 32;
+    using L = DqTf32Smem<D, BLOCK_M, BLOCK_N, PRESPLIT>;
+    constexpr int ROW = L::ROW;
+    constexpr int KD = D / 8;        // k8 steps of Q K^T and dO V^T
+    constexpr int NT = BLOCK_N / 8;  // n8 tiles of S and dP (k8 steps of dS K)
+    constexpr int DT = D / 8;        // n8 tiles of dQ
+    static_assert(BLOCK_M == 16 * NUM_WARPS, "16 rows per warp");
+    static_assert(D % 32 == 0 && D <= 128 && BLOCK_N % 16 == 0, "tile shapes (above 128, dQ's accumulators would spill)");
+    static_assert(PRESPLIT >= 0 && PRESPLIT <= 2, "PRESPLIT: 0, 1 or 2");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float* const smem = reinterpret_cast<float*>(smem_raw);
+    float* sQ = smem + L::Q;
+    float* sdO = smem + L::DO;
+    float* sK = smem + L::K;
+    float* sV = smem + L::V;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g_lane = lane >> 2, c_lane = lane & 3;
+    const float scale_log2 = (float)p.a.scale_log2;
+    const int head_dim = p.a.head_dim;
+
+    // ---- this CTA's (b, kv head, rows) and keys: the forward's (common.cuh) ----
+    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p.a, seqlens_k, p.a.group_size, blockIdx.x);
+    const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
+    const int len = tile.len, seqlen_k = tile.seqlen_k;  // len -1: a bad seqlens_k value, NaN rows
+    const KeyRange<CAUSAL>& keys = tile.keys;
+    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
+    const float* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
+    const float* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
+
+    load_q_do<float, BLOCK_M, D, ROW, NTHREADS>(sQ, sdO, q, dout, p, b, kvh, row0, packed_rows, group, head_dim, tid);
+    auto load_kv = [&](int j, int stage) {
+        load_k_v<float, BLOCK_N, D, ROW, NTHREADS>(sK + stage * L::STAGE, sV + stage * L::STAGE, kbase, vbase, k, v, p,
+                                              j * BLOCK_N, seqlen_k, head_dim, tid);
+    };
+    if (num_n > 0) load_kv(0, 0);
+    cp_async_commit();  // group 0: Q, dO and K/V tile 0
+
+    float delta_r[2];  // the lane's rows g and g + 8 of the warp's 16
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int pr = row0 + warp * 16 + g_lane + hf * 8;
+        delta_r[hf] = pr < packed_rows ? delta_ws[ws_row(p, b, kvh, pr)] : 0.f;
+    }
+    float dq_acc[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq_acc[dt][e] = 0.f;
+    float m_run[2] = {neg_inf<float>(), neg_inf<float>()}, l_run[2] = {0.f, 0.f};
+
+    // ldmatrix lane offsets (kernels/tiled_tf32.cu): a_off for the warp's rows of
+    // A (Q, dO), k_off for B read from rows of its n index (K, V)
+    const int a_off = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ROW + (lane >> 4) * 4;
+    const int k_off = ((lane & 7) + (lane >> 4) * 8) * ROW + ((lane >> 3) & 1) * 4;
+    constexpr int Q_SMALL = (L::Q_SMALL - L::Q) * 4;  // bytes from a big part to its small part (PRESPLIT 2)
+
+    for (int j = 0; j < num_n; ++j) {
+        const int stage = j & 1;
+        cp_async_wait<0>();  // tile j landed for this thread
+        __syncthreads();     // ... for all; the other stage's tile is consumed
+        if (j + 1 < num_n) load_kv(j + 1, stage ^ 1);
+        cp_async_commit();
+        float* sKs = sK + stage * L::STAGE;
+        float* sVs = sV + stage * L::STAGE;
+        if (PRESPLIT >= 1) {  // big parts in place, small parts beside, each element once per CTA
+            if (PRESPLIT == 2 && j == 0) {
+                split_tile<BLOCK_M, D, ROW, NTHREADS>(sQ, smem + L::Q_SMALL, tid);
+                split_tile<BLOCK_M, D, ROW, NTHREADS>(sdO, smem + L::DO_SMALL, tid);
+            }
+            split_tile<BLOCK_N, D, ROW, NTHREADS>(sKs, smem + L::K_SMALL, tid);
+            split_tile<BLOCK_N, D, ROW, NTHREADS>(sVs, smem + L::V_SMALL, tid);
+            __syncthreads();
+        }
+        const int k_small = (L::K_SMALL - L::K - stage * L::STAGE) * 4;
+        const int v_small = (L::V_SMALL - L::V - stage * L::STAGE) * 4;
+
+        // ---- S = Q K^T, dP = dO V^T ----
+        float sdp[2][NT][4];
+        float (&s)[NT][4] = sdp[0];
+        float (&dp)[NT][4] = sdp[1];
+        {
+            const unsigned a[2] = {smem_addr(sQ + a_off), smem_addr(sdO + a_off)};
+            const unsigned bb[2] = {smem_addr(sKs + k_off), smem_addr(sVs + k_off)};
+            const int a_small[2] = {Q_SMALL, Q_SMALL}, b_small[2] = {k_small, v_small};
+            products_tf32<2, NT, KD, ROW, PRESPLIT == 2, PRESPLIT >= 1, false>(sdp, a, a_small, bb, b_small);
+        }
+
+        // ---- mask (tiles crossing the diagonal or the end of the keys), softmax.cuh's rule ----
+        const int n0 = j * BLOCK_N;
+        if (n0 + BLOCK_N > keys.free) {
+            int last[2];
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) last[hf] = keys.last_key(row0 + warp * 16 + g_lane + hf * 8);
+            softmax::frag_mask(s, n0, lane, last);
+        }
+
+        // ---- the online softmax: s becomes exp2(s scale_log2 - m), dQ and l follow m ----
+        softmax::frag_update<0, true>(s, dq_acc, m_run, l_run, scale_log2, softmax::ExactExp2());
+
+        // ---- dS = P (dP - delta), unnormalised; dQ += dS K (K: B of rows 2c, 2c+1) ----
+#pragma unroll
+        for (int kk = 0; kk < NT; ++kk)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[kk][e] *= dp[kk][e] - delta_r[e >> 1];
+        const int lane_at = 2 * c_lane * ROW + g_lane;
+        acc_rows_product<PRESPLIT >= 1, NT, DT, ROW>(dq_acc, s, sKs + lane_at, smem + L::K_SMALL + lane_at);
+    }
+    cp_async_wait<0>();  // nothing in flight (also when num_n == 0)
+    __syncthreads();     // every warp is done with the tiles
+
+    // ---- dq = scale dQ / l and lse2 = m + log2 l (+inf: no key seen; NaN: bad length) ----
+    float* sO = sQ + warp * 16 * ROW;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        float l;
+        const float f = softmax::frag_row_end<false>(l_run[hf], m_run[hf], l, len < 0, [] { return 0.f; }) * (float)p.scale;
+        const int r = g_lane + hf * 8;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            sO[r * ROW + dt * 8 + c_lane * 2] = dq_acc[dt][2 * hf] * f;
+            sO[r * ROW + dt * 8 + c_lane * 2 + 1] = dq_acc[dt][2 * hf + 1] * f;
+        }
+        const int pr = row0 + warp * 16 + r;
+        if (c_lane == 0 && pr < packed_rows)
+            lse2_ws[ws_row(p, b, kvh, pr)] = len < 0 ? quiet_nan() : l > 0.f ? m_run[hf] + log2f(l) : pos_inf<float>();
+    }
+    __syncwarp();
+    store_dq<float, D, ROW>(sO, dq, p, b, kvh, row0 + warp * 16, packed_rows, group, head_dim, lane);
+}
+
+// ---- 3b. dK, dV in float32 on the tensor cores (split TF32) -----------------------------
+// bwd_dkdv_mma's grid, row tiles and pipeline on float32 tiles: K and V are split
+// once (big parts in place, small parts beside), each Q and dO tile once when
+// it lands; S^T = K Q^T carries the bits of bwd_dq_tf32's S, so P^T = exp2(S^T
+// scale_log2 - lse2) uses the lse2 that kernel rebuilt from them. dV += P^T dO
+// and dK += dS^T Q take P^T and dS^T from the accumulators (tf32.cuh: frag_a),
+// each row tile's product in fresh accumulators.
+template <int HEAD_DIM, int BLOCK_M, int KEY_WARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(KEY_WARPS * DSPLIT * 32, 1)
+bwd_dkdv_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+              const float* __restrict__ dout, const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws,
+              float* __restrict__ dk, float* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p) {
+    using namespace bwd_detail;
+    using namespace tf32_detail;
+    constexpr int D = HEAD_DIM;
+    constexpr int NTHREADS = KEY_WARPS * DSPLIT * 32;
+    constexpr int BLOCK_N = 16 * KEY_WARPS;  // keys per CTA
+    constexpr int DH = D / DSPLIT;           // head dims of a warp's dK, dV
+    using L = DkvTf32Smem<D, BLOCK_N, BLOCK_M>;
+    constexpr int ROW = L::ROW;
+    constexpr int KD = D / 8;        // k8 steps of K Q^T and V dO^T
+    constexpr int NT = BLOCK_M / 8;  // n8 tiles of S^T and dP^T (packed rows; k8 steps of dV, dK)
+    constexpr int DTH = DH / 8;      // n8 tiles of the warp's dK, dV
+    static_assert(D % 32 == 0 && DH % 8 == 0 && BLOCK_M % 16 == 0, "tile shapes");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float* const smem = reinterpret_cast<float*>(smem_raw);
+    float* sK = smem + L::K;
+    float* sV = smem + L::V;
+    float* sQ = smem + L::Q;
+    float* sdO = smem + L::DO;
+    float* sLse2 = reinterpret_cast<float*>(smem_raw + L::LSE2_BYTE);
+    float* sDelta = reinterpret_cast<float*>(smem_raw + L::DELTA_BYTE);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g_lane = lane >> 2, c_lane = lane & 3;
+    const int ks = warp % KEY_WARPS, dpart = warp / KEY_WARPS;  // key slab, head-dim part
+    const float scale_log2 = (float)p.a.scale_log2;
+    const int head_dim = p.a.head_dim;
+
+    // ---- this CTA's (key block, b, kv head): key blocks slowest ----
+    const KeyBlock kb = key_block<CAUSAL, BLOCK_N, BLOCK_M>(p, seqlens_k);
+    const int b = kb.b, kvh = kb.kvh, n0 = kb.n0, len = kb.len, seqlen_k = kb.seqlen_k;
+    const int m_begin = kb.m_begin, num_m = kb.num_m;
+
+    load_k_v<float, BLOCK_N, D, ROW, NTHREADS>(sK, sV, k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2],
+                                          v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2], k, v, p, n0, seqlen_k,
+                                          head_dim, tid);
+    auto load_rows = [&](int m, int stage) {
+        load_row_tile<float, BLOCK_M, D, ROW, NTHREADS>(sQ + stage * L::STAGE, sdO + stage * L::STAGE,
+                                                        sLse2 + stage * BLOCK_M, sDelta + stage * BLOCK_M, q, dout,
+                                                        lse2_ws, delta_ws, p, kb, m_begin + m * BLOCK_M, head_dim, tid);
+    };
+    if (num_m > 0) load_rows(0, 0);
+    cp_async_commit();  // group 0: K, V and row tile 0
+
+    float dk_acc[DTH][4], dv_acc[DTH][4];
+#pragma unroll
+    for (int dt = 0; dt < DTH; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk_acc[dt][e] = dv_acc[dt][e] = 0.f;
+
+    // ldmatrix lane offsets: a_off for the warp's 16 keys of K and V (A), k_off
+    // for the packed rows of Q and dO (B, read from rows of its n index)
+    const int a_off = (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ROW + (lane >> 4) * 4;
+    const int k_off = ((lane & 7) + (lane >> 4) * 8) * ROW + ((lane >> 3) & 1) * 4;
+    constexpr int K_SMALL = (L::K_SMALL - L::K) * 4, V_SMALL = (L::V_SMALL - L::V) * 4;  // bytes, big to small
+    int key_r[2];  // the lane's keys (rows of S^T)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) key_r[hf] = n0 + ks * 16 + g_lane + hf * 8;
+
+    for (int m = 0; m < num_m; ++m) {
+        const int stage = m & 1;
+        cp_async_wait<0>();  // row tile m landed for this thread
+        __syncthreads();     // ... for all (and its lse2, delta); the other stage is consumed
+        if (m + 1 < num_m) load_rows(m + 1, stage ^ 1);
+        cp_async_commit();
+        const int m0 = m_begin + m * BLOCK_M;
+        float* sQs = sQ + stage * L::STAGE;
+        float* sdOs = sdO + stage * L::STAGE;
+        if (m == 0) {  // K and V: landed with row tile 0
+            split_tile<BLOCK_N, D, ROW, NTHREADS>(sK, smem + L::K_SMALL, tid);
+            split_tile<BLOCK_N, D, ROW, NTHREADS>(sV, smem + L::V_SMALL, tid);
+        }
+        split_tile<BLOCK_M, D, ROW, NTHREADS>(sQs, smem + L::Q_SMALL, tid);
+        split_tile<BLOCK_M, D, ROW, NTHREADS>(sdOs, smem + L::DO_SMALL, tid);
+        __syncthreads();
+        const int q_small = (L::Q_SMALL - L::Q - stage * L::STAGE) * 4;
+        const int do_small = (L::DO_SMALL - L::DO - stage * L::STAGE) * 4;
+
+        // ---- S^T = K Q^T, dP^T = V dO^T (rows: the warp's 16 keys; columns: packed rows) ----
+        float sdp[2][NT][4];
+        float (&s)[NT][4] = sdp[0];
+        float (&dpt)[NT][4] = sdp[1];
+        {
+            const unsigned a[2] = {smem_addr(sK + a_off), smem_addr(sV + a_off)};
+            const unsigned bb[2] = {smem_addr(sQs + k_off), smem_addr(sdOs + k_off)};
+            const int a_small[2] = {K_SMALL, V_SMALL}, b_small[2] = {q_small, do_small};
+            products_tf32<2, NT, KD, ROW, true, true, true>(sdp, a, a_small, bb, b_small);
+        }
+
+        // ---- mask: keys past the sequence, and (causal) rows that don't see the key ----
+        if (n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 / kb.group + kb.diag))
+            mask_keys_t<CAUSAL>(s, key_r, m0, lane, kb);
+
+        // ---- P^T = exp2(S^T scale_log2 - lse2) (masked: 0), dS^T = P^T (dP^T - delta) ----
+        probs_t(s, dpt, scale_log2, sLse2 + stage * BLOCK_M, sDelta + stage * BLOCK_M, lane, softmax::ExactExp2());
+
+        // ---- dV += P^T dO, then dK += dS^T Q (the warp's head dims; B of rows 2c, 2c+1) ----
+        const int lane_at = 2 * c_lane * ROW + dpart * DH + g_lane;
+        acc_rows_product<true, NT, DTH, ROW>(dv_acc, s, sdOs + lane_at, smem + L::DO_SMALL + lane_at);
+        acc_rows_product<true, NT, DTH, ROW>(dk_acc, dpt, sQs + lane_at, smem + L::Q_SMALL + lane_at);
+    }
+    cp_async_wait<0>();  // nothing in flight (also when num_m == 0)
+    __syncthreads();     // every warp is done with K and V
+
+    // ---- dk = scale dK, dv = dV, through the K and V tiles, then 16-byte stores ----
+    const float sc_k = len < 0 ? quiet_nan() : (float)p.scale;
+    const float sc_v = len < 0 ? quiet_nan() : 1.f;
+    float* sdK = sK + ks * 16 * ROW + dpart * DH;
+    float* sdV = sV + ks * 16 * ROW + dpart * DH;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int r = g_lane + hf * 8;
+#pragma unroll
+        for (int dt = 0; dt < DTH; ++dt) {
+            const int off = r * ROW + dt * 8 + c_lane * 2;
+            sdK[off] = dk_acc[dt][2 * hf] * sc_k;
+            sdK[off + 1] = dk_acc[dt][2 * hf + 1] * sc_k;
+            sdV[off] = dv_acc[dt][2 * hf] * sc_v;
+            sdV[off + 1] = dv_acc[dt][2 * hf + 1] * sc_v;
+        }
+    }
+    __syncthreads();
+    store_dk_dv<float, BLOCK_N, D, ROW, NTHREADS>(sK, sV, dk, dv, p, b, kvh, n0, head_dim, tid);
 }
 
 // ---- CUDA-core kernels: any dtype, head dim and strides ------------------------------------

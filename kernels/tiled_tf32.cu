@@ -2,15 +2,10 @@
  * tiled_tf32.cu -- tensor-core prefill kernel for float32 grouped-query
  * attention, through TF32 mma.sync, at full fp32 accuracy (split TF32).
  *
- * Precision
- * -----------------------------------------------------------------------------
- * A TF32 number keeps 10 of fp32's 23 mantissa bits. Split each fp32 operand
- * into a TF32 "big" part and the TF32 rounding of the rest,
- *     x = big(x) + small(x),   big = tf32(x),   small = tf32(x - big),
- * and each product a*b becomes three TF32 products accumulated in fp32,
- *     a*b ~= small(a)*big(b) + big(a)*small(b) + big(a)*big(b)
- * (small*small, ~2^-22 relative, is dropped): fp32-class error at tensor-core
- * rates. SPLIT = false keeps only big*big: plain TF32, ~1e-3 relative error.
+ * Precision: split TF32 (kernels/tf32.cuh): each fp32 operand is a TF32 big
+ * part plus a TF32 small part, each product three TF32 products; fp32-class
+ * error at tensor-core rates. SPLIT = false keeps only big*big: plain TF32,
+ * ~1e-3 relative error.
  *
  * Algorithm and grid (as kernels/tiled.cu, FlashAttention-2 style)
  * -----------------------------------------------------------------------------
@@ -31,17 +26,12 @@
  * The softmax rules (mask, update, end of a row) are kernels/softmax.cuh's;
  * the scale (> 0) is applied inside its exp2 (exp2f), m raised at every tile.
  *
- * Fragments (m16n8k8, g = lane / 4, c = lane % 4)
+ * Fragments (m16n8k8; layouts in kernels/tf32.cuh)
  * -----------------------------------------------------------------------------
- *   A (16x8): a0 (g, c), a1 (g+8, c), a2 (g, c+4), a3 (g+8, c+4)
- *   B (8x8):  b0 (k c, n g), b1 (k c+4, n g);  C: (g, 2c), (g, 2c+1), (g+8, ..)
  * Q (A) and K (B of Q K^T, K rows are its columns) come from shared memory
- * through ldmatrix: an 8x8 matrix of 16-bit elements is an 8x4 matrix of fp32,
- * and ldmatrix hands lane l element (l / 4, l % 4) of it, which is exactly the
- * TF32 fragment. P V needs P as A, but the thread holds S at keys 2c, 2c+1 (C
- * layout). The sum over keys may run in any order, so key 2c plays k = c and
- * key 2c+1 plays k = c+4: a = (s0, s2, s1, s3), and V's B fragment is read
- * accordingly, b0 = V[2c][g], b1 = V[2c+1][g] (scalar shared loads).
+ * through ldmatrix. P V takes P from the S accumulator as A (tf32.cuh:
+ * frag_a, key 2c as k = c and key 2c+1 as k = c+4), so V's B fragment is
+ * b0 = V[2c][g], b1 = V[2c+1][g] (scalar shared loads).
  *
  * Where the split happens (PRESPLIT)
  * -----------------------------------------------------------------------------
@@ -69,43 +59,9 @@
  */
 #include "common.cuh"
 #include "softmax.cuh"
-
-// The split rounds to TF32 with integer ops, (bits + 0x1000) with the low 13
-// bits masked where the value itself is needed (x - big): 4 instructions per
-// split element instead of the 7 that cvt.rna.tf32 + sub + cvt.rna become in
-// SASS (an inf/NaN test and select per cvt). Same values for finite x; the mma
-// ignores an operand's low 13 bits either way (F1 -11%, F2 -6% on the H200,
-// benchmarks/NOTES.md item 11).
+#include "tf32.cuh"
 
 namespace tf32_detail {
-
-// x = big + small, both TF32 (small = 0 when !SPLIT, and unused)
-template <bool SPLIT>
-__device__ __forceinline__ void split(float x, unsigned& big, unsigned& small) {
-    // round to nearest, ties away, in the magnitude bits: add half a TF32 ulp and
-    // drop the 13 low bits (mask for x - big; the mma ignores them for small)
-    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-    small = SPLIT ? __float_as_uint(x - __uint_as_float(big)) + 0x1000u : 0u;
-}
-
-// C(16x8) += A(16x8) * B(8x8), TF32 inputs, fp32 accumulate
-__device__ __forceinline__ void mma_1688(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// C += A * B in split TF32 (small terms first, then big * big) or plain TF32.
-template <bool SPLIT>
-__device__ __forceinline__ void mma_f32(float (&c)[4], const unsigned (&ab)[4], const unsigned (&as)[4],
-                                        unsigned bb0, unsigned bb1, unsigned bs0, unsigned bs1) {
-    if (SPLIT) {
-        mma_1688(c, as, bb0, bb1);
-        mma_1688(c, ab, bs0, bs1);
-    }
-    mma_1688(c, ab, bb0, bb1);
-}
 
 // The shared-memory layout (see the top): offsets in floats.
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int PRESPLIT>
@@ -125,22 +81,6 @@ struct Smem {
 };
 
 }  // namespace tf32_detail
-
-// One 16-byte chunk of an operand tile in shared memory, split once for the
-// whole CTA: the big parts overwrite the raw values, the small parts go to
-// ``small`` (see PRESPLIT at the top).
-__device__ __forceinline__ void split_chunk_in_place(float* raw, float* small) {
-    float4 x = *reinterpret_cast<const float4*>(raw), b, sm;
-    unsigned ub[4], us[4];
-    tf32_detail::split<true>(x.x, ub[0], us[0]);
-    tf32_detail::split<true>(x.y, ub[1], us[1]);
-    tf32_detail::split<true>(x.z, ub[2], us[2]);
-    tf32_detail::split<true>(x.w, ub[3], us[3]);
-    b = make_float4(__uint_as_float(ub[0]), __uint_as_float(ub[1]), __uint_as_float(ub[2]), __uint_as_float(ub[3]));
-    sm = make_float4(__uint_as_float(us[0]), __uint_as_float(us[1]), __uint_as_float(us[2]), __uint_as_float(us[3]));
-    *reinterpret_cast<float4*>(raw) = b;
-    *reinterpret_cast<float4*>(small) = sm;
-}
 
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
 // with them (tiled_tf32_attention_mods, common.cuh: modifiers). ADDR: the
@@ -277,11 +217,8 @@ __device__ __forceinline__ void tiled_tf32_body(
         }
 
         // ---- S = Q K^T --------------------------------------------------------------
-        // The tensor cores add into the accumulator with truncation, so a long
-        // chain of mma into one register drifts (one-sided). Each group of KG
-        // k-steps goes into a fresh accumulator, and the groups are summed in
-        // IEEE fp32.
-        constexpr int KG = 4;
+        // Each group of KG k-steps goes into a fresh accumulator, and the groups
+        // are summed in IEEE fp32 (tf32.cuh: the mma's adds truncate).
         float s[NT][4] = {};
 #pragma unroll
         for (int kg = 0; kg < KD; kg += KG) {
@@ -340,12 +277,7 @@ __device__ __forceinline__ void tiled_tf32_body(
         // added in IEEE fp32: no truncation drift over long rows)
         unsigned pb[NT][4], ps[NT][4];
 #pragma unroll
-        for (int kk = 0; kk < NT; ++kk) {
-            split<SPLIT>(s[kk][0], pb[kk][0], ps[kk][0]);
-            split<SPLIT>(s[kk][2], pb[kk][1], ps[kk][1]);
-            split<SPLIT>(s[kk][1], pb[kk][2], ps[kk][2]);
-            split<SPLIT>(s[kk][3], pb[kk][3], ps[kk][3]);
-        }
+        for (int kk = 0; kk < NT; ++kk) frag_a<SPLIT>(s[kk], pb[kk], ps[kk]);
         const float* v_lane = sVs + 2 * c_lane * ROW + g_lane;
         const float* vsm_lane = sVsm + 2 * c_lane * ROW + g_lane;
 #pragma unroll

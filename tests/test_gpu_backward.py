@@ -189,9 +189,12 @@ def test_deterministic(dtype, causal):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("softmax_scale", [1.0, -0.5])
-def test_large_scores_and_custom_scale(dtype, softmax_scale):
-    """Scores of several hundred, and a negative scale (the CUDA-core kernels then)."""
-    q, k, v = random_qkv(1, 65, 65, 4, 2, 32, dtype, seed=8, scale=6.0 if dtype != "float16" else 3.0)
+@pytest.mark.parametrize("head_dim", [32, 128])
+def test_large_scores_and_custom_scale(dtype, softmax_scale, head_dim):
+    """Scores of several hundred, and a negative scale (the CUDA-core kernels then).
+    In float32 the dK/dV pass must see the very scores whose lse the dQ pass
+    rebuilt: one ulp of a score of several hundred moves P by 1e-5."""
+    q, k, v = random_qkv(1, 65, 65, 4, 2, head_dim, dtype, seed=8, scale=6.0 if dtype != "float16" else 3.0)
     dout = _dout(q)
     got = run_backward(q, k, v, dout, softmax_scale=softmax_scale)
     check_against_reference(got, q, k, v, dout, f"scale {softmax_scale}", softmax_scale=softmax_scale)

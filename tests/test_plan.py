@@ -452,13 +452,17 @@ def test_backward_plan_picks_a_kernel_of_the_table(arch, dtype, head_dim):
     a = _specs.ARCHS[arch]
     problem = _plan.Problem(2, 100, 77, 8, 2, head_dim, dtype, True, 0.125)
     mma = _plan.backward_mma_unsupported(problem, a) is None
-    assert mma == (dtype in ("float16", "bfloat16") and head_dim % 8 == 0 and a.sm80)
+    # tensor cores: fp16 / bf16 at every multiple of 8; float32 (split TF32) up to 128
+    fits = dtype in ("float16", "bfloat16") or (dtype == "float32" and head_dim <= 128)
+    assert mma == (fits and head_dim % 8 == 0 and a.sm80)
     plan = _plan.plan_backward(problem, _bwd_layout(2, 100, 77, 8, 2, head_dim, _specs.ITEMSIZE[dtype]), a, mma)
     table = set(_specs.specs_for(a))
     assert {plan.pre, plan.dq, plan.dkdv} <= table
     assert all(_specs.serves(s, head_dim) for s in (plan.pre, plan.dq, plan.dkdv))
     assert plan.dq.head_dim >= head_dim and plan.dkdv.head_dim >= head_dim
-    assert ("_mma<" in plan.dq.name) == mma and ("_mma<" in plan.dkdv.name) == mma
+    kind = "_tf32<" if dtype == "float32" else "_mma<"
+    assert (kind in plan.dq.name) == mma and (kind in plan.dkdv.name) == mma
+    assert all(s.dtype == dtype for s in (plan.pre, plan.dq, plan.dkdv))
     packed = 100 * 4
     assert plan.grids[1] == (-(-packed // plan.dq.block_m) * 4,)  # rows per CTA
     assert plan.grids[2] == (-(-77 // plan.dkdv.block_m) * 4,)  # keys per CTA
