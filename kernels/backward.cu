@@ -488,33 +488,6 @@ __device__ __forceinline__ void products_tf32(float (&c)[NP][NT][4], const unsig
     }
 }
 
-// acc += A X in split TF32 for the float32 kernels (dQ += dS K, dV += P^T dO,
-// dK += dS^T Q): A (16 rows x 8 NT, an accumulator, tf32.cuh: frag_a) against
-// the rows of X of the same k index (x, xs: the lane's element of X's big and
-// small parts, row 2c and column g of its first n8 tile; DT n8 tiles of X's
-// columns; PRE: X split beforehand, else raw at x), each n8 tile's product in
-// a fresh accumulator, added in IEEE fp32.
-template <bool PRE, int NT, int DT, int ROW>
-__device__ __forceinline__ void acc_rows_product(float (&acc)[DT][4], const float (&a)[NT][4], const float* x,
-                                                 const float* xs) {
-    using namespace tf32_detail;
-    unsigned ab[NT][4], as[NT][4];
-#pragma unroll
-    for (int kk = 0; kk < NT; ++kk) frag_a<true>(a[kk], ab[kk], as[kk]);
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-        float part[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int kk = 0; kk < NT; ++kk) {
-            unsigned b0, b1, s0, s1;
-            frag_b_rows<PRE, ROW>(x + kk * 8 * ROW + dt * 8, xs + kk * 8 * ROW + dt * 8, b0, b1, s0, s1);
-            mma_f32<true>(part, ab[kk], as[kk], b0, b1, s0, s1);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[dt][e] += part[e];
-    }
-}
-
 // A float32 tile of ROWS rows (ROW floats apart, D used) split in place by the
 // CTA: big parts over the raw values, small parts into ``small`` (tf32.cuh).
 template <int ROWS, int D, int ROW, int NTHREADS>

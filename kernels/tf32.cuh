@@ -95,7 +95,7 @@ __device__ __forceinline__ void frag_a(const float (&c)[4], unsigned (&big)[4], 
 // shared memory through ldmatrix, at ``addr``: PRE, split beforehand (the big
 // parts there, the small ones ``small_off`` bytes on: split_chunk_in_place);
 // else raw values, split here.
-template <bool PRE>
+template <bool PRE, bool SPLIT = true>
 __device__ __forceinline__ void ldmatrix_split(unsigned (&big)[4], unsigned (&small)[4], unsigned addr, int small_off) {
     if (PRE) {
         ldmatrix_x4(big, addr);
@@ -104,7 +104,7 @@ __device__ __forceinline__ void ldmatrix_split(unsigned (&big)[4], unsigned (&sm
         unsigned raw[4];
         ldmatrix_x4(raw, addr);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) split<true>(__uint_as_float(raw[e]), big[e], small[e]);
+        for (int e = 0; e < 4; ++e) split<SPLIT>(__uint_as_float(raw[e]), big[e], small[e]);
     }
 }
 
@@ -112,7 +112,7 @@ __device__ __forceinline__ void ldmatrix_split(unsigned (&big)[4], unsigned (&sm
 // k8 step whose rows start at x (the lane's element, row 2c and column g of a
 // matrix ROW floats a row), b0 = X[2c][g] and b1 = X[2c+1][g] (scalar shared
 // loads), big and small; PRE as for ldmatrix_split (xs: the small parts' copy).
-template <bool PRE, int ROW>
+template <bool PRE, int ROW, bool SPLIT = true>
 __device__ __forceinline__ void frag_b_rows(const float* x, const float* xs, unsigned& b0, unsigned& b1, unsigned& s0,
                                             unsigned& s1) {
     if (PRE) {
@@ -121,8 +121,34 @@ __device__ __forceinline__ void frag_b_rows(const float* x, const float* xs, uns
         s0 = __float_as_uint(xs[0]);
         s1 = __float_as_uint(xs[ROW]);
     } else {
-        split<true>(x[0], b0, s0);
-        split<true>(x[ROW], b1, s1);
+        split<SPLIT>(x[0], b0, s0);
+        split<SPLIT>(x[ROW], b1, s1);
+    }
+}
+
+// acc += A X (the forward's O += P V; the backward's dQ += dS K, dV += P^T dO,
+// dK += dS^T Q): A (16 rows x 8 NT, an accumulator: frag_a) against the rows
+// of X of the same k index (x, xs: the lane's element of X's big and small
+// parts, row 2c and column g of its first n8 tile; DT n8 tiles of X's columns;
+// PRE: X split beforehand, else raw at x), each n8 tile's product in a fresh
+// accumulator, added in IEEE fp32 (no truncation drift over long rows).
+template <bool PRE, int NT, int DT, int ROW, bool SPLIT = true>
+__device__ __forceinline__ void acc_rows_product(float (&acc)[DT][4], const float (&a)[NT][4], const float* x,
+                                                 const float* xs) {
+    unsigned ab[NT][4], as[NT][4];
+#pragma unroll
+    for (int kk = 0; kk < NT; ++kk) frag_a<SPLIT>(a[kk], ab[kk], as[kk]);
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kk = 0; kk < NT; ++kk) {
+            unsigned b0, b1, s0, s1;
+            frag_b_rows<PRE, ROW, SPLIT>(x + kk * 8 * ROW + dt * 8, xs + kk * 8 * ROW + dt * 8, b0, b1, s0, s1);
+            mma_f32<SPLIT>(part, ab[kk], as[kk], b0, b1, s0, s1);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[dt][e] += part[e];
     }
 }
 

@@ -4,6 +4,7 @@ On the CPU the calls run the NumPy backend; the GPU tests run the kernels.
 Each model is built from a small config with random weights (no download) and
 compared with the same weights under attn_implementation="sdpa".
 """
+import types
 import warnings
 
 import numpy as np
@@ -85,6 +86,23 @@ def test_logits_and_greedy_tokens_match_sdpa(arch, calls):
     # every layer (2) of every forward ran cupy_gqa: the forward, generate's prefill and its
     # 5 decode steps (the 6th token comes from the 5th step's logits)
     assert {shape[2] for shape in calls} == {23, 1} and len(calls) == 2 * (1 + 1 + 5)
+
+
+def test_attention_output_is_in_the_models_memory_order():
+    """The result comes back as transformers' (batch, seqlen, heads, head_dim) in that
+    memory order (as sdpa's kernels write theirs), so the model's reshape to
+    (batch, seqlen, hidden) is a view, not a copy; with grad, autograd's own result."""
+    import cupy_gqa
+
+    module = types.SimpleNamespace(is_causal=True, training=False)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, h, 9, 16, generator=g) for h in (6, 2, 2))
+    out, _ = hf.attention_forward(module, q, k, v, None, scaling=0.25)
+    assert out.shape == (2, 9, 6, 16) and out.is_contiguous()
+    torch.testing.assert_close(out, cupy_gqa.attention(q, k, v, layout="bhsd", softmax_scale=0.25).transpose(1, 2), rtol=0, atol=0)
+    q.requires_grad_()
+    out, _ = hf.attention_forward(module, q, k, v, None, scaling=0.25)
+    assert out.shape == (2, 9, 6, 16) and out.grad_fn is not None
 
 
 def test_unpadded_generate_reads_its_mask_once_per_step(calls, monkeypatch):

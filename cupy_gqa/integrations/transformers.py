@@ -363,7 +363,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     head_dim), key and value (batch, kv_heads, seqlen_k, head_dim); returns
     (out (batch, seqlen_q, heads, head_dim), None)."""
     import cupy_gqa
+    from cupy_gqa import api
 
+    torch = _torch()
     reason = _unsupported(module, query, key, value, attention_mask, dropout, kwargs)
     if reason is not None:
         if isinstance(attention_mask, _Premade):
@@ -386,10 +388,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         key, value = key[:, :, :seqlen_q], value[:, :, :seqlen_q]
     sliding_window = kwargs.get("sliding_window")
     sinks = getattr(module, "sinks", None)
+    out = None
+    if not api._torch_op_call(query, key, value):  # (autograd makes its own result)
+        # the result in (batch, seqlen_q, heads, head_dim) memory, as sdpa's kernels write theirs: the
+        # model's reshape of it to (batch, seqlen_q, hidden) is then a view, not a copy
+        batch, heads, seqlen_q, head_dim = query.shape
+        out = torch.empty((batch, seqlen_q, heads, head_dim), dtype=query.dtype, device=query.device).transpose(1, 2)
     out = cupy_gqa.attention(
         query, key, value, causal=causal, softmax_scale=scaling, layout="bhsd",
         window=(int(sliding_window) - 1, 0 if causal else int(sliding_window) - 1) if sliding_window else None,
         softcap=kwargs.get("softcap"), sinks=None if sinks is None else sinks.detach().float(),
-        cache_leftpad=cache_leftpad, seqlens_k=seqlens_k,
+        cache_leftpad=cache_leftpad, seqlens_k=seqlens_k, out=out,
     )  # fmt: skip
     return out.transpose(1, 2), None  # (batch, seqlen_q, heads, head_dim), no copy
