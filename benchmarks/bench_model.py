@@ -18,7 +18,9 @@ the run reaches both alike. For each implementation it measures:
     twice:
       - warm: lengths seen before, every kernel and plan cached (cuDNN builds
         a plan per new shape);
-      - cold: a prompt length not seen before (511 + i).
+      - cold: a prompt length not seen before, a new one for each model and
+        repetition (511, 510, ...), so that each cold generation pays the
+        first-time costs of its shapes itself.
   - graph: one decode step with a static cache captured in a CUDA graph, the
     replay's time (us per step). It is reported as failed, with the error,
     where the capture fails.
@@ -99,9 +101,14 @@ def measure(torch, models: dict, args, device) -> dict:
             record(f"decode_b{batch}_warm_tok_s", timed(torch, device, fns, args.reps), batch * args.new_tokens)
             cold = {name: [] for name in models}
             names = list(models)
-            for i in range(args.reps):  # a prompt length not seen before, each time (the same for each model)
-                ids = prompt(torch, batch, args.prompt_len - 1 - i, vocab, device, 3 + i)
-                for name in names if i % 2 == 0 else names[::-1]:
+            for i in range(args.reps):
+                # a prompt length that no run has seen, for each model its own: the first-time costs of a
+                # shape that torch's libraries keep per process (cuBLAS's heuristics for the projections'
+                # new row counts, cuDNN's plans) fall on every cold generation, not on whichever model
+                # ran a length first
+                for n, name in enumerate(names if i % 2 == 0 else names[::-1]):
+                    length = args.prompt_len - 1 - (i * len(names) + n)
+                    ids = prompt(torch, batch, length, vocab, device, 3 + i * len(names) + n)
                     sync(torch, device)
                     t0 = time.perf_counter()
                     models[name].generate(ids, **gen)

