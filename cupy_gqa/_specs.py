@@ -677,15 +677,18 @@ BWD_DQ_TILES = {32: (64, 64, 4), 64: (64, 64, 4), 96: (64, 64, 4), 128: (64, 64,
 # padded head dim -> dK/dV kernel (KEY_WARPS: 16 keys each, BLOCK_M packed rows per Q/dO tile,
 # DSPLIT: warps sharing a key slab's head dims, 2 above 128 where one warp's dK, dV rows don't fit)
 BWD_DKDV_TILES = {32: (4, 64, 1), 64: (4, 64, 1), 96: (4, 32, 1), 128: (4, 32, 1), 192: (4, 32, 2), 256: (4, 32, 2)}
-# float32 (split TF32, rows of head_dim + 4 floats), padded head dims up to 128 (above, a warp's 16
-# rows of dQ take 96 or 128 accumulators a lane beside the products' and ptxas spills: the CUDA-core
-# kernels run those): padded head dim -> dQ kernel (BLOCK_M, BLOCK_N, NUM_WARPS, PRESPLIT: where Q,
-# dO, K, V are split, as in tiled_tf32: 0 at each use, 1 K and V once per CTA, 2 also Q and dO) and
-# dK/dV kernel (KEY_WARPS, BLOCK_M, DSPLIT). The largest split mode that keeps two dQ CTAs per SM
-# where one does (D32, D64, D96), else the largest that fits; dK/dV warps keep at most 64 head dims
-# of dK and dV each (beside them, P^T and dS^T as operands).
-BWD_TF32_DQ_TILES = {32: (64, 32, 4, 2), 64: (64, 32, 4, 1), 96: (64, 32, 4, 0), 128: (64, 16, 4, 1)}
-BWD_TF32_DKDV_TILES = {32: (4, 32, 1), 64: (4, 32, 1), 96: (2, 16, 2), 128: (2, 32, 2)}
+# float32 (split TF32, rows of head_dim + 4 floats): padded head dim -> dQ kernel (BLOCK_M, BLOCK_N,
+# ROW_WARPS: 16-row slabs, DSPLIT: warps sharing a slab's head dims, PRESPLIT: where Q, dO, K, V are
+# split, as in tiled_tf32: 0 at each use, 1 K and V once per CTA, 2 also Q and dO) and dK/dV kernel
+# (KEY_WARPS, BLOCK_M, DSPLIT). The largest split mode that keeps two dQ CTAs per SM where one does
+# (D32, D64, D96), else the largest that fits, but 0 at D192 and D256 (the in-place split's side
+# tiles cost registers there: sm_100 spilled 8 to 12 bytes at D192); a warp keeps at most 64 head
+# dims of dQ, and of dK and dV each (beside them the products' operands: above, ptxas spills).
+BWD_TF32_DQ_TILES = {
+    32: (64, 32, 4, 1, 2), 64: (64, 32, 4, 1, 1), 96: (64, 32, 4, 1, 0), 128: (64, 16, 4, 1, 1),
+    192: (64, 16, 4, 2, 0), 256: (64, 16, 4, 2, 0),
+}  # fmt: skip
+BWD_TF32_DKDV_TILES = {32: (4, 32, 1), 64: (4, 32, 1), 96: (2, 16, 2), 128: (2, 32, 2), 192: (2, 16, 4), 256: (1, 16, 4)}
 BWD_PREPROCESS_THREADS = 256  # kernels/backward.cu: bwd_preprocess's __launch_bounds__
 BWD_ROWS_THREADS = 128  # kernels/backward.cu: BWD_ROWS_THREADS
 
@@ -726,25 +729,25 @@ def bwd_dkdv_tf32_smem(head_dim: int, block_n: int, block_m: int) -> int:
 @functools.lru_cache(maxsize=None)
 def bwd_dq_tf32_spec(head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
     """The float32 dQ kernel: the table's split mode lowered, then BLOCK_N halved
-    (down to 16), then BLOCK_M with the warps (16 rows each), until it fits ``arch``."""
-    bm, bn, warps, presplit = BWD_TF32_DQ_TILES[head_dim_pad]
+    (down to 16), then BLOCK_M with its slabs (16 rows each), until it fits ``arch``."""
+    bm, bn, slabs, dsplit, presplit = BWD_TF32_DQ_TILES[head_dim_pad]
     while bwd_dq_tf32_smem(head_dim_pad, bm, bn, presplit) > arch.smem and (presplit > 0 or bn > 16 or bm > 16):
         if presplit > 0:
             presplit -= 1
         elif bn > 16:
             bn //= 2
         else:
-            bm, warps = bm // 2, warps // 2
+            bm, slabs = bm // 2, slabs // 2
     smem = bwd_dq_tf32_smem(head_dim_pad, bm, bn, presplit)
     if not arch.sm80 or smem > arch.smem:
         return None
     return Spec(
         family="backward",
         source="backward.cu",
-        name=f"bwd_dq_tf32<{head_dim_pad}, {bm}, {bn}, {warps}, {str(causal).lower()}, {presplit}, {smem}>",
+        name=f"bwd_dq_tf32<{head_dim_pad}, {bm}, {bn}, {slabs}, {dsplit}, {str(causal).lower()}, {presplit}, {smem}>",
         dtype="float32",
         head_dim=head_dim_pad,
-        threads=warps * 32,
+        threads=slabs * dsplit * 32,
         block_m=bm,  # packed query rows per CTA
         smem=smem,
     )
@@ -884,8 +887,6 @@ def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch) -> tuple[
         return None
     dpad = bwd_head_dim_pad(head_dim)
     if dtype == "float32":
-        if dpad not in BWD_TF32_DQ_TILES:
-            return None
         dq, dkdv = bwd_dq_tf32_spec(dpad, causal, arch), bwd_dkdv_tf32_spec(dpad, causal, arch)
     else:
         dq, dkdv = bwd_dq_mma_spec(dtype, dpad, causal, arch), bwd_dkdv_mma_spec(dtype, dpad, causal, arch)

@@ -835,8 +835,8 @@ def attention_backward(
     ``seqlens_k[b]``, get dk = dv = 0. Arithmetic is float32 (float64 for
     float64 inputs; the float64 paths rebuild lse in float64 rather than trust
     a float32 one). On CUDA, fp16 / bf16 run on the tensor cores
-    (kernels/backward.cu), float32 too up to head_dim 128 (split TF32,
-    fp32-accurate), and every result is deterministic: two calls give
+    (kernels/backward.cu), float32 too (split TF32, fp32-accurate), and
+    every result is deterministic: two calls give
     bitwise-equal gradients. Inputs are never modified.
     """
     if layout not in LAYOUTS:

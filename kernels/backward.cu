@@ -70,7 +70,7 @@
  *   rows of q, k, v, dout, dq, dk, dv; scale_log2 > 0 (masked scores are -inf
  *   before the scaling).
  *
- * float32 tensor-core kernels (sm_80+, padded head dims 32 to 128; split TF32,
+ * float32 tensor-core kernels (sm_80+, the padded head dims above; split TF32,
  * kernels/tf32.cuh: three TF32 m16n8k8 products per product, fp32-class error):
  *   bwd_dq_tf32, bwd_dkdv_tf32: the two kernels above on float32 tiles (rows of
  *     D + 4 floats), P^T, dS^T and dS taken from the accumulators as A operands
@@ -78,6 +78,8 @@
  *     kernel rebuilds lse2 from its own scores with the forward's online
  *     softmax and writes it for the dK/dV kernel, whose S^T carries the same
  *     bits (the products with the operands' roles swapped, in the same order).
+ *     Above head dim 128 two warps share a slab of 16 rows (dQ) or keys
+ *     (dK/dV: four) and split its head dims, both computing its S and dP.
  *
  * CUDA-core kernels (every dtype and head dim, any strides; float64
  * everywhere, the other dtypes where the tensor-core kernels don't run):
@@ -233,12 +235,13 @@ __device__ __forceinline__ void load_k_v(T* sK, T* sV, const T* kbase, const T* 
     load_key_rows<T, ROWS, D, ROW, NTHREADS>(sV, vbase, p.a.v_stride[1], v, key0, seqlen_k, head_dim, tid);
 }
 
-// A warp's 16 rows of dQ (packed rows from pr0), staged in shared memory at sO,
-// to dq (rows past packed_rows skipped).
-template <typename T, int D, int ROW>
+// ROWS rows of dQ (packed rows from pr0), staged in shared memory at sO, to dq
+// by NTHREADS threads (tid: the thread's index among them; rows past
+// packed_rows skipped).
+template <typename T, int ROWS, int D, int ROW, int NTHREADS>
 __device__ __forceinline__ void store_dq(const T* sO, T* dq, const BwdParams& p, int b, int kvh, int pr0,
-                                         int packed_rows, int group, int head_dim, int lane) {
-    store_rows<T, 16, D, ROW, 32>(sO, head_dim, lane, [&](int r) -> T* {
+                                         int packed_rows, int group, int head_dim, int tid) {
+    store_rows<T, ROWS, D, ROW, NTHREADS>(sO, head_dim, tid, [&](int r) -> T* {
         const int pr = pr0 + r;
         if (pr >= packed_rows) return nullptr;
         const int t = pr / group, g = pr - (pr / group) * group;
@@ -672,7 +675,7 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
                 pack2<T>(dq_acc[dt][2 * hf] * sc, dq_acc[dt][2 * hf + 1] * sc);
     }
     __syncwarp();
-    store_dq<T, D, ROW>(sO, dq, p, b, kvh, row0 + warp * 16, packed_rows, group, head_dim, lane);
+    store_dq<T, 16, D, ROW, 32>(sO, dq, p, b, kvh, row0 + warp * 16, packed_rows, group, head_dim, lane);
 }
 
 // ---- 3. dK, dV on the tensor cores ------------------------------------------------------
@@ -819,23 +822,27 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 // at the end, and lse2 = m + log2 l goes to the workspace for bwd_dkdv_tf32,
 // whose scores are these bits (two_products_tf32: SWAPPED). PRESPLIT: where
 // the operands are split (as in kernels/tiled_tf32.cu): 0 in registers at
-// each use, 1 each K and V tile once per CTA, 2 also Q and dO, once.
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int PRESPLIT, int SMEM_BYTES>
-__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+// each use, 1 each K and V tile once per CTA, 2 also Q and dO, once. DSPLIT:
+// warps sharing a 16-row slab, each with head dims [dpart DH, + DH) of its dQ
+// (DSPLIT = 2 above head dim 128, where a warp's whole rows would spill); both
+// compute the slab's S and dP (the same bits, so the same m and l).
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int ROW_WARPS, int DSPLIT, bool CAUSAL, int PRESPLIT, int SMEM_BYTES>
+__global__ void __launch_bounds__(ROW_WARPS * DSPLIT * 32, 1)
 bwd_dq_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
             const float* __restrict__ dout, const float* __restrict__ delta_ws, float* __restrict__ lse2_ws,
             float* __restrict__ dq, const int* __restrict__ seqlens_k, const BwdParams p) {
     using namespace bwd_detail;
     using namespace tf32_detail;
     constexpr int D = HEAD_DIM;
-    constexpr int NTHREADS = NUM_WARPS * 32;
+    constexpr int NTHREADS = ROW_WARPS * DSPLIT * 32;
+    constexpr int DH = D / DSPLIT;   // head dims of a warp's dQ
     using L = DqTf32Smem<D, BLOCK_M, BLOCK_N, PRESPLIT>;
     constexpr int ROW = L::ROW;
     constexpr int KD = D / 8;        // k8 steps of Q K^T and dO V^T
     constexpr int NT = BLOCK_N / 8;  // n8 tiles of S and dP (k8 steps of dS K)
-    constexpr int DT = D / 8;        // n8 tiles of dQ
-    static_assert(BLOCK_M == 16 * NUM_WARPS, "16 rows per warp");
-    static_assert(D % 32 == 0 && D <= 128 && BLOCK_N % 16 == 0, "tile shapes (above 128, dQ's accumulators would spill)");
+    constexpr int DT = DH / 8;       // n8 tiles of the warp's dQ
+    static_assert(BLOCK_M == 16 * ROW_WARPS, "16 rows per slab");
+    static_assert(D % 32 == 0 && DH % 8 == 0 && BLOCK_N % 16 == 0, "tile shapes");
     static_assert(PRESPLIT >= 0 && PRESPLIT <= 2, "PRESPLIT: 0, 1 or 2");
     static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
 
@@ -847,6 +854,7 @@ bwd_dq_tf32(const float* __restrict__ q, const float* __restrict__ k, const floa
     float* sV = smem + L::V;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g_lane = lane >> 2, c_lane = lane & 3;
+    const int slab = warp % ROW_WARPS, dpart = warp / ROW_WARPS;  // rows [16 slab, + 16), dims [dpart DH, + DH)
     const float scale_log2 = (float)p.a.scale_log2;
     const int head_dim = p.a.head_dim;
 
@@ -870,7 +878,7 @@ bwd_dq_tf32(const float* __restrict__ q, const float* __restrict__ k, const floa
     float delta_r[2];  // the lane's rows g and g + 8 of the warp's 16
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-        const int pr = row0 + warp * 16 + g_lane + hf * 8;
+        const int pr = row0 + slab * 16 + g_lane + hf * 8;
         delta_r[hf] = pr < packed_rows ? delta_ws[ws_row(p, b, kvh, pr)] : 0.f;
     }
     float dq_acc[DT][4];
@@ -880,9 +888,9 @@ bwd_dq_tf32(const float* __restrict__ q, const float* __restrict__ k, const floa
         for (int e = 0; e < 4; ++e) dq_acc[dt][e] = 0.f;
     float m_run[2] = {neg_inf<float>(), neg_inf<float>()}, l_run[2] = {0.f, 0.f};
 
-    // ldmatrix lane offsets (kernels/tiled_tf32.cu): a_off for the warp's rows of
+    // ldmatrix lane offsets (kernels/tiled_tf32.cu): a_off for the slab's rows of
     // A (Q, dO), k_off for B read from rows of its n index (K, V)
-    const int a_off = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ROW + (lane >> 4) * 4;
+    const int a_off = (slab * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ROW + (lane >> 4) * 4;
     const int k_off = ((lane & 7) + (lane >> 4) * 8) * ROW + ((lane >> 3) & 1) * 4;
     constexpr int Q_SMALL = (L::Q_SMALL - L::Q) * 4;  // bytes from a big part to its small part (PRESPLIT 2)
 
@@ -922,7 +930,7 @@ bwd_dq_tf32(const float* __restrict__ q, const float* __restrict__ k, const floa
         if (n0 + BLOCK_N > keys.free) {
             int last[2];
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) last[hf] = keys.last_key(row0 + warp * 16 + g_lane + hf * 8);
+            for (int hf = 0; hf < 2; ++hf) last[hf] = keys.last_key(row0 + slab * 16 + g_lane + hf * 8);
             softmax::frag_mask(s, n0, lane, last);
         }
 
@@ -934,14 +942,14 @@ bwd_dq_tf32(const float* __restrict__ q, const float* __restrict__ k, const floa
         for (int kk = 0; kk < NT; ++kk)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[kk][e] *= dp[kk][e] - delta_r[e >> 1];
-        const int lane_at = 2 * c_lane * ROW + g_lane;
+        const int lane_at = 2 * c_lane * ROW + dpart * DH + g_lane;
         acc_rows_product<PRESPLIT >= 1, NT, DT, ROW>(dq_acc, s, sKs + lane_at, smem + L::K_SMALL + lane_at);
     }
     cp_async_wait<0>();  // nothing in flight (also when num_n == 0)
     __syncthreads();     // every warp is done with the tiles
 
     // ---- dq = scale dQ / l and lse2 = m + log2 l (+inf: no key seen; NaN: bad length) ----
-    float* sO = sQ + warp * 16 * ROW;
+    float* sO = sQ + slab * 16 * ROW + dpart * DH;  // the slab's Q rows, the warp's dims
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         float l;
@@ -952,12 +960,17 @@ bwd_dq_tf32(const float* __restrict__ q, const float* __restrict__ k, const floa
             sO[r * ROW + dt * 8 + c_lane * 2] = dq_acc[dt][2 * hf] * f;
             sO[r * ROW + dt * 8 + c_lane * 2 + 1] = dq_acc[dt][2 * hf + 1] * f;
         }
-        const int pr = row0 + warp * 16 + r;
-        if (c_lane == 0 && pr < packed_rows)
+        const int pr = row0 + slab * 16 + r;
+        if (dpart == 0 && c_lane == 0 && pr < packed_rows)
             lse2_ws[ws_row(p, b, kvh, pr)] = len < 0 ? quiet_nan() : l > 0.f ? m_run[hf] + log2f(l) : pos_inf<float>();
     }
-    __syncwarp();
-    store_dq<float, D, ROW>(sO, dq, p, b, kvh, row0 + warp * 16, packed_rows, group, head_dim, lane);
+    if (DSPLIT == 1) {  // a warp's rows are its own
+        __syncwarp();
+        store_dq<float, 16, D, ROW, 32>(sQ + slab * 16 * ROW, dq, p, b, kvh, row0 + slab * 16, packed_rows, group, head_dim, lane);
+    } else {
+        __syncthreads();
+        store_dq<float, BLOCK_M, D, ROW, NTHREADS>(sQ, dq, p, b, kvh, row0, packed_rows, group, head_dim, tid);
+    }
 }
 
 // ---- 3b. dK, dV in float32 on the tensor cores (split TF32) -----------------------------

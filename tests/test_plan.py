@@ -452,8 +452,9 @@ def test_backward_plan_picks_a_kernel_of_the_table(arch, dtype, head_dim):
     a = _specs.ARCHS[arch]
     problem = _plan.Problem(2, 100, 77, 8, 2, head_dim, dtype, True, 0.125)
     mma = _plan.backward_mma_unsupported(problem, a) is None
-    # tensor cores: fp16 / bf16 at every multiple of 8; float32 (split TF32) up to 128
-    fits = dtype in ("float16", "bfloat16") or (dtype == "float32" and head_dim <= 128)
+    # tensor cores: fp16 / bf16 at every multiple of 8; float32 (split TF32) too, above head dim 128
+    # where a dK/dV block of 16 keys fits (not in the 99 KB of sm_86, sm_89, sm_120)
+    fits = dtype in ("float16", "bfloat16") or (dtype == "float32" and (head_dim <= 128 or a.smem > 128 * 1024))
     assert mma == (fits and head_dim % 8 == 0 and a.sm80)
     plan = _plan.plan_backward(problem, _bwd_layout(2, 100, 77, 8, 2, head_dim, _specs.ITEMSIZE[dtype]), a, mma)
     table = set(_specs.specs_for(a))
