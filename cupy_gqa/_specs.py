@@ -681,12 +681,13 @@ BWD_DKDV_TILES = {32: (4, 64, 1), 64: (4, 64, 1), 96: (4, 32, 1), 128: (4, 32, 1
 # ROW_WARPS: 16-row slabs, DSPLIT: warps sharing a slab's head dims, PRESPLIT: where Q, dO, K, V are
 # split, as in tiled_tf32: 0 at each use, 1 K and V once per CTA, 2 also Q and dO) and dK/dV kernel
 # (KEY_WARPS, BLOCK_M, DSPLIT). The largest split mode that keeps two dQ CTAs per SM where one does
-# (D32, D64, D96), else the largest that fits, but 0 at D192 and D256 (the in-place split's side
-# tiles cost registers there: sm_100 spilled 8 to 12 bytes at D192); a warp keeps at most 64 head
-# dims of dQ, and of dK and dV each (beside them the products' operands: above, ptxas spills).
+# (D32, D64, D96), else the largest that fits; a warp keeps at most 64 head dims of dQ, and of dK
+# and dV each (beside them the products' operands: above, ptxas spills), and above head dim 128 a
+# 16-row slab's dQ is split four ways (two spilled 8 to 60 bytes with NVRTC 12 or 13 on some
+# architectures).
 BWD_TF32_DQ_TILES = {
     32: (64, 32, 4, 1, 2), 64: (64, 32, 4, 1, 1), 96: (64, 32, 4, 1, 0), 128: (64, 16, 4, 1, 1),
-    192: (64, 16, 4, 2, 0), 256: (64, 16, 4, 2, 0),
+    192: (32, 16, 2, 4, 0), 256: (32, 16, 2, 4, 0),
 }  # fmt: skip
 BWD_TF32_DKDV_TILES = {32: (4, 32, 1), 64: (4, 32, 1), 96: (2, 16, 2), 128: (2, 32, 2), 192: (2, 16, 4), 256: (1, 16, 4)}
 BWD_PREPROCESS_THREADS = 256  # kernels/backward.cu: bwd_preprocess's __launch_bounds__

@@ -78,8 +78,8 @@
  *     kernel rebuilds lse2 from its own scores with the forward's online
  *     softmax and writes it for the dK/dV kernel, whose S^T carries the same
  *     bits (the products with the operands' roles swapped, in the same order).
- *     Above head dim 128 two warps share a slab of 16 rows (dQ) or keys
- *     (dK/dV: four) and split its head dims, both computing its S and dP.
+ *     Above head dim 128 four warps share a slab of 16 rows (dQ) or keys
+ *     (dK/dV) and split its head dims, each computing the slab's S and dP.
  *
  * CUDA-core kernels (every dtype and head dim, any strides; float64
  * everywhere, the other dtypes where the tensor-core kernels don't run):
@@ -824,8 +824,9 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 // the operands are split (as in kernels/tiled_tf32.cu): 0 in registers at
 // each use, 1 each K and V tile once per CTA, 2 also Q and dO, once. DSPLIT:
 // warps sharing a 16-row slab, each with head dims [dpart DH, + DH) of its dQ
-// (DSPLIT = 2 above head dim 128, where a warp's whole rows would spill); both
-// compute the slab's S and dP (the same bits, so the same m and l).
+// (DSPLIT = 4 above head dim 128, where a warp's whole rows would spill, and
+// with two ptxas, 8 to 60 bytes, at the half); each computes the slab's S and
+// dP (the same bits, so the same m and l).
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int ROW_WARPS, int DSPLIT, bool CAUSAL, int PRESPLIT, int SMEM_BYTES>
 __global__ void __launch_bounds__(ROW_WARPS * DSPLIT * 32, 1)
 bwd_dq_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
