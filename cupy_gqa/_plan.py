@@ -283,6 +283,22 @@ def plan_tiled(problem: Problem, layout: tuple, arch: _specs.Arch) -> Launch:
     return _prefill_launch(problem, layout, problem.spec(spec))
 
 
+def set_f32_highest(products: str) -> str:
+    """Make float32 calls with precision="highest" run the tiled kernel's scheme
+    ``products`` (_specs.F32_PRODUCTS) from now on, in this process; returns the
+    scheme they ran before. For the tests and benchmarks that run both schemes:
+    the plans and repeat-call entries made under the old one are forgotten."""
+    if products not in _specs.F32_PRODUCTS:
+        raise ValueError(f"products: expected one of {_specs.F32_PRODUCTS}, got {products!r}")
+    from . import _fast
+
+    old, _specs.F32_HIGHEST = _specs.F32_HIGHEST, products
+    _specs.tiled_f32_spec.cache_clear()
+    plan_tiled.cache_clear()
+    _fast.clear()
+    return old
+
+
 def tiled_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> Launch:
     """``checked``: choose_kernel has already found that tiled_unsupported is None."""
     reason = None if checked else tiled_unsupported(problem, q, k, v, out)

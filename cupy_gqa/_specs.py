@@ -310,11 +310,67 @@ def tiled_f32_smem(head_dim: int, block_m: int, block_n: int, presplit: int) -> 
     return tiles * (head_dim + 4) * 4
 
 
+# precision "highest" multiplies float32 on the tensor cores in one of two ways,
+# each three products per product, each fp32-accurate on the tests' inputs:
+#   "tf32x3"  split TF32 (kernels/tiled_tf32.cu), at TF32's rate;
+#   "f16x2"   fp16 pairs (kernels/tiled_f16x2.cu), at fp16's rate (twice TF32's),
+#             each tile scaled by a power of two into fp16's range.
+# F32_HIGHEST is the one the calls take; the other is compiled, tested and
+# benchmarked beside it (benchmarks/dev/f16x2_ab.py) until the H200 decides.
+F32_HIGHEST = "tf32x3"
+F32_PRODUCTS = ("tf32x3", "f16x2")
+# head_dim -> (BLOCK_M, BLOCK_N, NUM_WARPS) of kernels/tiled_f16x2.cu: fp16 pairs
+# of Q, K and V and an fp32 landing stage for K and V; two CTAs per SM on the
+# 227 KB GPUs. Not at head dim 256, whose O (128 registers a thread) spills
+# there: split TF32 takes it, as it takes a head dim whose tile does not fit.
+TILED_F16X2_TILES = {
+    32: (64, 64, 4),
+    64: (64, 64, 4),
+    96: (64, 32, 4),
+    128: (64, 32, 4),
+}
+
+
+def tiled_f16x2_smem(head_dim: int, block_m: int, block_n: int) -> int:
+    """Dynamic shared memory of kernels/tiled_f16x2.cu (f16x2_detail::F16x2Smem):
+    the fp16 pairs of a Q tile and of one K and one V tile (rows of head_dim + 8
+    halves), the fp32 landing rows of K and V, and 32 bytes of tile maxima."""
+    return (2 * block_m + 4 * block_n) * (head_dim + 8) * 2 + 2 * block_n * head_dim * 4 + 32
+
+
 @functools.lru_cache(maxsize=None)
-def tiled_f32_spec(head_dim: int, causal: bool, precision: str, arch: Arch) -> Spec | None:
+def tiled_f16x2_spec(head_dim: int, causal: bool, arch: Arch) -> Spec | None:
+    """The float32 fp16-pair tiled kernel for one (head_dim, causal) on ``arch``,
+    or None where it does not fit or without sm_80."""
+    if head_dim not in TILED_F16X2_TILES:
+        return None
+    bm, bn, warps = TILED_F16X2_TILES[head_dim]
+    smem = tiled_f16x2_smem(head_dim, bm, bn)
+    if not arch.sm80 or smem > arch.smem:
+        return None
+    return Spec(
+        family="tiled",
+        source="tiled_f16x2.cu",
+        name=f"tiled_f16x2_attention<{head_dim}, {bm}, {bn}, {warps}, {str(causal).lower()}, {smem}>",
+        dtype="float32",
+        head_dim=head_dim,
+        threads=warps * 32,
+        block_m=bm,
+        smem=smem,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def tiled_f32_spec(head_dim: int, causal: bool, precision: str, arch: Arch, products: str | None = None) -> Spec | None:
     """The float32 tiled kernel for one (head_dim, causal, precision) on ``arch``:
-    the table's tile and PRESPLIT mode, with the mode lowered until it fits the
+    for "highest", the scheme ``products`` (F32_PRODUCTS; default F32_HIGHEST);
+    fp16 pairs where their table has the head dim and the tile fits, else split
+    TF32's tile and PRESPLIT mode, with the mode lowered until it fits the
     architecture's shared memory; None where nothing fits or without sm_80."""
+    if precision == "highest" and (products or F32_HIGHEST) == "f16x2":
+        spec = tiled_f16x2_spec(head_dim, causal, arch)
+        if spec is not None:
+            return spec
     bm, bn, warps, presplit = TILED_F32_TILES[head_dim]
     split = precision == "highest"
     presplit = presplit if split else 0
@@ -941,6 +997,9 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
             for causal in (True, False):
                 for precision in PRECISIONS if dtype == "float32" else ("highest",):
                     add(tiled_any_spec(dtype, head_dim, causal, precision, arch))
+                if dtype == "float32":  # both schemes of "highest" (F32_PRODUCTS)
+                    for products in F32_PRODUCTS:
+                        add(tiled_f32_spec(head_dim, causal, "highest", arch, products))
     for dtype in HOPPER_DTYPES:
         for dpad in HOPPER_TILES:
             for causal in (True, False):

@@ -60,6 +60,7 @@
 #include "common.cuh"
 #include "softmax.cuh"
 #include "tf32.cuh"
+#include "tiled_f32.cuh"
 
 namespace tf32_detail {
 
@@ -255,22 +256,9 @@ __device__ __forceinline__ void tiled_tf32_body(
                 for (int e = 0; e < 4; ++e) s[nt][e] += part[nt][e];
         }
 
-        // ---- mask (only tiles crossing the diagonal or the end of the keys) -------
-        const int n0 = j * BLOCK_N;
-        if constexpr (!M::ANY) {
-            if (n0 + BLOCK_N > keys.free) {
-                int last[2];  // last visible key of each of the lane's rows
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) last[hf] = keys.last_key(row0 + warp * 16 + g_lane + hf * 8);
-                softmax::frag_mask(s, n0, lane, last);
-            }
-            // ---- online softmax (softmax.cuh), the scale inside the exp2, eager -------
-            softmax::frag_update<0, true>(s, o_acc, m_run, l_run, scale_log2, softmax::ExactExp2());
-        } else {
-            // modifiers (softmax.cuh: frag_modify), then the update
-            const float scale = softmax::frag_modify<M, CAUSAL>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
-            softmax::frag_update<0, true>(s, o_acc, m_run, l_run, scale, softmax::ExactExp2());
-        }
+        // ---- mask or modifiers, online softmax (eager, the scale inside the exp2) --
+        f32_tiled::tile_update<M, CAUSAL, BLOCK_N>(s, o_acc, m_run, l_run, j * BLOCK_N, row0 + warp * 16 + g_lane, lane,
+                                                   keys, mp, sq, mrow, scale_log2);
 
         // ---- O += P V: key 2c is k = c, key 2c+1 is k = c+4 ----------------------
         // (each n8 tile of O gets this K/V tile's product in a fresh accumulator,
@@ -305,36 +293,8 @@ __device__ __forceinline__ void tiled_tf32_body(
     __syncthreads();     // every warp is done with sQ before it is overwritten
 
     // ---- epilogue: O / l into the warp's own Q rows, then 16-byte stores --------
-    float* sO = sQ + warp * 16 * ROW;
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        float l;
-        const float inv = softmax::frag_row_end<M::SINKS>(l_run[hf], m_run[hf], l, len < 0, [&] {
-            return mods::sink2<M, float>(mp, q_head_of(kvh, (row0 + warp * 16 + g_lane + hf * 8) % group, group));
-        });
-        const int r = g_lane + hf * 8;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            sO[r * ROW + dt * 8 + c_lane * 2] = o_acc[dt][2 * hf] * inv;
-            sO[r * ROW + dt * 8 + c_lane * 2 + 1] = o_acc[dt][2 * hf + 1] * inv;
-        }
-        const int pr = row0 + warp * 16 + r;
-        if (lse != nullptr && c_lane == 0 && pr < packed_rows) {
-            const int t = pr / group, g = pr % group;
-            lse[sqn.lse_at(kvh, g, group, t, p.num_q_heads, p.seqlen_q)] = softmax::lse(m_run[hf], l, len < 0);
-        }
-    }
-    __syncwarp();
-#pragma unroll
-    for (int i = 0; i < (16 * CH + 31) / 32; ++i) {
-        const int c = lane + i * 32, r = c / CH, ch = c % CH;
-        const int pr = row0 + warp * 16 + r;
-        if (((16 * CH) % 32 == 0 || c < 16 * CH) && pr < packed_rows) {
-            const int t = pr / group, g = pr % group;
-            float* dst = out + b * p.o_stride[0] + (index_t)(sqn.q0() + t) * p.o_stride[1] + q_head_of(kvh, g, group) * p.o_stride[2] + ch * 4;
-            *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(sO + r * ROW + ch * 4);
-        }
-    }
+    f32_tiled::store_rows<M, D, ROW>(sQ + warp * 16 * ROW, o_acc, l_run, m_run, 1.f, [](float x) { return x; }, out, lse,
+                                     p, mp, sqn, b, kvh, group, row0 + warp * 16, packed_rows, len, lane);
 }
 
 // SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:

@@ -18,6 +18,15 @@ NP_DTYPES = {
 }
 
 
+# CUPY_GQA_TEST_F32_PRODUCTS (one of cupy_gqa._specs.F32_PRODUCTS) runs the
+# suite's float32 calls with precision="highest" on that scheme of the tiled
+# kernel (split TF32 or fp16 pairs), where the calls take the other one.
+if os.environ.get("CUPY_GQA_TEST_F32_PRODUCTS"):
+    from cupy_gqa import _plan
+
+    _plan.set_f32_highest(os.environ["CUPY_GQA_TEST_F32_PRODUCTS"])
+
+
 @functools.cache
 def gpu_available() -> bool:
     try:

@@ -148,7 +148,7 @@ def test_modifier_kernels_compile_without_spills(spec):
     assert _spills(report) == (0, 0, 0), report.message
 
 
-@pytest.mark.parametrize("family_source", ["rowwise.cu", "tiled.cu", "tiled_tf32.cu", "hopper.cu", "decode.cu"])
+@pytest.mark.parametrize("family_source", ["rowwise.cu", "tiled.cu", "tiled_tf32.cu", "tiled_f16x2.cu", "hopper.cu", "decode.cu"])
 def test_user_modifiers_compile_into_each_kernel_file(family_source):
     """A ScoreMod and a MaskMod with buffers compile into the kernels (all six modifiers: FLAGS 63)."""
     import numpy as np

@@ -120,6 +120,29 @@ def test_float32_tiled_plan_follows_precision(precision, split):
     assert launch.grid == (-(-64 * 4 // 64) * 2 * 2,)  # packed rows 64 x group 4, 64 per CTA; x batch x kv heads
 
 
+@pytest.mark.parametrize("head_dim, arch, expected", [
+    (128, "sm_90", "tiled_f16x2_attention<128, 64, 32, 4, true, 102432>"),  # pairs: 2 x 64 + 4 x 32 rows of 136 halves, 2 x 32 x 128 floats, 32
+    (64, "sm_80", "tiled_f16x2_attention<64, 64, 64, 4, true, 88096>"),
+    (256, "sm_90", "tiled_tf32_attention<256, 64, 16, 4, true, true, 1, 166400>"),  # not in the pairs' table
+    (128, "sm_86", "tiled_tf32_attention<128, 64, 16, 4, true, true, 1, 84480>"),  # the pairs' tile is over 99 KB
+])  # fmt: skip
+def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
+    """With fp16 pairs chosen, "highest" runs them where their table has the head
+    dim and the tile fits; elsewhere split TF32. "tf32" never changes."""
+    layout = ((2, 64, 8, head_dim), (64 * 8 * head_dim * 4, 8 * head_dim * 4, head_dim * 4, 4), 4)
+    old = _plan.set_f32_highest("f16x2")
+    try:
+        problem = _plan.Problem(2, 64, 64, 8, 2, head_dim, "float32", True, 0.1, "highest")
+        assert _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS[arch]).spec.name == expected
+        tf32 = _plan.Problem(2, 64, 64, 8, 2, head_dim, "float32", True, 0.1, "tf32")
+        assert _plan.plan_tiled(tf32, (layout,) * 4, _specs.ARCHS[arch]).spec.source == "tiled_tf32.cu"
+    finally:
+        assert _plan.set_f32_highest(old) == "f16x2"
+    assert _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS[arch]).spec.source == "tiled_tf32.cu"
+    with pytest.raises(ValueError, match="products: expected one of"):
+        _plan.set_f32_highest("fp16")
+
+
 def test_precision_only_matters_for_float32():
     q = np.zeros((1, 3, 4, 8), np.float16)
     k = np.zeros((1, 5, 2, 8), np.float16)

@@ -24,6 +24,10 @@
 #                                               padding): their GPU tests with decode, graphs and interop, a
 #                                               D1/P1-P3/V1 bench, then the sanitizer on every family's
 #                                               per-sequence calls (each tool a process)
+#   benchmarks/dev/device_check.sh f32          one call for float32's two schemes of precision="highest"
+#                                               (cupy_gqa/_specs.py: F32_PRODUCTS): both through
+#                                               tests/test_gpu_f32_products.py, fp16 pairs through the float32
+#                                               GPU tests and the sanitizer on tiled, F1/F2 timed side by side
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -99,6 +103,22 @@ case "$stage" in
     SANITIZE_GROUPS="hopper:seq|tiled:seq|rowwise:seq|decode:seq" timeout -s KILL 240 \
       bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"
     echo "sanitize rc $? in $((SECONDS - t0)) s"; reap ;;
+  f32)
+    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
+    t0=$SECONDS
+    timeout -s KILL 150 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_f32_products.py \
+      >"$out/f32_tests.txt" 2>&1
+    echo "both schemes rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/f32_tests.txt" | tail -12
+    t0=$SECONDS
+    CUPY_GQA_TEST_F32_PRODUCTS=f16x2 timeout -s KILL 240 python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
+      tests/test_gpu_kernels.py tests/test_gpu_modifiers.py tests/test_gpu_seq.py tests/test_gpu_fuzz.py \
+      tests/test_gpu_graphs.py -k "float32 or fp32" >"$out/f16x2_tests.txt" 2>&1
+    echo "fp16 pairs suite rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/f16x2_tests.txt" | tail -12
+    timeout -s KILL 90 python3 benchmarks/dev/tf32_ab.py --cases F1,F2,F1s --modes t,f16x2 >"$out/f32_ab.txt" 2>&1
+    echo "ab rc $?"; reap; tail -8 "$out/f32_ab.txt"
+    t0=$SECONDS
+    CUPY_GQA_TEST_F32_PRODUCTS=f16x2 SANITIZE_KERNELS=tiled timeout -s KILL 200 bash tests/sanitize.sh >"$out/sanitize.txt" 2>&1
+    echo "sanitize rc $? in $((SECONDS - t0)) s"; reap; grep -E "ERROR SUMMARY|sanitize_driver:|exit code|FAIL" "$out/sanitize.txt" ;;
   results)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     read -r lb lm lt <<<"${RESULTS_LIMITS:-330 150 90}"

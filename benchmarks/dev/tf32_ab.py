@@ -3,9 +3,11 @@
 warp in registers, 1 K/V once per CTA, 2 also Q), and other BLOCK_M, BLOCK_N,
 NUM_WARPS. Picks the table in cupy_gqa/_specs.py.
 
-    python benchmarks/dev/tf32_ab.py [--cases F1,F2] [--modes 0,1,2,t] [--shapes table,w8,...]
+    python benchmarks/dev/tf32_ab.py [--cases F1,F2] [--modes 0,1,2,t,f16x2] [--shapes table,w8,...]
 
-Mode "t" is the table's mode for the case's head dim (1 at D128, 2 at D64).
+Mode "t" is the table's mode for the case's head dim (1 at D128, 2 at D64);
+mode "f16x2" is the other scheme of precision "highest", fp16 pairs
+(kernels/tiled_f16x2.cu, its own table's tile; --shapes does not apply).
 A shape is "table" (the table's tile for the case's head dim) or a name from
 SHAPES (BLOCK_M, BLOCK_N, NUM_WARPS, PRESPLIT; its own PRESPLIT replaces --modes).
 
@@ -38,14 +40,17 @@ SHAPES = {
 }
 
 
-def shape_spec(head_dim: int, mode: int, shape: str) -> _specs.Spec:
-    """The causal "highest" kernel at ``head_dim`` with PRESPLIT ``mode`` and ``shape``."""
+def shape_spec(head_dim: int, mode, shape: str) -> _specs.Spec:
+    """The causal "highest" kernel at ``head_dim`` with PRESPLIT ``mode`` and ``shape``
+    (mode "f16x2": the fp16-pair kernel of its table)."""
+    if mode == "f16x2":
+        return _specs.tiled_f16x2_spec(head_dim, True, _specs.ARCHS["sm_90"])
     bm, bn, warps, _ = _specs.TILED_F32_TILES[head_dim]
     if shape != "table":
         bm, bn, warps, mode = SHAPES[shape]
     smem = _specs.tiled_f32_smem(head_dim, bm, bn, mode)
     return dataclasses.replace(
-        _specs.tiled_f32_spec(head_dim, True, "highest"),
+        _specs.tiled_f32_spec(head_dim, True, "highest", _specs.ARCHS["sm_90"], "tf32x3"),
         name=f"tiled_tf32_attention<{head_dim}, {bm}, {bn}, {warps}, true, true, {mode}, {smem}>",
         threads=warps * 32,
         block_m=bm,
@@ -85,18 +90,22 @@ def main():
         q, k, v = (cupy.random.standard_normal((batch, seqlen, h, d), dtype=cupy.float32) for h in (hq, hkv, hkv))
         out = cupy.empty_like(q)
         problem = _plan.Problem.of(q, k, dtype="float32", causal=True, softmax_scale=1 / np.sqrt(d))
-        base = _plan.plan_tiled(problem, _plan._layout(q, k, v, out))
+        base = _plan.plan_tiled(problem, _plan._layout(q, k, v, out), _plan.device_arch(q.device.id))
         params = base.params  # passed by value
         rows = np.linspace(0, seqlen - 1, 24).astype(int)
         done = set()
         table_mode = _specs.TILED_F32_TILES[d][3]
-        for mode in (table_mode if m == "t" else int(m) for m in args.modes.split(",")):
+        for mode in (table_mode if m == "t" else m if m == "f16x2" else int(m) for m in args.modes.split(",")):
             for slot, shape in enumerate(shapes):  # a shape listed twice is timed twice (drift)
                 spec = shape_spec(d, mode, shape)
-                if (spec.name, slot) in done:  # a shape fixes its own mode
+                if spec is None:
+                    print(f"{name} {mode}: no such kernel at head dim {d}", flush=True)
+                    continue
+                if (spec.name, slot) in done:  # a shape fixes its own mode (and f16x2 its own tile)
                     continue
                 done.add((spec.name, slot))
-                label = f"{name} presplit {spec.name.split(', ')[-2]} {shape:<6}"
+                split = "f16x2" if mode == "f16x2" else f"presplit {spec.name.split(', ')[-2]}"
+                label = f"{name} {split} {shape:<6}"
                 if spec.smem > MAX_SMEM:
                     print(f"{label}: {spec.smem} bytes of shared memory, over {MAX_SMEM}; skipped", flush=True)
                     continue
