@@ -114,8 +114,9 @@ case "$stage" in
       tests/test_gpu_kernels.py tests/test_gpu_modifiers.py tests/test_gpu_seq.py tests/test_gpu_fuzz.py \
       tests/test_gpu_graphs.py -k "float32 or fp32" >"$out/f16x2_tests.txt" 2>&1
     echo "fp16 pairs suite rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/f16x2_tests.txt" | tail -12
-    timeout -s KILL 90 python3 benchmarks/dev/tf32_ab.py --cases F1,F2,F1s --modes t,f16x2 >"$out/f32_ab.txt" 2>&1
-    echo "ab rc $?"; reap; tail -8 "$out/f32_ab.txt"
+    timeout -s KILL 120 python3 benchmarks/dev/tf32_ab.py --cases F1,F2,F1s --modes t,f16x2 --shapes table,w8,n16 \
+      >"$out/f32_ab.txt" 2>&1
+    echo "ab rc $?"; reap; tail -14 "$out/f32_ab.txt"
     t0=$SECONDS
     CUPY_GQA_TEST_F32_PRODUCTS=f16x2 SANITIZE_KERNELS=tiled timeout -s KILL 200 bash tests/sanitize.sh >"$out/sanitize.txt" 2>&1
     echo "sanitize rc $? in $((SECONDS - t0)) s"; reap; grep -E "ERROR SUMMARY|sanitize_driver:|exit code|FAIL" "$out/sanitize.txt" ;;

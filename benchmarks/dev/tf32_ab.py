@@ -7,7 +7,8 @@ NUM_WARPS. Picks the table in cupy_gqa/_specs.py.
 
 Mode "t" is the table's mode for the case's head dim (1 at D128, 2 at D64);
 mode "f16x2" is the other scheme of precision "highest", fp16 pairs
-(kernels/tiled_f16x2.cu, its own table's tile; --shapes does not apply).
+(kernels/tiled_f16x2.cu): its table's tile for shape "table", else the shape
+of PAIR_SHAPES of that name (shapes it lacks are skipped).
 A shape is "table" (the table's tile for the case's head dim) or a name from
 SHAPES (BLOCK_M, BLOCK_N, NUM_WARPS, PRESPLIT; its own PRESPLIT replaces --modes).
 
@@ -40,11 +41,29 @@ SHAPES = {
 }
 
 
-def shape_spec(head_dim: int, mode, shape: str) -> _specs.Spec:
+# name -> (BLOCK_M, BLOCK_N, NUM_WARPS) of the fp16-pair kernel in place of its table's
+PAIR_SHAPES = {
+    "w8": (128, 32, 8),  # 8 warps: each tile's maxima and pairs shared by twice the rows (1 CTA/SM at D128)
+    "n64": (64, 64, 4),  # twice the keys per barrier (1 CTA/SM at D128)
+    "n16": (64, 16, 4),  # half (3 CTAs/SM at D128)
+}
+
+
+def shape_spec(head_dim: int, mode, shape: str) -> _specs.Spec | None:
     """The causal "highest" kernel at ``head_dim`` with PRESPLIT ``mode`` and ``shape``
-    (mode "f16x2": the fp16-pair kernel of its table)."""
+    (mode "f16x2": the fp16-pair kernel, of its table or of PAIR_SHAPES)."""
     if mode == "f16x2":
-        return _specs.tiled_f16x2_spec(head_dim, True, _specs.ARCHS["sm_90"])
+        table = _specs.tiled_f16x2_spec(head_dim, True, _specs.ARCHS["sm_90"])
+        if shape == "table" or table is None:
+            return table
+        if shape not in PAIR_SHAPES:
+            return None
+        bm, bn, warps = PAIR_SHAPES[shape]
+        smem = _specs.tiled_f16x2_smem(head_dim, bm, bn)
+        return dataclasses.replace(
+            table, name=f"tiled_f16x2_attention<{head_dim}, {bm}, {bn}, {warps}, true, {smem}>", threads=warps * 32,
+            block_m=bm, smem=smem,
+        )
     bm, bn, warps, _ = _specs.TILED_F32_TILES[head_dim]
     if shape != "table":
         bm, bn, warps, mode = SHAPES[shape]
@@ -77,12 +96,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="F1,F2")
     parser.add_argument("--modes", default="0,1,2")
-    parser.add_argument("--shapes", default="table", help=f"comma-separated, of table, {', '.join(SHAPES)}")
+    parser.add_argument("--shapes", default="table", help=f"comma-separated, of table, {', '.join({**SHAPES, **PAIR_SHAPES})}")
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
     shapes = args.shapes.split(",")
     for shape in shapes:
-        if shape != "table" and shape not in SHAPES:
+        if shape != "table" and shape not in SHAPES and shape not in PAIR_SHAPES:
             parser.error(f"unknown shape {shape!r}")
     results = []
     for name in args.cases.split(","):
@@ -97,6 +116,8 @@ def main():
         table_mode = _specs.TILED_F32_TILES[d][3]
         for mode in (table_mode if m == "t" else m if m == "f16x2" else int(m) for m in args.modes.split(",")):
             for slot, shape in enumerate(shapes):  # a shape listed twice is timed twice (drift)
+                if (mode == "f16x2") != (shape == "table" or shape in PAIR_SHAPES):
+                    continue  # a shape of the other scheme
                 spec = shape_spec(d, mode, shape)
                 if spec is None:
                     print(f"{name} {mode}: no such kernel at head dim {d}", flush=True)
