@@ -149,7 +149,8 @@ case "$stage" in
     # (at once), then hopper_ab.py (this tree and the copy timed in turn in one process; with
     # PENDING_CTA_COST=1 also hopper_cta_cost.py in each); decode.cu -- the decode,
     # per-sequence and graph GPU tests and the sanitizer's decode group in the copy (at once),
-    # then decode_stages.py --stages 3 in this tree and, with DECODE_STAGES_ARGS, in the copy.
+    # then p_rounding.py's errors (PENDING_ERROR_CASES) in both, and decode_stages.py --stages 3 in this
+    # tree and, with DECODE_STAGES_ARGS, in the copy.
     # PENDING_ONLY (names or globs, space-separated) picks patches; PENDING_SOFTCAP=30 adds a hopper_ab.py
     # run of the cases with that softcap on both sides
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
@@ -202,6 +203,13 @@ case "$stage" in
         grep -E "passed|failed|FAILED" "$out/pending_${name}_tests.txt" | tail -8; cat "$out/pending_${name}_san.txt"
         echo "== decode_stages.py in this tree"
         timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 2>&1 | tail -16; reap
+        echo "== p_rounding.py: one call's errors, cupy_gqa and torch, in this tree and the copy"
+        for t in "$here" "$d"; do
+          (cd "$t" && PYTHONPATH="$t" timeout -s KILL 120 python3 benchmarks/dev/p_rounding.py \
+            --cases "${PENDING_ERROR_CASES:-D1,D2,D06,D16,D24}" --device cuda) 2>&1 | grep -vE " model |^cuda" \
+            | sed "s|^|$(basename "$t"): |"
+          reap
+        done
         if [ -n "${DECODE_STAGES_ARGS:-}" ]; then
           echo "== decode_stages.py --stages 3 $DECODE_STAGES_ARGS in the copy"
           (cd "$d" && PYTHONPATH="$d" timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 \
