@@ -1070,6 +1070,16 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool)
     return BackwardLaunch(pre, dq, dkdv, grids, params, rows)
 
 
+def set_bwd_dkdv_wgmma(on: bool) -> bool:
+    """Make 16-bit backward calls on sm_90 run their dK/dV pass on wgmma
+    (kernels/backward.cu: bwd_dkdv_wgmma) from now on, in this process, or not;
+    returns the previous choice. For the tests and benchmarks that run both: the
+    backward plans made before are forgotten."""
+    old, _specs.BWD_DKDV_WGMMA = _specs.BWD_DKDV_WGMMA, bool(on)
+    plan_backward.cache_clear()
+    return old
+
+
 def launch_backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, seqlens_k=None) -> None:
     """The backward pass of a validated call (arrays in (batch, seqlen, heads,
     head_dim) order, non-empty). The tensor-core kernels (fp16, bf16, float32)

@@ -938,6 +938,43 @@ BWD_PREPROCESS = {
 }
 
 
+# --- the 16-bit dK/dV pass on sm_90's warpgroup tensor cores (backward.cu: bwd_dkdv_wgmma) ---
+# One warpgroup of 64 keys per CTA; padded head dim -> BLOCK_M packed rows per Q/dO tile.
+# Head dims up to 128 (dK and dV stay in registers). BWD_DKDV_WGMMA: the calls take it on
+# sm_90 in place of bwd_dkdv_mma; off until the H200 has run it (benchmarks/NOTES_backward.md).
+BWD_DKDV_WGMMA_TILES = {64: 64, 128: 64}
+BWD_DKDV_WGMMA = False
+
+
+def bwd_dkdv_wgmma_smem(head_dim: int, block_m: int) -> int:
+    """bwd_dkdv_wgmma's: K and V tiles of 64 keys, two stages of Q and of dO, in
+    64-column slabs of 128-byte rows, two stages of lse2 and delta floats, and the
+    1024-byte alignment's slack (bwd_detail::DkvWgmmaSmem)."""
+    slabs = head_dim // 64
+    return (2 * 64 + 4 * block_m) * slabs * 128 + 4 * block_m * 4 + 1024
+
+
+@functools.lru_cache(maxsize=None)
+def bwd_dkdv_wgmma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
+    """The wgmma dK/dV kernel for a padded head dim on ``arch`` (sm_90 only), or None."""
+    if arch.name != "sm_90" or dtype not in BWD_MMA16_DTYPES or head_dim_pad not in BWD_DKDV_WGMMA_TILES:
+        return None
+    bm = BWD_DKDV_WGMMA_TILES[head_dim_pad]
+    smem = bwd_dkdv_wgmma_smem(head_dim_pad, bm)
+    return Spec(
+        family="backward",
+        source="backward.cu",
+        name=f"bwd_dkdv_wgmma<{CTYPES[dtype]}, {head_dim_pad}, {bm}, {str(causal).lower()}, {smem}>",
+        dtype=dtype,
+        head_dim=head_dim_pad,
+        threads=128,
+        block_m=64,  # keys per CTA
+        smem=smem,
+        options=(f"-arch={HOPPER_ARCH}",),
+        arch=HOPPER_ARCH,
+    )
+
+
 def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch) -> tuple[Spec, Spec] | None:
     """The tensor-core (dQ, dK/dV) kernels for a call on ``arch``, or None where they don't run."""
     if dtype not in BWD_MMA_DTYPES or head_dim % 8 or head_dim > MAX_HEAD_DIM or not arch.sm80:
@@ -947,6 +984,8 @@ def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch) -> tuple[
         dq, dkdv = bwd_dq_tf32_spec(dpad, causal, arch), bwd_dkdv_tf32_spec(dpad, causal, arch)
     else:
         dq, dkdv = bwd_dq_mma_spec(dtype, dpad, causal, arch), bwd_dkdv_mma_spec(dtype, dpad, causal, arch)
+        if BWD_DKDV_WGMMA:
+            dkdv = bwd_dkdv_wgmma_spec(dtype, dpad, causal, arch) or dkdv
     return None if dq is None or dkdv is None else (dq, dkdv)
 
 
@@ -1021,6 +1060,7 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
             for causal in (True, False):
                 for spec in bwd_mma_specs(dtype, dpad, causal, arch) or ():
                     add(spec)
+                add(bwd_dkdv_wgmma_spec(dtype, dpad, causal, arch))  # (whether or not the calls take it)
     return tuple(found.values())
 
 

@@ -104,6 +104,8 @@
 #include "common.cuh"
 #include "softmax.cuh"
 #include "tf32.cuh"
+#include "wgmma.cuh"
+#include "sm90.cuh"
 
 // The launch parameters, by value (mirrored by cupy_gqa/_plan.py: BWD_PARAMS_DTYPE).
 struct BwdParams {
@@ -379,6 +381,20 @@ __device__ __forceinline__ KeyBlock key_block(const BwdParams& p, const int* seq
     return kb;
 }
 
+// The lse2 and delta of packed rows [m0, m0 + BLOCK_M) of a dK/dV kernel's row
+// tile (plain loads, read after the next barrier); rows past the end get P = 0
+// (lse2 = +inf) and dS = 0.
+template <int BLOCK_M, int NTHREADS>
+__device__ __forceinline__ void load_row_stats(float* sLse2, float* sDelta, const float* lse2_ws, const float* delta_ws,
+                                               const BwdParams& p, const KeyBlock& kb, int m0, int tid) {
+    for (int i = tid; i < BLOCK_M; i += NTHREADS) {
+        const int pr = m0 + i;
+        const bool ok = pr < kb.packed_rows;
+        sLse2[i] = ok ? lse2_ws[ws_row(p, kb.b, kb.kvh, pr)] : pos_inf<float>();
+        sDelta[i] = ok ? delta_ws[ws_row(p, kb.b, kb.kvh, pr)] : 0.f;
+    }
+}
+
 // Row tile m0 of a dK/dV kernel into one stage: Q and dO (cp.async), and each
 // row's lse2 and delta (plain loads, read after the next barrier); rows past the
 // end get P = 0 (lse2 = +inf) and dS = 0.
@@ -387,12 +403,7 @@ __device__ __forceinline__ void load_row_tile(T* sQ, T* sdO, float* sLse2, float
                                               const float* lse2_ws, const float* delta_ws, const BwdParams& p,
                                               const KeyBlock& kb, int m0, int head_dim, int tid) {
     load_q_do<T, BLOCK_M, D, ROW, NTHREADS>(sQ, sdO, q, dout, p, kb.b, kb.kvh, m0, kb.packed_rows, kb.group, head_dim, tid);
-    for (int i = tid; i < BLOCK_M; i += NTHREADS) {
-        const int pr = m0 + i;
-        const bool ok = pr < kb.packed_rows;
-        sLse2[i] = ok ? lse2_ws[ws_row(p, kb.b, kb.kvh, pr)] : pos_inf<float>();
-        sDelta[i] = ok ? delta_ws[ws_row(p, kb.b, kb.kvh, pr)] : 0.f;
-    }
+    load_row_stats<BLOCK_M, NTHREADS>(sLse2, sDelta, lse2_ws, delta_ws, p, kb, m0, tid);
 }
 
 // S^T of a dK/dV kernel (rows: the lane's keys key_r; columns: packed rows
@@ -647,10 +658,7 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
             unsigned pa[4];
-            pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            acc_a_operand<T>(s, kk, pa);
 #pragma unroll
             for (int dp2 = 0; dp2 < DT / 2; ++dp2) {
                 unsigned kb[4];
@@ -768,14 +776,8 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 #pragma unroll
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
             unsigned pa[4], sa[4];
-            pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            sa[0] = pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]);
-            sa[1] = pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]);
-            sa[2] = pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
-            sa[3] = pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+            acc_a_operand<T>(s, kk, pa);
+            acc_a_operand<T>(dpt, kk, sa);
 #pragma unroll
             for (int dp2 = 0; dp2 < DTH / 2; ++dp2) {
                 const int off = (kk * 16 * ROW + dpart * DH + dp2 * 16) * 2;
@@ -809,6 +811,198 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     }
     __syncthreads();
     store_dk_dv<T, BLOCK_N, D, ROW, NTHREADS>(sK, sV, dk, dv, p, b, kvh, n0, head_dim, tid);
+}
+
+// ---- 3b. dK, dV on Hopper's warpgroup tensor cores (wgmma, sm_90a) ------------------------
+// bwd_dkdv_mma's grid, row tiles and rules with its four products on wgmma
+// (kernels/wgmma.cuh; tiles and descriptors: kernels/sm90.cuh). One warpgroup
+// of four warps owns BLOCK_N = 64 keys, warp w keys [16 w, 16 w + 16): the rows
+// of a wgmma accumulator are those of bwd_dkdv_mma's warps, so mask_keys_t and
+// probs_t apply as they are. Every operand is a tile of 64-column slabs with
+// the 128-byte swizzle, loaded by all threads' cp.async: K and V once, the Q and
+// dO tiles of BLOCK_M packed rows double buffered, with their lse2 and delta.
+//   S^T  = K Q^T    ss: A = K (K-major), B = the Q tile (K-major), N = BLOCK_M
+//   dP^T = V dO^T   ss: A = V, B = the dO tile
+//   dV  += P^T dO   rs: A = P^T (registers, as P in the forward), B = the dO tile
+//                   read contiguous along N = HEAD_DIM (trans-b, as V in the forward)
+//   dK  += dS^T Q   rs: A = dS^T, B = the Q tile (trans-b)
+// dK and dV stay in registers (HEAD_DIM / 2 floats each a thread: head dims up to
+// 128) and go to dk and dv from there at the end (4-byte stores, four lanes
+// making 16 contiguous bytes of a row).
+// Shared memory (from a 1024-byte aligned base; DkvWgmmaSmem):
+//   [ K | V : 64 rows | Q stage 0, 1 | dO stage 0, 1 : BLOCK_M rows | lse2 [2][BLOCK_M] | delta [2][BLOCK_M] ]
+template <int HEAD_DIM, int BLOCK_M>
+struct DkvWgmmaSmem {
+    enum : int {
+        SLABS = HEAD_DIM / 64,
+        KV_SLAB = 64 * 128, KV_BYTES = SLABS * KV_SLAB,         // a K or V tile
+        R_SLAB = BLOCK_M * 128, R_BYTES = SLABS * R_SLAB,       // a Q or dO tile
+        K = 0, V = KV_BYTES, Q = 2 * KV_BYTES, DO = Q + 2 * R_BYTES,
+        STATS = DO + 2 * R_BYTES,                               // lse2 [2][BLOCK_M], then delta [2][BLOCK_M]
+        BYTES = STATS + 4 * BLOCK_M * 4 + 1024,                 // + the alignment's slack
+    };
+};
+
+// ROWS rows of a tensor into a tile of swizzled slabs (SLAB bytes apart) at dst,
+// 16 bytes per cp.async; row r is read from row_ptr(r) (null: zeros), chunks
+// past head_dim zero-filled.
+template <typename T, int ROWS, int D, int SLAB, int NTHREADS, class RowPtr>
+__device__ __forceinline__ void load_swizzled(unsigned dst, const T* any, int head_dim, int tid, RowPtr row_ptr) {
+    constexpr int CHP = D / 8;  // 16-byte chunks of a padded row
+#pragma unroll 4
+    for (int c = tid; c < ROWS * CHP; c += NTHREADS) {
+        const int r = c / CHP, ch = c % CHP;
+        const T* src = row_ptr(r);
+        const bool ok = src != nullptr && ch * 8 < head_dim;
+        cp_async_16(dst + (ch / 8) * SLAB + sm90::swizzle128(r, ch % 8), ok ? (const void*)(src + ch * 8) : (const void*)any, ok);
+    }
+}
+
+// SMEM_BYTES: cupy_gqa/_specs.py: bwd_dkdv_wgmma_smem, checked against the layout.
+template <typename T, int HEAD_DIM, int BLOCK_M, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(128, 1)
+bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+               const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
+               T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p) {
+    using namespace bwd_detail;
+    using namespace sm90;
+    constexpr int D = HEAD_DIM, BLOCK_N = 64, NTHREADS = 128;
+    using L = DkvWgmmaSmem<D, BLOCK_M>;
+    constexpr int KD = D / 16;       // k16 steps of K Q^T and V dO^T
+    constexpr int NT = BLOCK_M / 8;  // n8 tiles of S^T and dP^T (packed rows)
+    constexpr int DT = D / 8;        // n8 tiles of dK, dV
+    static_assert(sizeof(T) == 2, "fp16 / bf16 only");
+    static_assert(D % 64 == 0 && D <= 128 && BLOCK_M % 16 == 0, "head dims 64 and 128; rows in k16 steps");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
+
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned base = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+    float* sLse2 = reinterpret_cast<float*>(smem_raw + (base - raw) + L::STATS);
+    float* sDelta = sLse2 + 2 * BLOCK_M;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float scale_log2 = (float)p.a.scale_log2;
+    const int head_dim = p.a.head_dim;
+
+    // ---- this CTA's (key block, b, kv head): key blocks slowest ----
+    const KeyBlock kb = key_block<CAUSAL, BLOCK_N, BLOCK_M>(p, seqlens_k);
+    const int b = kb.b, kvh = kb.kvh, n0 = kb.n0, len = kb.len, seqlen_k = kb.seqlen_k;
+    const int m_begin = kb.m_begin, num_m = kb.num_m, group = kb.group;
+
+    const T* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
+    const T* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
+    load_swizzled<T, BLOCK_N, D, L::KV_SLAB, NTHREADS>(base + L::K, k, head_dim, tid, [&](int r) -> const T* {
+        return n0 + r < seqlen_k ? kbase + (index_t)(n0 + r) * p.a.k_stride[1] : nullptr;
+    });
+    load_swizzled<T, BLOCK_N, D, L::KV_SLAB, NTHREADS>(base + L::V, v, head_dim, tid, [&](int r) -> const T* {
+        return n0 + r < seqlen_k ? vbase + (index_t)(n0 + r) * p.a.v_stride[1] : nullptr;
+    });
+    // row tile m into stage st: Q and dO (packed rows), lse2 and delta (as load_row_tile)
+    auto load_rows = [&](int m, int st) {
+        const int m0 = m_begin + m * BLOCK_M;
+        auto packed = [&](const T* x, const index_t* xs) {
+            return [=](int r) -> const T* {
+                const int pr = m0 + r;
+                if (pr >= kb.packed_rows) return nullptr;
+                const int t = pr / group, g = pr - (pr / group) * group;
+                return x + b * xs[0] + (index_t)t * xs[1] + (index_t)q_head_of(kvh, g, group) * xs[2];
+            };
+        };
+        load_swizzled<T, BLOCK_M, D, L::R_SLAB, NTHREADS>(base + L::Q + st * L::R_BYTES, q, head_dim, tid, packed(q, p.a.q_stride));
+        load_swizzled<T, BLOCK_M, D, L::R_SLAB, NTHREADS>(base + L::DO + st * L::R_BYTES, dout, head_dim, tid, packed(dout, p.do_stride));
+        load_row_stats<BLOCK_M, NTHREADS>(sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, lse2_ws, delta_ws, p, kb, m0, tid);
+    };
+    if (num_m > 0) load_rows(0, 0);
+    cp_async_commit();  // group 0: K, V and row tile 0
+
+    float dk_acc[DT][4], dv_acc[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk_acc[dt][e] = dv_acc[dt][e] = 0.f;
+    int key_r[2];  // the lane's keys (rows of S^T)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) key_r[hf] = n0 + warp * 16 + (lane >> 2) + hf * 8;
+    const unsigned long long desc_k = make_smem_desc(base + L::K, 16, 1024);
+    const unsigned long long desc_v = make_smem_desc(base + L::V, 16, 1024);
+
+    for (int m = 0; m < num_m; ++m) {
+        const int st = m & 1;
+        cp_async_wait<0>();   // row tile m (and K, V) landed for this thread,
+        fence_proxy_async();  // ordered before the wgmma reads (async proxy),
+        __syncthreads();      // for all threads; the other stage's products are done
+        if (m + 1 < num_m) load_rows(m + 1, st ^ 1);
+        cp_async_commit();
+        const int m0 = m_begin + m * BLOCK_M;
+        const unsigned q_at = base + L::Q + st * L::R_BYTES, do_at = base + L::DO + st * L::R_BYTES;
+
+        // ---- S^T = K Q^T, dP^T = V dO^T (rows: the warpgroup's 64 keys; columns: packed rows) ----
+        float s[NT][4], dpt[NT][4];
+        {
+            const unsigned long long desc_q = make_smem_desc(q_at, 16, 1024), desc_do = make_smem_desc(do_at, 16, 1024);
+            wgmma_fence();
+#pragma unroll
+            for (int kd = 0; kd < KD; ++kd)
+                Wgmma<T, BLOCK_M>::ss(flat(s), desc_k + kstep(kd, L::KV_SLAB), desc_q + kstep(kd, L::R_SLAB), kd);
+#pragma unroll
+            for (int kd = 0; kd < KD; ++kd)
+                Wgmma<T, BLOCK_M>::ss(flat(dpt), desc_v + kstep(kd, L::KV_SLAB), desc_do + kstep(kd, L::R_SLAB), kd);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(flat(s));
+            fence_regs(flat(dpt));
+        }
+
+        // ---- mask: keys past the sequence, and (causal) rows that don't see the key ----
+        if (n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 / group + kb.diag))
+            mask_keys_t<CAUSAL>(s, key_r, m0, lane, kb);
+
+        // ---- P^T = exp2(S^T scale_log2 - lse2) (masked: 0), dS^T = P^T (dP^T - delta) ----
+        probs_t(s, dpt, scale_log2, sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, lane, softmax::FastExp2());
+
+        // ---- dV += P^T dO, dK += dS^T Q: P^T and dS^T as A operands, k16 steps of rows ----
+        unsigned pa[BLOCK_M / 16][4], sa[BLOCK_M / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            acc_a_operand<T>(s, kk, pa[kk]);
+            acc_a_operand<T>(dpt, kk, sa[kk]);
+        }
+        {
+            const unsigned long long desc_do_t = make_smem_desc(do_at, L::R_SLAB, 1024);
+            const unsigned long long desc_q_t = make_smem_desc(q_at, L::R_SLAB, 1024);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_M / 16; ++kk)
+                Wgmma<T, D>::rs(flat(dv_acc), pa[kk], desc_do_t + (unsigned long long)((kk * 16 * 128) >> 4), 1);
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_M / 16; ++kk)
+                Wgmma<T, D>::rs(flat(dk_acc), sa[kk], desc_q_t + (unsigned long long)((kk * 16 * 128) >> 4), 1);
+            wgmma_commit();
+            wgmma_wait<0>();  // the stage is free for the load after the next barrier
+            fence_regs(flat(dv_acc));
+            fence_regs(flat(dk_acc));
+        }
+    }
+    cp_async_wait<0>();  // nothing in flight (also when num_m == 0)
+
+    // ---- dk = scale dK, dv = dV from the registers: every key of the array (zeros past
+    // the sequence's length, NaN for a bad one) ----
+    const float sc_k = len < 0 ? quiet_nan() : (float)p.scale;
+    const float sc_v = len < 0 ? quiet_nan() : 1.f;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int key = key_r[hf];
+        if (key >= p.a.seqlen_k) continue;
+        T* dk_row = dk + b * p.dk_stride[0] + (index_t)key * p.dk_stride[1] + (index_t)kvh * p.dk_stride[2] + 2 * (lane & 3);
+        T* dv_row = dv + b * p.dv_stride[0] + (index_t)key * p.dv_stride[1] + (index_t)kvh * p.dv_stride[2] + 2 * (lane & 3);
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            if (dt * 8 < head_dim) {
+                *reinterpret_cast<unsigned*>(dk_row + dt * 8) = pack2<T>(dk_acc[dt][2 * hf] * sc_k, dk_acc[dt][2 * hf + 1] * sc_k);
+                *reinterpret_cast<unsigned*>(dv_row + dt * 8) = pack2<T>(dv_acc[dt][2 * hf] * sc_v, dv_acc[dt][2 * hf + 1] * sc_v);
+            }
+        }
+    }
 }
 
 // ---- 2b. dQ in float32 on the tensor cores (split TF32) --------------------------------

@@ -746,6 +746,17 @@ template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, f
     return *reinterpret_cast<unsigned*>(&h);
 }
 
+// The A operand (m16k16: packed pairs of T) of k16 step kk of a product over an
+// accumulator's columns (P V over the keys of S, the backward's dS K, P^T dO,
+// dS^T Q): its C fragments of n8 tiles 2 kk and 2 kk + 1.
+template <typename T, int NT>
+__device__ __forceinline__ void acc_a_operand(const float (&c)[NT][4], int kk, unsigned (&a)[4]) {
+    a[0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);              // row g,     columns 16 kk + 2 (lane % 4), + 1
+    a[1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);              // row g + 8
+    a[2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);      // row g,     columns 16 kk + 8 + 2 (lane % 4), + 1
+    a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);      // row g + 8
+}
+
 // 2^x in one MUFU.EX2 (ex2.approx.ftz: 2^-inf = 0, NaN stays NaN; 2 ulp).
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;

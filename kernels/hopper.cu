@@ -129,50 +129,13 @@
 #include "common.cuh"
 #include "softmax.cuh"
 #include "wgmma.cuh"
+#include "sm90.cuh"
 
 namespace hopper_detail {
 
 enum { RESCALE_THRESHOLD = 8 };  // log2 units: P <= 2^8 between rescales (softmax.cuh: LAZY)
 
-// Byte offset of 16-byte chunk c (0..7) of row r inside a 128-byte-swizzled slab.
-__device__ __forceinline__ unsigned swizzle128(int r, int c) {
-    return (unsigned)(r * 128 + ((c ^ (r & 7)) << 4));
-}
-
-// wgmma shared-memory matrix descriptor: start address, leading and stride
-// byte offsets (each >> 4), layout type 1 = 128-byte swizzle.
-//   K-major (Q, K):  stride = 1024 (8 rows of 128 bytes), leading unused (1).
-//   N-major (V):     stride = 1024 (8 key rows), leading = bytes between slabs
-//                    (the next 64 columns of N).
-__device__ __forceinline__ unsigned long long make_smem_desc(unsigned addr, unsigned leading, unsigned stride) {
-    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16) |
-           ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-
-// Pin accumulator registers at this point of the program: the compiler must
-// not move their reads above a wgmma_wait nor their writes below a wgmma.
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// An accumulator held as m16n8 fragments [n8 tiles][4], as the flat register
-// list wgmma takes (wgmma.cuh: the same order).
-template <int N8>
-__device__ __forceinline__ float (&flat(float (&frag)[N8][4]))[4 * N8] {
-    return reinterpret_cast<float(&)[4 * N8]>(frag);
-}
-
-// Shared memory written through the generic proxy (cp.async, st.shared) by this
-// thread is ordered before later async-proxy reads (wgmma): this thread's, or
-// another's that acquires what this thread releases after the fence.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+using namespace sm90;  // swizzle, descriptors, wgmma fences (kernels/sm90.cuh)
 
 // ---- mbarriers (shared memory, CTA scope) --------------------------------------
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
@@ -605,7 +568,6 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     const unsigned long long desc_k0 = make_smem_desc(sK, 16, 1024);
     const unsigned long long desc_v0 = make_smem_desc(sV, L::KV_SLAB, 1024);
     // a k-step of Q K^T moves 32 bytes inside a slab, then to the next slab
-    auto kstep = [](int kd, int slab_bytes) { return (unsigned long long)(((kd / 4) * slab_bytes + (kd % 4) * 32) >> 4); };
     auto stage_off = [](int r) { return (unsigned long long)(((r % STAGES) * L::KV_BYTES) >> 4); };
 
     // Ping-pong: the consumer warpgroups take turns, in a ring, at issuing their

@@ -28,6 +28,10 @@
 #                                               (cupy_gqa/_specs.py: F32_PRODUCTS): both through
 #                                               tests/test_gpu_f32_products.py, fp16 pairs through the float32
 #                                               GPU tests and the sanitizer on tiled, F1/F2 timed side by side
+#   benchmarks/dev/device_check.sh bwd_wgmma    one call for the 16-bit dK/dV pass on wgmma (sm_90; off in the
+#                                               calls until measured): the backward GPU tests and the sanitizer's
+#                                               backward group with it (CUPY_GQA_TEST_BWD_WGMMA=1), then
+#                                               bwd_ab.py (times and errors beside bwd_dkdv_mma)
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -103,6 +107,17 @@ case "$stage" in
     SANITIZE_GROUPS="hopper:seq|tiled:seq|rowwise:seq|decode:seq" timeout -s KILL 240 \
       bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"
     echo "sanitize rc $? in $((SECONDS - t0)) s"; reap ;;
+  bwd_wgmma)
+    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
+    t0=$SECONDS
+    CUPY_GQA_TEST_BWD_WGMMA=1 timeout -s KILL 240 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+      tests/test_gpu_backward.py tests/test_gpu_interop.py >"$out/bwd_wgmma_tests.txt" 2>&1
+    echo "tests rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/bwd_wgmma_tests.txt" | tail -20
+    timeout -s KILL 150 python3 benchmarks/dev/bwd_ab.py --cases G1,G2,G2s >"$out/bwd_ab.txt" 2>&1
+    echo "ab rc $?"; reap; tail -5 "$out/bwd_ab.txt"
+    t0=$SECONDS
+    CUPY_GQA_TEST_BWD_WGMMA=1 SANITIZE_KERNELS=backward timeout -s KILL 180 bash tests/sanitize.sh >"$out/sanitize.txt" 2>&1
+    echo "sanitize rc $? in $((SECONDS - t0)) s"; reap; grep -E "ERROR SUMMARY|sanitize_driver:|exit code|FAIL" "$out/sanitize.txt" ;;
   f32)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     t0=$SECONDS

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""The 16-bit backward's dK/dV pass on mma.sync (bwd_dkdv_mma) against wgmma
+(bwd_dkdv_wgmma, sm_90), side by side in one process (kernels/backward.cu;
+cupy_gqa._plan.set_bwd_dkdv_wgmma).
+
+    python3 benchmarks/dev/bwd_ab.py [--cases G1,G2,G2s] [--rounds 3]
+
+Per case: the GPU time of cupy_gqa.attention_backward with each dK/dV kernel
+(cupyx.profiler.benchmark, median of 10, the two timed in turn for --rounds
+rounds, best of the rounds), and how far the wgmma gradients are from the
+mma.sync ones and from float64 on sampled keys (relative error, Frobenius).
+The dQ pass is the same kernel in both.
+"""
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import cupy  # noqa: E402
+from cupyx.profiler import benchmark  # noqa: E402
+
+import cupy_gqa  # noqa: E402
+from cupy_gqa import _plan  # noqa: E402
+
+# name: (batch, seqlen, num_q_heads, num_kv_heads, head_dim), bf16, causal
+CASES = {
+    "G1": (4, 4096, 32, 8, 128),
+    "G2": (4, 2048, 32, 8, 64),
+    "G2s": (2, 1000, 28, 4, 128),  # a length that is not a multiple of the tiles, group 7
+}
+
+
+def reference_dk_dv(q, k, v, dout, keys, kvh):
+    """float64 dk, dv of KV head kvh of batch 0 at the given keys (causal, seqlen_q == seqlen_k)."""
+    qh, kh, vh, dh = (cupy.asnumpy(x[0]).astype(np.float64) for x in (q, k, v, dout))
+    n, group, d = qh.shape[0], qh.shape[1] // kh.shape[1], qh.shape[2]
+    scale = 1 / math.sqrt(d)
+    dk = np.zeros((len(keys), d))
+    dv = np.zeros((len(keys), d))
+    for g in range(group):
+        h = kvh * group + g
+        s = qh[:, h] @ kh[:, kvh].T * scale
+        s = np.where(np.arange(n)[None, :] > np.arange(n)[:, None], -np.inf, s)
+        p = np.exp(s - s.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        dp = dh[:, h] @ vh[:, kvh].T
+        ds = p * (dp - (dp * p).sum(1, keepdims=True))
+        dk += (ds.T @ qh[:, h])[keys] * scale
+        dv += (p.T @ dh[:, h])[keys]
+    return dk, dv
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="G1,G2,G2s")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print(f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}  cupy {cupy.__version__}")
+    for name in args.cases.split(","):
+        batch, n, hq, hkv, d = CASES[name]
+        rng = np.random.default_rng(0)
+        q, k, v, dout = (
+            cupy.asarray(rng.standard_normal((batch, n, h, d), dtype=np.float32).astype(ml_dtypes.bfloat16))
+            for h in (hq, hkv, hkv, hq)
+        )
+        out, lse = cupy_gqa.attention(q, k, v, return_lse=True)
+        grads, times = {}, {True: math.inf, False: math.inf}
+        for _ in range(args.rounds):
+            for on in (False, True):
+                _plan.set_bwd_dkdv_wgmma(on)
+                def run():
+                    return cupy_gqa.attention_backward(dout, q, k, v, out, lse)
+                grads[on] = run()
+                t = benchmark(run, (), n_repeat=10, n_warmup=2)
+                times[on] = min(times[on], float(np.median(t.gpu_times)) * 1e3)
+        _plan.set_bwd_dkdv_wgmma(False)
+        keys = np.linspace(0, n - 1, 16).astype(int)
+        ref_dk, ref_dv = reference_dk_dv(q, k, v, dout, keys, 0)
+        err = {}
+        for on in (False, True):
+            dk, dv = (cupy.asnumpy(x[0, keys, 0]).astype(np.float64) for x in grads[on][1:])
+            err[on] = (rel(dk, ref_dk), rel(dv, ref_dv))
+        mma_dk, mma_dv = (cupy.asnumpy(x).astype(np.float64) for x in grads[False][1:])
+        wg_dk, wg_dv = (cupy.asnumpy(x).astype(np.float64) for x in grads[True][1:])
+        print(
+            f"{name}: mma {times[False]:.3f} ms, wgmma {times[True]:.3f} ms ({times[True] / times[False]:.3f}x); "
+            f"sampled dk/dv error vs float64: mma {err[False][0]:.2e}/{err[False][1]:.2e}, "
+            f"wgmma {err[True][0]:.2e}/{err[True][1]:.2e}; wgmma vs mma over all keys "
+            f"{rel(wg_dk, mma_dk):.2e}/{rel(wg_dv, mma_dv):.2e}; dq identical "
+            f"{bool((grads[True][0] == grads[False][0]).all())}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
