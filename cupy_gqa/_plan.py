@@ -1070,12 +1070,12 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool)
     return BackwardLaunch(pre, dq, dkdv, grids, params, rows)
 
 
-def set_bwd_dkdv_wgmma(on: bool) -> bool:
-    """Make 16-bit backward calls on sm_90 run their dK/dV pass on wgmma
-    (kernels/backward.cu: bwd_dkdv_wgmma) from now on, in this process, or not;
-    returns the previous choice. For the tests and benchmarks that run both: the
-    backward plans made before are forgotten."""
-    old, _specs.BWD_DKDV_WGMMA = _specs.BWD_DKDV_WGMMA, bool(on)
+def set_bwd_wgmma(on: bool) -> bool:
+    """Make 16-bit backward calls on sm_90 run their dQ and dK/dV passes on wgmma
+    (kernels/backward.cu: bwd_dq_wgmma, bwd_dkdv_wgmma) from now on, in this
+    process, or not; returns the previous choice. For the tests and benchmarks
+    that run both: the backward plans made before are forgotten."""
+    old, _specs.BWD_WGMMA = _specs.BWD_WGMMA, bool(on)
     plan_backward.cache_clear()
     return old
 

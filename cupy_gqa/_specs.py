@@ -938,12 +938,44 @@ BWD_PREPROCESS = {
 }
 
 
-# --- the 16-bit dK/dV pass on sm_90's warpgroup tensor cores (backward.cu: bwd_dkdv_wgmma) ---
-# One warpgroup of 64 keys per CTA; padded head dim -> BLOCK_M packed rows per Q/dO tile.
-# Head dims up to 128 (dK and dV stay in registers). BWD_DKDV_WGMMA: the calls take it on
-# sm_90 in place of bwd_dkdv_mma; off until the H200 has run it (benchmarks/NOTES_backward.md).
+# --- the 16-bit backward on sm_90's warpgroup tensor cores (backward.cu: bwd_dq_wgmma,
+# bwd_dkdv_wgmma) ---
+# One warpgroup per CTA: 64 packed rows (dQ) or 64 keys (dK/dV); padded head dim ->
+# BLOCK_N keys per K/V tile (dQ), BLOCK_M packed rows per Q/dO tile (dK/dV). Head dims up
+# to 128 (dQ, dK and dV stay in registers). BWD_WGMMA: the calls take them on sm_90 in
+# place of bwd_dq_mma and bwd_dkdv_mma; off until the H200 has run them
+# (benchmarks/NOTES_backward.md).
+BWD_DQ_WGMMA_TILES = {64: 64, 128: 64}
 BWD_DKDV_WGMMA_TILES = {64: 64, 128: 64}
-BWD_DKDV_WGMMA = False
+BWD_WGMMA = False
+
+
+def bwd_dq_wgmma_smem(head_dim: int, block_n: int) -> int:
+    """bwd_dq_wgmma's: the Q and dO tiles of 64 rows, two stages of K and of V, in
+    64-column slabs of 128-byte rows, and the 1024-byte alignment's slack
+    (bwd_detail::DqWgmmaSmem)."""
+    return (2 * 64 + 4 * block_n) * (head_dim // 64) * 128 + 1024
+
+
+@functools.lru_cache(maxsize=None)
+def bwd_dq_wgmma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
+    """The wgmma dQ kernel for a padded head dim on ``arch`` (sm_90 only), or None."""
+    if arch.name != "sm_90" or dtype not in BWD_MMA16_DTYPES or head_dim_pad not in BWD_DQ_WGMMA_TILES:
+        return None
+    bn = BWD_DQ_WGMMA_TILES[head_dim_pad]
+    smem = bwd_dq_wgmma_smem(head_dim_pad, bn)
+    return Spec(
+        family="backward",
+        source="backward.cu",
+        name=f"bwd_dq_wgmma<{CTYPES[dtype]}, {head_dim_pad}, {bn}, {str(causal).lower()}, {smem}>",
+        dtype=dtype,
+        head_dim=head_dim_pad,
+        threads=128,
+        block_m=64,  # packed rows per CTA
+        smem=smem,
+        options=(f"-arch={HOPPER_ARCH}",),
+        arch=HOPPER_ARCH,
+    )
 
 
 def bwd_dkdv_wgmma_smem(head_dim: int, block_m: int) -> int:
@@ -984,7 +1016,8 @@ def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch) -> tuple[
         dq, dkdv = bwd_dq_tf32_spec(dpad, causal, arch), bwd_dkdv_tf32_spec(dpad, causal, arch)
     else:
         dq, dkdv = bwd_dq_mma_spec(dtype, dpad, causal, arch), bwd_dkdv_mma_spec(dtype, dpad, causal, arch)
-        if BWD_DKDV_WGMMA:
+        if BWD_WGMMA:
+            dq = bwd_dq_wgmma_spec(dtype, dpad, causal, arch) or dq
             dkdv = bwd_dkdv_wgmma_spec(dtype, dpad, causal, arch) or dkdv
     return None if dq is None or dkdv is None else (dq, dkdv)
 
@@ -1060,7 +1093,8 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
             for causal in (True, False):
                 for spec in bwd_mma_specs(dtype, dpad, causal, arch) or ():
                     add(spec)
-                add(bwd_dkdv_wgmma_spec(dtype, dpad, causal, arch))  # (whether or not the calls take it)
+                add(bwd_dq_wgmma_spec(dtype, dpad, causal, arch))  # (whether or not the calls take them)
+                add(bwd_dkdv_wgmma_spec(dtype, dpad, causal, arch))
     return tuple(found.values())
 
 

@@ -813,7 +813,7 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     store_dk_dv<T, BLOCK_N, D, ROW, NTHREADS>(sK, sV, dk, dv, p, b, kvh, n0, head_dim, tid);
 }
 
-// ---- 3b. dK, dV on Hopper's warpgroup tensor cores (wgmma, sm_90a) ------------------------
+// ---- 3c. dK, dV on Hopper's warpgroup tensor cores (wgmma, sm_90a) ------------------------
 // bwd_dkdv_mma's grid, row tiles and rules with its four products on wgmma
 // (kernels/wgmma.cuh; tiles and descriptors: kernels/sm90.cuh). One warpgroup
 // of four warps owns BLOCK_N = 64 keys, warp w keys [16 w, 16 w + 16): the rows
@@ -1002,6 +1002,180 @@ bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
                 *reinterpret_cast<unsigned*>(dv_row + dt * 8) = pack2<T>(dv_acc[dt][2 * hf] * sc_v, dv_acc[dt][2 * hf + 1] * sc_v);
             }
         }
+    }
+}
+
+// ---- 2c. dQ on Hopper's warpgroup tensor cores (wgmma, sm_90a) ----------------------------
+// bwd_dq_mma's grid, key range and rules with its three products on wgmma, the
+// tiles as bwd_dkdv_wgmma's. One warpgroup owns BLOCK_M = 64 packed rows (warp
+// w rows [16 w, 16 w + 16), as bwd_dq_mma's warps); its Q and dO tiles are loaded
+// once, the K and V tiles of BLOCK_N keys double buffered, all by the threads'
+// cp.async into swizzled slabs:
+//   S  = Q K^T    ss: A = the Q tile (K-major), B = K (K-major), N = BLOCK_N
+//   dP = dO V^T   ss: A = the dO tile, B = V
+//   dQ += dS K    rs: A = dS (registers), B = K read trans-b, N = HEAD_DIM
+// dQ stays in registers and goes to dq from there at the end.
+// Shared memory (from a 1024-byte aligned base; DqWgmmaSmem):
+//   [ Q | dO : 64 rows | K stage 0, 1 | V stage 0, 1 : BLOCK_N rows ]
+template <int HEAD_DIM, int BLOCK_N>
+struct DqWgmmaSmem {
+    enum : int {
+        SLABS = HEAD_DIM / 64,
+        R_SLAB = 64 * 128, R_BYTES = SLABS * R_SLAB,             // the Q or dO tile
+        KV_SLAB = BLOCK_N * 128, KV_BYTES = SLABS * KV_SLAB,     // a K or V tile
+        Q = 0, DO = R_BYTES, K = 2 * R_BYTES, V = K + 2 * KV_BYTES,
+        BYTES = V + 2 * KV_BYTES + 1024,                         // + the alignment's slack
+    };
+};
+
+// SMEM_BYTES: cupy_gqa/_specs.py: bwd_dq_wgmma_smem, checked against the layout.
+template <typename T, int HEAD_DIM, int BLOCK_N, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(128, 1)
+bwd_dq_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+             const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dq,
+             const int* __restrict__ seqlens_k, const BwdParams p) {
+    using namespace bwd_detail;
+    using namespace sm90;
+    constexpr int D = HEAD_DIM, BLOCK_M = 64, NTHREADS = 128;
+    using L = DqWgmmaSmem<D, BLOCK_N>;
+    constexpr int KD = D / 16;       // k16 steps of Q K^T and dO V^T
+    constexpr int NT = BLOCK_N / 8;  // n8 tiles of S and dP (keys)
+    constexpr int DT = D / 8;        // n8 tiles of dQ
+    static_assert(sizeof(T) == 2, "fp16 / bf16 only");
+    static_assert(D % 64 == 0 && D <= 128 && BLOCK_N % 16 == 0, "head dims 64 and 128; keys in k16 steps");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
+
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned base = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float scale_log2 = (float)p.a.scale_log2;
+    const int head_dim = p.a.head_dim;
+
+    // ---- this CTA's (b, kv head, rows) and keys: the forward's (common.cuh) ----
+    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p.a, seqlens_k, p.a.group_size, blockIdx.x);
+    const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
+    const int len = tile.len, seqlen_k = tile.seqlen_k;  // len -1: a bad seqlens_k value, NaN rows
+    const KeyRange<CAUSAL>& keys = tile.keys;
+    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
+    const T* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
+    const T* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
+
+    auto packed = [&](const T* x, const index_t* xs) {
+        return [=](int r) -> const T* {
+            const int pr = row0 + r;
+            if (pr >= packed_rows) return nullptr;
+            const int t = pr / group, g = pr - (pr / group) * group;
+            return x + b * xs[0] + (index_t)t * xs[1] + (index_t)q_head_of(kvh, g, group) * xs[2];
+        };
+    };
+    load_swizzled<T, BLOCK_M, D, L::R_SLAB, NTHREADS>(base + L::Q, q, head_dim, tid, packed(q, p.a.q_stride));
+    load_swizzled<T, BLOCK_M, D, L::R_SLAB, NTHREADS>(base + L::DO, dout, head_dim, tid, packed(dout, p.do_stride));
+    auto load_kv = [&](int j, int st) {
+        const int key0 = j * BLOCK_N;
+        load_swizzled<T, BLOCK_N, D, L::KV_SLAB, NTHREADS>(base + L::K + st * L::KV_BYTES, k, head_dim, tid,
+                                                          [&](int r) -> const T* {
+            return key0 + r < seqlen_k ? kbase + (index_t)(key0 + r) * p.a.k_stride[1] : nullptr;
+        });
+        load_swizzled<T, BLOCK_N, D, L::KV_SLAB, NTHREADS>(base + L::V + st * L::KV_BYTES, v, head_dim, tid,
+                                                          [&](int r) -> const T* {
+            return key0 + r < seqlen_k ? vbase + (index_t)(key0 + r) * p.a.v_stride[1] : nullptr;
+        });
+    };
+    if (num_n > 0) load_kv(0, 0);
+    cp_async_commit();  // group 0: Q, dO and K/V tile 0
+
+    // The lane's rows g = lane / 4 and g + 8 of the warp's 16: their lse2 and delta.
+    float lse2_r[2], delta_r[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int pr = row0 + warp * 16 + (lane >> 2) + hf * 8;
+        const bool ok = pr < packed_rows;
+        lse2_r[hf] = ok ? lse2_ws[ws_row(p, b, kvh, pr)] : pos_inf<float>();
+        delta_r[hf] = ok ? delta_ws[ws_row(p, b, kvh, pr)] : 0.f;
+    }
+    float dq_acc[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq_acc[dt][e] = 0.f;
+    const unsigned long long desc_q = make_smem_desc(base + L::Q, 16, 1024);
+    const unsigned long long desc_do = make_smem_desc(base + L::DO, 16, 1024);
+
+    for (int j = 0; j < num_n; ++j) {
+        const int st = j & 1;
+        cp_async_wait<0>();   // tile j (and Q, dO) landed for this thread,
+        fence_proxy_async();  // ordered before the wgmma reads (async proxy),
+        __syncthreads();      // for all threads; the other stage's products are done
+        if (j + 1 < num_n) load_kv(j + 1, st ^ 1);
+        cp_async_commit();
+        const unsigned k_at = base + L::K + st * L::KV_BYTES, v_at = base + L::V + st * L::KV_BYTES;
+
+        // ---- S = Q K^T, dP = dO V^T ----
+        float s[NT][4], dp[NT][4];
+        {
+            const unsigned long long desc_k = make_smem_desc(k_at, 16, 1024), desc_v = make_smem_desc(v_at, 16, 1024);
+            wgmma_fence();
+#pragma unroll
+            for (int kd = 0; kd < KD; ++kd)
+                Wgmma<T, BLOCK_N>::ss(flat(s), desc_q + kstep(kd, L::R_SLAB), desc_k + kstep(kd, L::KV_SLAB), kd);
+#pragma unroll
+            for (int kd = 0; kd < KD; ++kd)
+                Wgmma<T, BLOCK_N>::ss(flat(dp), desc_do + kstep(kd, L::R_SLAB), desc_v + kstep(kd, L::KV_SLAB), kd);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(flat(s));
+            fence_regs(flat(dp));
+        }
+
+        // ---- mask (tiles crossing the diagonal or the end of the keys), softmax.cuh's rule ----
+        const int n0 = j * BLOCK_N;
+        if (n0 + BLOCK_N > keys.free) {
+            int last[2];
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) last[hf] = keys.last_key(row0 + warp * 16 + (lane >> 2) + hf * 8);
+            softmax::frag_mask(s, n0, lane, last);
+        }
+
+        // ---- P = exp2(S scale_log2 - lse2) (masked: 0), dS = P (dP - delta), as A operands ----
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float pv = fast_exp2(fmaf(s[nt][e], scale_log2, -lse2_r[e >> 1]));
+                s[nt][e] = pv * (dp[nt][e] - delta_r[e >> 1]);
+            }
+        unsigned sa[BLOCK_N / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) acc_a_operand<T>(s, kk, sa[kk]);
+
+        // ---- dQ += dS K (K read trans-b) ----
+        {
+            const unsigned long long desc_k_t = make_smem_desc(k_at, L::KV_SLAB, 1024);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+                Wgmma<T, D>::rs(flat(dq_acc), sa[kk], desc_k_t + (unsigned long long)((kk * 16 * 128) >> 4), 1);
+            wgmma_commit();
+            wgmma_wait<0>();  // the stage is free for the load after the next barrier
+            fence_regs(flat(dq_acc));
+        }
+    }
+    cp_async_wait<0>();  // nothing in flight (also when num_n == 0)
+
+    // ---- dq = scale dQ from the registers (rows past packed_rows skipped) ----
+    const float sc = len < 0 ? quiet_nan() : (float)p.scale;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int pr = row0 + warp * 16 + (lane >> 2) + hf * 8;
+        if (pr >= packed_rows) continue;
+        const int t = pr / group, g = pr - (pr / group) * group;
+        T* dst = dq + b * p.dq_stride[0] + (index_t)t * p.dq_stride[1] + (index_t)q_head_of(kvh, g, group) * p.dq_stride[2] +
+                 2 * (lane & 3);
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+            if (dt * 8 < head_dim)
+                *reinterpret_cast<unsigned*>(dst + dt * 8) = pack2<T>(dq_acc[dt][2 * hf] * sc, dq_acc[dt][2 * hf + 1] * sc);
     }
 }
 

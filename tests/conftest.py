@@ -26,11 +26,11 @@ if os.environ.get("CUPY_GQA_TEST_F32_PRODUCTS"):
 
     _plan.set_f32_highest(os.environ["CUPY_GQA_TEST_F32_PRODUCTS"])
 # CUPY_GQA_TEST_BWD_WGMMA=1 runs the suite's 16-bit backward calls on sm_90 with
-# their dK/dV pass on wgmma (cupy_gqa/_specs.py: BWD_DKDV_WGMMA).
+# their dQ and dK/dV passes on wgmma (cupy_gqa/_specs.py: BWD_WGMMA).
 if os.environ.get("CUPY_GQA_TEST_BWD_WGMMA") == "1":
     from cupy_gqa import _plan
 
-    _plan.set_bwd_dkdv_wgmma(True)
+    _plan.set_bwd_wgmma(True)
 
 
 @functools.cache

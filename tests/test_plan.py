@@ -143,25 +143,32 @@ def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
         _plan.set_f32_highest("fp16")
 
 
-@pytest.mark.parametrize("dtype, head_dim, arch, expected", [
-    ("bfloat16", 128, "sm_90", "bwd_dkdv_wgmma<__nv_bfloat16, 128, 64, true, 100352>"),  # (2 x 64 + 4 x 64) x 2 slabs x 128 + 1024 + 1024
-    ("float16", 64, "sm_90", "bwd_dkdv_wgmma<__half, 64, 64, true, 51200>"),
-    ("bfloat16", 128, "sm_80", "bwd_dkdv_mma<"),  # no wgmma
-    ("bfloat16", 96, "sm_90", "bwd_dkdv_mma<"),  # not in its table
-    ("bfloat16", 256, "sm_90", "bwd_dkdv_mma<"),
-    ("float32", 128, "sm_90", "bwd_dkdv_tf32<"),
+@pytest.mark.parametrize("dtype, head_dim, arch, dq_kernel, dkdv_kernel", [
+    # dQ: (2 x 64 + 4 x 64) x 2 slabs x 128 + 1024; dK/dV: the same + 2 x 2 x 64 floats of lse2 and delta
+    ("bfloat16", 128, "sm_90", "bwd_dq_wgmma<__nv_bfloat16, 128, 64, true, 99328>",
+     "bwd_dkdv_wgmma<__nv_bfloat16, 128, 64, true, 100352>"),
+    ("float16", 64, "sm_90", "bwd_dq_wgmma<__half, 64, 64, true, 50176>", "bwd_dkdv_wgmma<__half, 64, 64, true, 51200>"),
+    ("bfloat16", 128, "sm_80", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # no wgmma
+    ("bfloat16", 96, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # not in their tables
+    ("bfloat16", 256, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),
+    ("float32", 128, "sm_90", "bwd_dq_tf32<", "bwd_dkdv_tf32<"),
 ])  # fmt: skip
-def test_backward_dkdv_on_wgmma_where_chosen(dtype, head_dim, arch, expected):
-    """With the wgmma dK/dV pass chosen, 16-bit calls on sm_90 at head dims 64 and
-    128 take it, every other call keeps its kernel; the dQ pass never changes."""
+def test_backward_on_wgmma_where_chosen(dtype, head_dim, arch, dq_kernel, dkdv_kernel):
+    """With the wgmma backward chosen, 16-bit calls on sm_90 at head dims 64 and 128
+    take it for both passes (64 rows or keys per CTA), every other call keeps its
+    kernels; unchosen, nothing changes."""
     before = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch])
-    old = _plan.set_bwd_dkdv_wgmma(True)
+    assert "wgmma" not in before[0].name + before[1].name
+    old = _plan.set_bwd_wgmma(True)
     try:
         dq, dkdv = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch])
-        assert dkdv.name.startswith(expected) and dq == before[0]
-        assert dkdv.block_m == 64 or not expected.startswith("bwd_dkdv_wgmma")
+        assert dq.name.startswith(dq_kernel) and dkdv.name.startswith(dkdv_kernel)
+        if "wgmma" in dq_kernel:
+            assert dq.block_m == dkdv.block_m == 64 and dq.arch == dkdv.arch == "sm_90a"
+        else:
+            assert (dq, dkdv) == before
     finally:
-        assert _plan.set_bwd_dkdv_wgmma(old) is True
+        assert _plan.set_bwd_wgmma(old) is True
     assert _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch]) == before
 
 

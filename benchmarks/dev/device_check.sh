@@ -28,10 +28,10 @@
 #                                               (cupy_gqa/_specs.py: F32_PRODUCTS): both through
 #                                               tests/test_gpu_f32_products.py, fp16 pairs through the float32
 #                                               GPU tests and the sanitizer on tiled, F1/F2 timed side by side
-#   benchmarks/dev/device_check.sh bwd_wgmma    one call for the 16-bit dK/dV pass on wgmma (sm_90; off in the
+#   benchmarks/dev/device_check.sh bwd_wgmma    one call for the 16-bit backward on wgmma (sm_90; off in the
 #                                               calls until measured): the backward GPU tests and the sanitizer's
 #                                               backward group with it (CUPY_GQA_TEST_BWD_WGMMA=1), then
-#                                               bwd_ab.py (times and errors beside bwd_dkdv_mma)
+#                                               bwd_ab.py (times and errors beside the mma.sync kernels)
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
