@@ -982,8 +982,8 @@ __device__ __forceinline__ void decode_mma_body(
         // O += P V: the C fragments of S, paired, are the A fragment of P
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            const unsigned pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                                    pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            unsigned pa[4];
+            acc_a_operand<T>(s, kk, pa);
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
                 unsigned vb[4];

@@ -691,12 +691,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         // P as the A operand of the next P V: the S fragment of keys 16 kk .. is P's
         auto to_operand = [&](const float (&s)[NT][4]) {
 #pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);          // row r,     keys 16 kk + 2c, +1
-                pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);          // row r + 8
-                pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);  // row r,     keys 16 kk + 8 + 2c, +1
-                pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);  // row r + 8
-            }
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) acc_a_operand<T>(s, kk, pa[kk]);
         };
 
         if (num_n > 0) {                       // tile 0: S, softmax, P

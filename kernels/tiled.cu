@@ -324,12 +324,7 @@ __device__ __forceinline__ void tiled_body(
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
             unsigned pa[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);          // row g,   keys 2t..
-                pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);          // row g+8, keys 2t..
-                pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);  // row g,   keys 8+2t..
-                pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);  // row g+8, keys 8+2t..
-            }
+            for (int mt = 0; mt < MT; ++mt) acc_a_operand<T>(s[mt], kk, pa[mt]);
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
                 unsigned vb[4];
