@@ -940,21 +940,21 @@ BWD_PREPROCESS = {
 
 # --- the 16-bit backward on sm_90's warpgroup tensor cores (backward.cu: bwd_dq_wgmma,
 # bwd_dkdv_wgmma) ---
-# One warpgroup per CTA: 64 packed rows (dQ) or 64 keys (dK/dV); padded head dim ->
-# BLOCK_N keys per K/V tile (dQ), BLOCK_M packed rows per Q/dO tile (dK/dV). Head dims up
-# to 128 (dQ, dK and dV stay in registers). BWD_WGMMA: the calls take them on sm_90 in
-# place of bwd_dq_mma and bwd_dkdv_mma; off until the H200 has run them
+# NWG warpgroups per CTA, 64 packed rows (dQ) or 64 keys (dK/dV) each; padded head dim ->
+# (BLOCK_N keys per K/V tile, NWG) of dQ, (BLOCK_M packed rows per Q/dO tile, NWG) of dK/dV.
+# Head dims up to 128 (dQ, dK and dV stay in registers). BWD_WGMMA: the calls take them on
+# sm_90 in place of bwd_dq_mma and bwd_dkdv_mma; off until the H200 has run them
 # (benchmarks/NOTES_backward.md).
-BWD_DQ_WGMMA_TILES = {64: 64, 128: 64}
-BWD_DKDV_WGMMA_TILES = {64: 64, 128: 64}
+BWD_DQ_WGMMA_TILES = {64: (64, 1), 128: (64, 1)}
+BWD_DKDV_WGMMA_TILES = {64: (64, 1), 128: (64, 1)}
 BWD_WGMMA = False
 
 
-def bwd_dq_wgmma_smem(head_dim: int, block_n: int) -> int:
-    """bwd_dq_wgmma's: the Q and dO tiles of 64 rows, two stages of K and of V, in
-    64-column slabs of 128-byte rows, and the 1024-byte alignment's slack
+def bwd_dq_wgmma_smem(head_dim: int, block_n: int, nwg: int = 1) -> int:
+    """bwd_dq_wgmma's: the Q and dO tiles of 64 nwg rows, two stages of K and of
+    V, in 64-column slabs of 128-byte rows, and the 1024-byte alignment's slack
     (bwd_detail::DqWgmmaSmem)."""
-    return (2 * 64 + 4 * block_n) * (head_dim // 64) * 128 + 1024
+    return (2 * 64 * nwg + 4 * block_n) * (head_dim // 64) * 128 + 1024
 
 
 @functools.lru_cache(maxsize=None)
@@ -962,28 +962,28 @@ def bwd_dq_wgmma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -
     """The wgmma dQ kernel for a padded head dim on ``arch`` (sm_90 only), or None."""
     if arch.name != "sm_90" or dtype not in BWD_MMA16_DTYPES or head_dim_pad not in BWD_DQ_WGMMA_TILES:
         return None
-    bn = BWD_DQ_WGMMA_TILES[head_dim_pad]
-    smem = bwd_dq_wgmma_smem(head_dim_pad, bn)
+    bn, nwg = BWD_DQ_WGMMA_TILES[head_dim_pad]
+    smem = bwd_dq_wgmma_smem(head_dim_pad, bn, nwg)
     return Spec(
         family="backward",
         source="backward.cu",
-        name=f"bwd_dq_wgmma<{CTYPES[dtype]}, {head_dim_pad}, {bn}, {str(causal).lower()}, {smem}>",
+        name=f"bwd_dq_wgmma<{CTYPES[dtype]}, {head_dim_pad}, {bn}, {nwg}, {str(causal).lower()}, {smem}>",
         dtype=dtype,
         head_dim=head_dim_pad,
-        threads=128,
-        block_m=64,  # packed rows per CTA
+        threads=128 * nwg,
+        block_m=64 * nwg,  # packed rows per CTA
         smem=smem,
         options=(f"-arch={HOPPER_ARCH}",),
         arch=HOPPER_ARCH,
     )
 
 
-def bwd_dkdv_wgmma_smem(head_dim: int, block_m: int) -> int:
-    """bwd_dkdv_wgmma's: K and V tiles of 64 keys, two stages of Q and of dO, in
-    64-column slabs of 128-byte rows, two stages of lse2 and delta floats, and the
-    1024-byte alignment's slack (bwd_detail::DkvWgmmaSmem)."""
+def bwd_dkdv_wgmma_smem(head_dim: int, block_m: int, nwg: int = 1) -> int:
+    """bwd_dkdv_wgmma's: K and V tiles of 64 nwg keys, two stages of Q and of dO,
+    in 64-column slabs of 128-byte rows, two stages of lse2 and delta floats, and
+    the 1024-byte alignment's slack (bwd_detail::DkvWgmmaSmem)."""
     slabs = head_dim // 64
-    return (2 * 64 + 4 * block_m) * slabs * 128 + 4 * block_m * 4 + 1024
+    return (2 * 64 * nwg + 4 * block_m) * slabs * 128 + 4 * block_m * 4 + 1024
 
 
 @functools.lru_cache(maxsize=None)
@@ -991,16 +991,16 @@ def bwd_dkdv_wgmma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch)
     """The wgmma dK/dV kernel for a padded head dim on ``arch`` (sm_90 only), or None."""
     if arch.name != "sm_90" or dtype not in BWD_MMA16_DTYPES or head_dim_pad not in BWD_DKDV_WGMMA_TILES:
         return None
-    bm = BWD_DKDV_WGMMA_TILES[head_dim_pad]
-    smem = bwd_dkdv_wgmma_smem(head_dim_pad, bm)
+    bm, nwg = BWD_DKDV_WGMMA_TILES[head_dim_pad]
+    smem = bwd_dkdv_wgmma_smem(head_dim_pad, bm, nwg)
     return Spec(
         family="backward",
         source="backward.cu",
-        name=f"bwd_dkdv_wgmma<{CTYPES[dtype]}, {head_dim_pad}, {bm}, {str(causal).lower()}, {smem}>",
+        name=f"bwd_dkdv_wgmma<{CTYPES[dtype]}, {head_dim_pad}, {bm}, {nwg}, {str(causal).lower()}, {smem}>",
         dtype=dtype,
         head_dim=head_dim_pad,
-        threads=128,
-        block_m=64,  # keys per CTA
+        threads=128 * nwg,
+        block_m=64 * nwg,  # keys per CTA
         smem=smem,
         options=(f"-arch={HOPPER_ARCH}",),
         arch=HOPPER_ARCH,

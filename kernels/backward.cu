@@ -815,10 +815,11 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 
 // ---- 3c. dK, dV on Hopper's warpgroup tensor cores (wgmma, sm_90a) ------------------------
 // bwd_dkdv_mma's grid, row tiles and rules with its four products on wgmma
-// (kernels/wgmma.cuh; tiles and descriptors: kernels/sm90.cuh). One warpgroup
-// of four warps owns BLOCK_N = 64 keys, warp w keys [16 w, 16 w + 16): the rows
-// of a wgmma accumulator are those of bwd_dkdv_mma's warps, so mask_keys_t and
-// probs_t apply as they are. Every operand is a tile of 64-column slabs with
+// (kernels/wgmma.cuh; tiles and descriptors: kernels/sm90.cuh). NWG warpgroups
+// own BLOCK_N = 64 NWG keys, warpgroup h keys [64 h, 64 h + 64) and its warp w
+// (of the CTA) keys [16 w, 16 w + 16): the rows of a wgmma accumulator are those
+// of bwd_dkdv_mma's warps, so mask_keys_t and probs_t apply as they are, and the
+// warpgroups share each Q and dO tile. Every operand is a tile of 64-column slabs with
 // the 128-byte swizzle, loaded by all threads' cp.async: K and V once, the Q and
 // dO tiles of BLOCK_M packed rows double buffered, with their lse2 and delta.
 //   S^T  = K Q^T    ss: A = K (K-major), B = the Q tile (K-major), N = BLOCK_M
@@ -830,12 +831,12 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 // 128) and go to dk and dv from there at the end (4-byte stores, four lanes
 // making 16 contiguous bytes of a row).
 // Shared memory (from a 1024-byte aligned base; DkvWgmmaSmem):
-//   [ K | V : 64 rows | Q stage 0, 1 | dO stage 0, 1 : BLOCK_M rows | lse2 [2][BLOCK_M] | delta [2][BLOCK_M] ]
-template <int HEAD_DIM, int BLOCK_M>
+//   [ K | V : BLOCK_N rows | Q stage 0, 1 | dO stage 0, 1 : BLOCK_M rows | lse2 [2][BLOCK_M] | delta [2][BLOCK_M] ]
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N>
 struct DkvWgmmaSmem {
     enum : int {
         SLABS = HEAD_DIM / 64,
-        KV_SLAB = 64 * 128, KV_BYTES = SLABS * KV_SLAB,         // a K or V tile
+        KV_SLAB = BLOCK_N * 128, KV_BYTES = SLABS * KV_SLAB,    // a K or V tile
         R_SLAB = BLOCK_M * 128, R_BYTES = SLABS * R_SLAB,       // a Q or dO tile
         K = 0, V = KV_BYTES, Q = 2 * KV_BYTES, DO = Q + 2 * R_BYTES,
         STATS = DO + 2 * R_BYTES,                               // lse2 [2][BLOCK_M], then delta [2][BLOCK_M]
@@ -859,15 +860,15 @@ __device__ __forceinline__ void load_swizzled(unsigned dst, const T* any, int he
 }
 
 // SMEM_BYTES: cupy_gqa/_specs.py: bwd_dkdv_wgmma_smem, checked against the layout.
-template <typename T, int HEAD_DIM, int BLOCK_M, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(128, 1)
+template <typename T, int HEAD_DIM, int BLOCK_M, int NWG, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(NWG * 128, 1)
 bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
                const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
                T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p) {
     using namespace bwd_detail;
     using namespace sm90;
-    constexpr int D = HEAD_DIM, BLOCK_N = 64, NTHREADS = 128;
-    using L = DkvWgmmaSmem<D, BLOCK_M>;
+    constexpr int D = HEAD_DIM, BLOCK_N = 64 * NWG, NTHREADS = 128 * NWG;
+    using L = DkvWgmmaSmem<D, BLOCK_M, BLOCK_N>;
     constexpr int KD = D / 16;       // k16 steps of K Q^T and V dO^T
     constexpr int NT = BLOCK_M / 8;  // n8 tiles of S^T and dP^T (packed rows)
     constexpr int DT = D / 8;        // n8 tiles of dK, dV
@@ -923,8 +924,9 @@ bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
     int key_r[2];  // the lane's keys (rows of S^T)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) key_r[hf] = n0 + warp * 16 + (lane >> 2) + hf * 8;
-    const unsigned long long desc_k = make_smem_desc(base + L::K, 16, 1024);
-    const unsigned long long desc_v = make_smem_desc(base + L::V, 16, 1024);
+    const int wg = warp / 4;  // the warpgroup: A's rows [64 wg, 64 wg + 64) of the K and V tiles
+    const unsigned long long desc_k = make_smem_desc(base + L::K + wg * 64 * 128, 16, 1024);
+    const unsigned long long desc_v = make_smem_desc(base + L::V + wg * 64 * 128, 16, 1024);
 
     for (int m = 0; m < num_m; ++m) {
         const int st = m & 1;
@@ -1007,21 +1009,22 @@ bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
 
 // ---- 2c. dQ on Hopper's warpgroup tensor cores (wgmma, sm_90a) ----------------------------
 // bwd_dq_mma's grid, key range and rules with its three products on wgmma, the
-// tiles as bwd_dkdv_wgmma's. One warpgroup owns BLOCK_M = 64 packed rows (warp
-// w rows [16 w, 16 w + 16), as bwd_dq_mma's warps); its Q and dO tiles are loaded
-// once, the K and V tiles of BLOCK_N keys double buffered, all by the threads'
-// cp.async into swizzled slabs:
+// tiles as bwd_dkdv_wgmma's. NWG warpgroups own BLOCK_M = 64 NWG packed rows
+// (warp w of the CTA rows [16 w, 16 w + 16), as bwd_dq_mma's warps; warpgroup h
+// rows [64 h, 64 h + 64)), which share each K and V tile; the Q and dO tiles are
+// loaded once, the K and V tiles of BLOCK_N keys double buffered, all by the
+// threads' cp.async into swizzled slabs:
 //   S  = Q K^T    ss: A = the Q tile (K-major), B = K (K-major), N = BLOCK_N
 //   dP = dO V^T   ss: A = the dO tile, B = V
 //   dQ += dS K    rs: A = dS (registers), B = K read trans-b, N = HEAD_DIM
 // dQ stays in registers and goes to dq from there at the end.
 // Shared memory (from a 1024-byte aligned base; DqWgmmaSmem):
-//   [ Q | dO : 64 rows | K stage 0, 1 | V stage 0, 1 : BLOCK_N rows ]
-template <int HEAD_DIM, int BLOCK_N>
+//   [ Q | dO : BLOCK_M rows | K stage 0, 1 | V stage 0, 1 : BLOCK_N rows ]
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N>
 struct DqWgmmaSmem {
     enum : int {
         SLABS = HEAD_DIM / 64,
-        R_SLAB = 64 * 128, R_BYTES = SLABS * R_SLAB,             // the Q or dO tile
+        R_SLAB = BLOCK_M * 128, R_BYTES = SLABS * R_SLAB,        // the Q or dO tile
         KV_SLAB = BLOCK_N * 128, KV_BYTES = SLABS * KV_SLAB,     // a K or V tile
         Q = 0, DO = R_BYTES, K = 2 * R_BYTES, V = K + 2 * KV_BYTES,
         BYTES = V + 2 * KV_BYTES + 1024,                         // + the alignment's slack
@@ -1029,15 +1032,15 @@ struct DqWgmmaSmem {
 };
 
 // SMEM_BYTES: cupy_gqa/_specs.py: bwd_dq_wgmma_smem, checked against the layout.
-template <typename T, int HEAD_DIM, int BLOCK_N, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(128, 1)
+template <typename T, int HEAD_DIM, int BLOCK_N, int NWG, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(NWG * 128, 1)
 bwd_dq_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
              const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dq,
              const int* __restrict__ seqlens_k, const BwdParams p) {
     using namespace bwd_detail;
     using namespace sm90;
-    constexpr int D = HEAD_DIM, BLOCK_M = 64, NTHREADS = 128;
-    using L = DqWgmmaSmem<D, BLOCK_N>;
+    constexpr int D = HEAD_DIM, BLOCK_M = 64 * NWG, NTHREADS = 128 * NWG;
+    using L = DqWgmmaSmem<D, BLOCK_M, BLOCK_N>;
     constexpr int KD = D / 16;       // k16 steps of Q K^T and dO V^T
     constexpr int NT = BLOCK_N / 8;  // n8 tiles of S and dP (keys)
     constexpr int DT = D / 8;        // n8 tiles of dQ
@@ -1099,8 +1102,9 @@ bwd_dq_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dq_acc[dt][e] = 0.f;
-    const unsigned long long desc_q = make_smem_desc(base + L::Q, 16, 1024);
-    const unsigned long long desc_do = make_smem_desc(base + L::DO, 16, 1024);
+    const int wg = warp / 4;  // the warpgroup: A's rows [64 wg, 64 wg + 64) of the Q and dO tiles
+    const unsigned long long desc_q = make_smem_desc(base + L::Q + wg * 64 * 128, 16, 1024);
+    const unsigned long long desc_do = make_smem_desc(base + L::DO + wg * 64 * 128, 16, 1024);
 
     for (int j = 0; j < num_n; ++j) {
         const int st = j & 1;

@@ -145,9 +145,9 @@ def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
 
 @pytest.mark.parametrize("dtype, head_dim, arch, dq_kernel, dkdv_kernel", [
     # dQ: (2 x 64 + 4 x 64) x 2 slabs x 128 + 1024; dK/dV: the same + 2 x 2 x 64 floats of lse2 and delta
-    ("bfloat16", 128, "sm_90", "bwd_dq_wgmma<__nv_bfloat16, 128, 64, true, 99328>",
-     "bwd_dkdv_wgmma<__nv_bfloat16, 128, 64, true, 100352>"),
-    ("float16", 64, "sm_90", "bwd_dq_wgmma<__half, 64, 64, true, 50176>", "bwd_dkdv_wgmma<__half, 64, 64, true, 51200>"),
+    ("bfloat16", 128, "sm_90", "bwd_dq_wgmma<__nv_bfloat16, 128, 64, 1, true, 99328>",
+     "bwd_dkdv_wgmma<__nv_bfloat16, 128, 64, 1, true, 100352>"),
+    ("float16", 64, "sm_90", "bwd_dq_wgmma<__half, 64, 64, 1, true, 50176>", "bwd_dkdv_wgmma<__half, 64, 64, 1, true, 51200>"),
     ("bfloat16", 128, "sm_80", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # no wgmma
     ("bfloat16", 96, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # not in their tables
     ("bfloat16", 256, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),

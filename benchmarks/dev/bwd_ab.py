@@ -3,17 +3,18 @@
 (bwd_dq_wgmma, bwd_dkdv_wgmma, sm_90), side by side in one process
 (kernels/backward.cu; cupy_gqa._plan.set_bwd_wgmma).
 
-    python3 benchmarks/dev/bwd_ab.py [--cases G1,G2,G2s] [--rounds 3] [--tiles 64x64,128x64,64x128]
+    python3 benchmarks/dev/bwd_ab.py [--cases G1,G2,G2s] [--rounds 3] [--tiles 64x64,128x64,64x64x2]
 
 Per case: the GPU time of cupy_gqa.attention_backward with each pair of
 kernels (cupyx.profiler.benchmark, median of 10, the two timed in turn for
 --rounds rounds, best of the rounds), how far each one's dk and dv are from
 float64 on sampled keys, and how far the wgmma gradients are from the mma.sync
 ones (relative error, Frobenius). --tiles: the wgmma kernels' tiles to try, each
-"BNxBM": BLOCK_N keys per K/V tile of the dQ kernel, BLOCK_M packed rows per
-Q/dO tile of the dK/dV kernel (_specs.BWD_DQ_WGMMA_TILES, BWD_DKDV_WGMMA_TILES;
-the first is the tables'); a tile that spills at a head dim (the dK/dV kernel's
-128 rows at head dim 128) is skipped there.
+"BNxBM[xNWG]": BLOCK_N keys per K/V tile of the dQ kernel, BLOCK_M packed rows per
+Q/dO tile of the dK/dV kernel, NWG warpgroups per CTA of both (default 1)
+(_specs.BWD_DQ_WGMMA_TILES, BWD_DKDV_WGMMA_TILES; the first is the tables'); a
+tile that spills at a head dim (the dK/dV kernel's 128 rows at head dim 128) is
+skipped there.
 """
 import argparse
 import math
@@ -69,7 +70,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tiles", default="64x64")
     args = parser.parse_args()
-    tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",")]
+    tiles = [tuple(int(x) for x in (t + "x1").split("x")[:3]) for t in args.tiles.split(",")]
     print(f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}  cupy {cupy.__version__}")
     for name in args.cases.split(","):
         batch, n, hq, hkv, d = CASES[name]
@@ -84,7 +85,8 @@ def main():
 
         def use(config):
             if config is not None:
-                _specs.BWD_DQ_WGMMA_TILES[d], _specs.BWD_DKDV_WGMMA_TILES[d] = config
+                _specs.BWD_DQ_WGMMA_TILES[d] = (config[0], config[2])
+                _specs.BWD_DKDV_WGMMA_TILES[d] = (config[1], config[2])
                 _specs.bwd_dq_wgmma_spec.cache_clear()
                 _specs.bwd_dkdv_wgmma_spec.cache_clear()
             _plan.set_bwd_wgmma(config is not None)  # (and forgets the plans)
@@ -104,7 +106,8 @@ def main():
         _specs.bwd_dkdv_wgmma_spec.cache_clear()
         _plan.set_bwd_wgmma(False)
         for config in configs[2:]:
-            print(f"{name} wgmma tiles {config[0]}x{config[1]}: {times[config]:.3f} ms ({times[config] / times[None]:.3f}x mma)")
+            print(f"{name} wgmma tiles {'x'.join(map(str, config))}: {times[config]:.3f} ms "
+                  f"({times[config] / times[None]:.3f}x mma)")
         times = {False: times[None], True: times[configs[1]]}
         grads = {False: grads[None], True: grads[configs[1]]}
         keys = np.linspace(0, n - 1, 16).astype(int)
@@ -115,7 +118,7 @@ def main():
             err[on] = (rel(dk, ref_dk), rel(dv, ref_dv))
         mma_g, wg_g = ([cupy.asnumpy(x).astype(np.float64) for x in grads[on]] for on in (False, True))
         print(
-            f"{name}: mma {times[False]:.3f} ms, wgmma {configs[1][0]}x{configs[1][1]} {times[True]:.3f} ms "
+            f"{name}: mma {times[False]:.3f} ms, wgmma {'x'.join(map(str, configs[1]))} {times[True]:.3f} ms "
             f"({times[True] / times[False]:.3f}x); "
             f"sampled dk/dv error vs float64: mma {err[False][0]:.2e}/{err[False][1]:.2e}, "
             f"wgmma {err[True][0]:.2e}/{err[True][1]:.2e}; wgmma vs mma dq/dk/dv "

@@ -113,7 +113,7 @@ case "$stage" in
     CUPY_GQA_TEST_BWD_WGMMA=1 timeout -s KILL 240 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
       tests/test_gpu_backward.py tests/test_gpu_interop.py >"$out/bwd_wgmma_tests.txt" 2>&1
     echo "tests rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/bwd_wgmma_tests.txt" | tail -20
-    timeout -s KILL 200 python3 benchmarks/dev/bwd_ab.py --cases G1,G2,G2s --tiles 64x64,128x64,64x128 >"$out/bwd_ab.txt" 2>&1
+    timeout -s KILL 200 python3 benchmarks/dev/bwd_ab.py --cases G1,G2,G2s --tiles 64x64,128x64,64x128,64x64x2,128x64x2 >"$out/bwd_ab.txt" 2>&1
     echo "ab rc $?"; reap; tail -9 "$out/bwd_ab.txt"
     t0=$SECONDS
     CUPY_GQA_TEST_BWD_WGMMA=1 SANITIZE_KERNELS=backward timeout -s KILL 180 bash tests/sanitize.sh >"$out/sanitize.txt" 2>&1
