@@ -32,6 +32,12 @@
 #                                               calls until measured): the backward GPU tests and the sanitizer's
 #                                               backward group with it (CUPY_GQA_TEST_BWD_WGMMA=1), then
 #                                               bwd_ab.py (times and errors beside the mma.sync kernels)
+#   benchmarks/dev/device_check.sh first        one call (under 600 s) with a first verdict on every kernel built
+#                                               without a GPU, each part under a limit, the most needed first:
+#                                               the float32 backward's tests (split TF32), fp16 pairs (both
+#                                               schemes' range tests, the float32 forward tests with pairs), the
+#                                               16-bit backward on wgmma (its tests), then tf32_ab.py (F1, F2),
+#                                               bwd_ab.py (G1, G2)
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -107,6 +113,24 @@ case "$stage" in
     SANITIZE_GROUPS="hopper:seq|tiled:seq|rowwise:seq|decode:seq" timeout -s KILL 240 \
       bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"
     echo "sanitize rc $? in $((SECONDS - t0)) s"; reap ;;
+  first)
+    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
+    part() {  # part NAME LIMIT_S COMMAND...: run, report rc, time and the pytest summary or the output's tail
+      local name=$1 limit=$2; shift 2; local t0=$SECONDS
+      timeout -s KILL "$limit" "$@" >"$out/first_$name.txt" 2>&1
+      echo "== $name: rc $? in $((SECONDS - t0)) s"; reap
+      grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$out/first_$name.txt" | sort -u | head -12
+    }
+    part bwd_f32 110 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_backward.py -k "float32"
+    part f32_ranges 80 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_f32_products.py
+    part f16x2_suite 100 env CUPY_GQA_TEST_F32_PRODUCTS=f16x2 python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
+      tests/test_gpu_kernels.py tests/test_gpu_modifiers.py tests/test_gpu_seq.py -k "float32"
+    part bwd_wgmma 110 env CUPY_GQA_TEST_BWD_WGMMA=1 python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
+      tests/test_gpu_backward.py -k "float16 or bfloat16 or random or deterministic or torch"
+    part f32_ab 60 python3 benchmarks/dev/tf32_ab.py --cases F1,F2 --modes t,f16x2
+    tail -6 "$out/first_f32_ab.txt"
+    part bwd_ab 80 python3 benchmarks/dev/bwd_ab.py --cases G1,G2
+    tail -3 "$out/first_bwd_ab.txt" | cut -c1-400 ;;
   bwd_wgmma)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     t0=$SECONDS
