@@ -130,7 +130,11 @@ def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
     """With fp16 pairs chosen, "highest" runs them where their table has the head
     dim and the tile fits; elsewhere split TF32. "tf32" never changes."""
     layout = ((2, 64, 8, head_dim), (64 * 8 * head_dim * 4, 8 * head_dim * 4, head_dim * 4, 4), 4)
+    from cupy_gqa import _fast
+
+    _fast.remember(("a repeat call's signature",), object())
     old = _plan.set_f32_highest("f16x2")
+    assert _fast.lookup(("a repeat call's signature",)) is None, "a repeat call would launch the old scheme's plan"
     try:
         problem = _plan.Problem(2, 64, 64, 8, 2, head_dim, "float32", True, 0.1, "highest")
         assert _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS[arch]).spec.name == expected
