@@ -395,6 +395,44 @@ __device__ __forceinline__ void load_row_stats(float* sLse2, float* sDelta, cons
     }
 }
 
+// The lse2 and delta of a dQ kernel's lane rows (packed rows row and row + 8, the
+// lane's rows g and g + 8 of its warp); rows past the end get P = 0 (lse2 = +inf)
+// and dS = 0.
+__device__ __forceinline__ void lane_row_stats(float (&lse2_r)[2], float (&delta_r)[2], const float* lse2_ws,
+                                               const float* delta_ws, const BwdParams& p, int b, int kvh, int row,
+                                               int packed_rows) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int pr = row + hf * 8;
+        const bool ok = pr < packed_rows;
+        lse2_r[hf] = ok ? lse2_ws[ws_row(p, b, kvh, pr)] : pos_inf<float>();
+        delta_r[hf] = ok ? delta_ws[ws_row(p, b, kvh, pr)] : 0.f;
+    }
+}
+
+// A dQ kernel's key tile [n0, n0 + BLOCK_N) of scores s (raw) and dP: the mask
+// (tiles crossing the diagonal or the end of the keys, softmax.cuh's rule) on
+// the lane's rows (packed rows row and row + 8), then P = exp2(S scale_log2 -
+// lse2) (masked: 0) and dS = P (dP - delta) into s.
+template <int BLOCK_N, int NT, class Keys>
+__device__ __forceinline__ void scores_to_ds(float (&s)[NT][4], const float (&dp)[NT][4], int n0, const Keys& keys,
+                                             int row, int lane, float scale_log2, const float (&lse2_r)[2],
+                                             const float (&delta_r)[2]) {
+    if (n0 + BLOCK_N > keys.free) {
+        int last[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) last[hf] = keys.last_key(row + hf * 8);
+        softmax::frag_mask(s, n0, lane, last);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float pv = fast_exp2(fmaf(s[nt][e], scale_log2, -lse2_r[e >> 1]));
+            s[nt][e] = pv * (dp[nt][e] - delta_r[e >> 1]);
+        }
+}
+
 // Row tile m0 of a dK/dV kernel into one stage: Q and dO (cp.async), and each
 // row's lse2 and delta (plain loads, read after the next barrier); rows past the
 // end get P = 0 (lse2 = +inf) and dS = 0.
@@ -602,13 +640,7 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
 
     // The lane's rows g = lane / 4 and g + 8 of the warp's 16: their lse2 and delta.
     float lse2_r[2], delta_r[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int pr = row0 + warp * 16 + (lane >> 2) + hf * 8;
-        const bool ok = pr < packed_rows;
-        lse2_r[hf] = ok ? lse2_ws[ws_row(p, b, kvh, pr)] : pos_inf<float>();
-        delta_r[hf] = ok ? delta_ws[ws_row(p, b, kvh, pr)] : 0.f;
-    }
+    lane_row_stats(lse2_r, delta_r, lse2_ws, delta_ws, p, b, kvh, row0 + warp * 16 + (lane >> 2), packed_rows);
     float dq_acc[DT][4];
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
@@ -636,23 +668,8 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
         float s[NT][4], dp[NT][4];
         bwd_detail::two_products<T, NT, KD, ROW>(s, dp, sQ_warp, sdO_warp, sK_lane, sV_lane);
 
-        // ---- mask (tiles crossing the diagonal or the end of the keys), softmax.cuh's rule ----
-        const int n0 = j * BLOCK_N;
-        if (n0 + BLOCK_N > keys.free) {
-            int last[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) last[hf] = keys.last_key(row0 + warp * 16 + (lane >> 2) + hf * 8);
-            softmax::frag_mask(s, n0, lane, last);
-        }
-
-        // ---- P = exp2(S scale_log2 - lse2) (masked: 0), dS = P (dP - delta), in s ----
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float pv = fast_exp2(fmaf(s[nt][e], scale_log2, -lse2_r[e >> 1]));
-                s[nt][e] = pv * (dp[nt][e] - delta_r[e >> 1]);
-            }
+        // ---- mask, P = exp2(S scale_log2 - lse2) (masked: 0), dS = P (dP - delta), in s ----
+        scores_to_ds<BLOCK_N>(s, dp, j * BLOCK_N, keys, row0 + warp * 16 + (lane >> 2), lane, scale_log2, lse2_r, delta_r);
 
         // ---- dQ += dS K (C fragment pairs -> A fragment; K through ldmatrix.trans) ----
 #pragma unroll
@@ -844,6 +861,26 @@ struct DkvWgmmaSmem {
     };
 };
 
+// Two products of one shape on wgmma, side by side and waited for: c0 = A0 B0^T
+// and c1 = A1 B1^T for a warpgroup's 64 rows of A (descriptors a0, a1: K-major
+// slabs A_SLAB bytes apart) against N rows of B (b0, b1: B_SLAB apart), over KD
+// k16 steps (kernels/sm90.cuh). The dQ pass takes S = Q K^T with dP = dO V^T,
+// the dK/dV pass S^T = K Q^T with dP^T = V dO^T (as two_products, on mma.sync).
+template <typename T, int N, int KD, int A_SLAB, int B_SLAB>
+__device__ __forceinline__ void two_products_wgmma(float (&c0)[N / 8][4], float (&c1)[N / 8][4], unsigned long long a0,
+                                                   unsigned long long a1, unsigned long long b0, unsigned long long b1) {
+    using namespace sm90;
+    wgmma_fence();
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) Wgmma<T, N>::ss(flat(c0), a0 + kstep(kd, A_SLAB), b0 + kstep(kd, B_SLAB), kd);
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) Wgmma<T, N>::ss(flat(c1), a1 + kstep(kd, A_SLAB), b1 + kstep(kd, B_SLAB), kd);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(flat(c0));
+    fence_regs(flat(c1));
+}
+
 // ROWS rows of a tensor into a tile of swizzled slabs (SLAB bytes apart) at dst,
 // 16 bytes per cp.async; row r is read from row_ptr(r) (null: zeros), chunks
 // past head_dim zero-filled.
@@ -940,20 +977,8 @@ bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
 
         // ---- S^T = K Q^T, dP^T = V dO^T (rows: the warpgroup's 64 keys; columns: packed rows) ----
         float s[NT][4], dpt[NT][4];
-        {
-            const unsigned long long desc_q = make_smem_desc(q_at, 16, 1024), desc_do = make_smem_desc(do_at, 16, 1024);
-            wgmma_fence();
-#pragma unroll
-            for (int kd = 0; kd < KD; ++kd)
-                Wgmma<T, BLOCK_M>::ss(flat(s), desc_k + kstep(kd, L::KV_SLAB), desc_q + kstep(kd, L::R_SLAB), kd);
-#pragma unroll
-            for (int kd = 0; kd < KD; ++kd)
-                Wgmma<T, BLOCK_M>::ss(flat(dpt), desc_v + kstep(kd, L::KV_SLAB), desc_do + kstep(kd, L::R_SLAB), kd);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(flat(s));
-            fence_regs(flat(dpt));
-        }
+        two_products_wgmma<T, BLOCK_M, KD, L::KV_SLAB, L::R_SLAB>(s, dpt, desc_k, desc_v, make_smem_desc(q_at, 16, 1024),
+                                                                 make_smem_desc(do_at, 16, 1024));
 
         // ---- mask: keys past the sequence, and (causal) rows that don't see the key ----
         if (n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 / group + kb.diag))
@@ -1090,13 +1115,7 @@ bwd_dq_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 
     // The lane's rows g = lane / 4 and g + 8 of the warp's 16: their lse2 and delta.
     float lse2_r[2], delta_r[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int pr = row0 + warp * 16 + (lane >> 2) + hf * 8;
-        const bool ok = pr < packed_rows;
-        lse2_r[hf] = ok ? lse2_ws[ws_row(p, b, kvh, pr)] : pos_inf<float>();
-        delta_r[hf] = ok ? delta_ws[ws_row(p, b, kvh, pr)] : 0.f;
-    }
+    lane_row_stats(lse2_r, delta_r, lse2_ws, delta_ws, p, b, kvh, row0 + warp * 16 + (lane >> 2), packed_rows);
     float dq_acc[DT][4];
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
@@ -1117,38 +1136,11 @@ bwd_dq_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 
         // ---- S = Q K^T, dP = dO V^T ----
         float s[NT][4], dp[NT][4];
-        {
-            const unsigned long long desc_k = make_smem_desc(k_at, 16, 1024), desc_v = make_smem_desc(v_at, 16, 1024);
-            wgmma_fence();
-#pragma unroll
-            for (int kd = 0; kd < KD; ++kd)
-                Wgmma<T, BLOCK_N>::ss(flat(s), desc_q + kstep(kd, L::R_SLAB), desc_k + kstep(kd, L::KV_SLAB), kd);
-#pragma unroll
-            for (int kd = 0; kd < KD; ++kd)
-                Wgmma<T, BLOCK_N>::ss(flat(dp), desc_do + kstep(kd, L::R_SLAB), desc_v + kstep(kd, L::KV_SLAB), kd);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(flat(s));
-            fence_regs(flat(dp));
-        }
+        two_products_wgmma<T, BLOCK_N, KD, L::R_SLAB, L::KV_SLAB>(s, dp, desc_q, desc_do, make_smem_desc(k_at, 16, 1024),
+                                                                 make_smem_desc(v_at, 16, 1024));
 
-        // ---- mask (tiles crossing the diagonal or the end of the keys), softmax.cuh's rule ----
-        const int n0 = j * BLOCK_N;
-        if (n0 + BLOCK_N > keys.free) {
-            int last[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) last[hf] = keys.last_key(row0 + warp * 16 + (lane >> 2) + hf * 8);
-            softmax::frag_mask(s, n0, lane, last);
-        }
-
-        // ---- P = exp2(S scale_log2 - lse2) (masked: 0), dS = P (dP - delta), as A operands ----
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float pv = fast_exp2(fmaf(s[nt][e], scale_log2, -lse2_r[e >> 1]));
-                s[nt][e] = pv * (dp[nt][e] - delta_r[e >> 1]);
-            }
+        // ---- mask, P = exp2(S scale_log2 - lse2) (masked: 0), dS = P (dP - delta), as A operands ----
+        scores_to_ds<BLOCK_N>(s, dp, j * BLOCK_N, keys, row0 + warp * 16 + (lane >> 2), lane, scale_log2, lse2_r, delta_r);
         unsigned sa[BLOCK_N / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) acc_a_operand<T>(s, kk, sa[kk]);
