@@ -1,7 +1,8 @@
-"""The float32 tiled kernel's PRESPLIT modes and tile shapes side by side
-(kernels/tiled_tf32.cu): where the operands are split into TF32 parts (0 per
-warp in registers, 1 K/V once per CTA, 2 also Q), and other BLOCK_M, BLOCK_N,
-NUM_WARPS. Picks the table in cupy_gqa/_specs.py.
+"""The float32 tiled kernels side by side: split TF32's PRESPLIT modes and tile
+shapes (kernels/tiled_tf32.cu: where the operands are split into TF32 parts, 0
+per warp in registers, 1 K/V once per CTA, 2 also Q; other BLOCK_M, BLOCK_N,
+NUM_WARPS), and fp16 pairs (kernels/tiled_f16x2.cu) at its tiles. Picks the
+tables in cupy_gqa/_specs.py, and which scheme precision="highest" takes.
 
     python benchmarks/dev/tf32_ab.py [--cases F1,F2] [--modes 0,1,2,t,f16x2] [--shapes table,w8,...]
 
