@@ -94,6 +94,18 @@ def main():
         def run():
             return cupy_gqa.attention_backward(dout, q, k, v, out, lse)
 
+        def launched(config):  # the dQ and dK/dV kernels a call under ``config`` launches
+            use(config)
+            names, get = [], _plan.get_kernel
+            _plan.get_kernel = lambda spec: names.append(spec.name) or get(spec)
+            try:
+                run()
+            finally:
+                _plan.get_kernel = get
+            return " + ".join(n.split("<")[0] for n in names[1:])
+
+        print(f"{name}: mma.sync config launches {launched(None)}; wgmma config {launched(configs[1])}", flush=True)
+
         grads, times = {}, {c: math.inf for c in configs}
         for _ in range(args.rounds):
             for config in configs:
