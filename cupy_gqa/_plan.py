@@ -280,7 +280,79 @@ def _prefill_launch(problem: Problem, layout: tuple, spec: _specs.Spec, tile_row
 @functools.lru_cache(maxsize=4096)
 def plan_tiled(problem: Problem, layout: tuple, arch: _specs.Arch) -> Launch:
     spec = _specs.tiled_any_spec(problem.dtype, problem.head_dim, problem.causal, problem.precision, arch)
-    return _prefill_launch(problem, layout, problem.spec(spec))
+    launch = _prefill_launch(problem, layout, problem.spec(spec))
+    if spec.source == "tiled_f16x2.cu":
+        return F16x2Launch.of(launch, spec)
+    return launch
+
+
+@dataclass(frozen=True, eq=False)
+class F16x2Launch(Launch):
+    """The float32 fp16-pair prefill (kernels/tiled_f16x2.cu): two kernels that
+    make the pairs of K and V once per call, one CTA per key tile of block_n keys
+    (ntiles per sequence and KV head: the longest sequence's), then the prefill
+    kernel ``spec`` that reads them.
+
+    Workspace: workspace_bytes, the pairs (4 * block_n * head_dim fp16 values
+    per tile) then 12 bytes of scale exponents per tile; calling the plan takes
+    it as ``workspace`` as DecodeLaunch does (a caller's array, a function of the
+    byte count, or None: CuPy's pool, refused while a CUDA graph is captured)."""
+
+    prep: tuple = ()  # the two Specs, in launch order
+    ntiles: int = 0
+
+    @classmethod
+    def of(cls, launch: Launch, table_spec: _specs.Spec) -> "F16x2Launch":
+        problem = launch.problem
+        ntiles = math.ceil(problem.seqlen_k / table_spec.block_n)
+        tiles = problem.batch * problem.num_kv_heads * ntiles
+        if tiles > MAX_GRID_X:
+            raise ValueError(f"k: too many key tiles for one launch ({tiles} > {MAX_GRID_X})")
+        prep = tuple(problem.spec(s) if problem.seq is not None else s for s in _specs.f16x2_prep_specs(table_spec))
+        return cls(launch.spec, launch.grid, launch.params, problem, prep=prep, ntiles=ntiles)
+
+    @property
+    def tiles(self) -> int:
+        return self.problem.batch * self.problem.num_kv_heads * self.ntiles
+
+    @property
+    def part_lse_offset(self) -> int:
+        """Bytes from the workspace's start to the scale exponents (after the pairs)."""
+        return self.tiles * 4 * self.spec.block_n * self.spec.head_dim * 2
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.part_lse_offset + 12 * self.tiles
+
+    def workspace_message(self) -> str:
+        return (f"this float32 call makes fp16 pairs of k and v first (precision 'highest') and needs a float32 "
+                f"workspace of {self.workspace_bytes} bytes")
+
+    def _pack(self, device: int) -> PackedLaunch:
+        """The two kernels that make the pairs, then the prefill kernel."""
+        base = ("q", "k", "v", "out", "lse", "seqlens_k", self.params.tobytes(), "part_o", "part_lse",
+                np.int32(self.ntiles).tobytes())  # fmt: skip
+        seq = self.problem.seq_args()
+        kernels, keep = [], []
+        for spec in self.prep:
+            kernel = get_kernel(spec)
+            kernels.append((kernel.kernel.ptr, self.tiles, spec.threads, 0, (*base, *seq)))
+            keep.append(kernel)
+        kernel = get_kernel(self.spec)
+        mods = self.problem.mod_args(self.spec, device)
+        kernels.append((kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, (*base, *mods, *seq)))
+        keep.append(kernel)
+        return PackedLaunch(kernels, device, keep=keep, part_lse_offset=self.part_lse_offset,
+                            seq_params=self.problem.seq_params())  # fmt: skip
+
+    def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
+               seq: tuple = ()) -> None:
+        self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace, seq=seq)
+
+    def __call__(self, q, k, v, out, lse, seqlens_k=None, workspace=None) -> None:
+        stream = current_stream_ptr()
+        work = workspace_address(self, stream, workspace, q, k, v, out, seqlens_k)
+        self.launch(stream, address(q), address(k), address(v), address(out), address(lse), address(seqlens_k), work)
 
 
 def set_f32_highest(products: str) -> str:
@@ -309,7 +381,7 @@ def tiled_plan_for(problem: Problem, q, k, v, out, *, checked: bool = False) -> 
 
 def launch_tiled(problem: Problem, q, k, v, out, lse, seqlens_k=None, *, checked: bool = False, workspace=None) -> Launch:
     plan = tiled_plan_for(problem, q, k, v, out, checked=checked)
-    plan(q, k, v, out, lse, seqlens_k)
+    plan(q, k, v, out, lse, seqlens_k, workspace)
     return plan
 
 
@@ -837,30 +909,41 @@ class DecodeLaunch(_PackedPerDevice):
         """``workspace``: the address of a checked workspace when combined."""
         self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace if self.combined else 0, seq=seq)
 
+    def workspace_message(self) -> str:
+        return f"this call splits the keys into {self.num_splits} ranges and needs a float32 workspace of {self.workspace_bytes} bytes"
+
     def __call__(self, q, k, v, out, lse, seqlens_k, workspace=None) -> None:
         stream = current_stream_ptr()
-        work = 0
-        if self.combined:
-            if workspace is None:
-                import cupy
-
-                if cupy.cuda.runtime.streamIsCapturing(stream):
-                    raise ValueError(workspace_capture_message(self.num_splits, self.workspace_bytes))
-                workspace = cupy.empty(self.workspace_bytes // 4, dtype=cupy.float32)  # CuPy's pool, this stream
-            elif callable(workspace):
-                workspace = workspace(self.workspace_bytes)
-            else:
-                check_workspace(workspace, self.workspace_bytes, {"q": q, "k": k, "v": v, "out": out, "seqlens_k": seqlens_k})
-            work = address(workspace)
+        work = workspace_address(self, stream, workspace, q, k, v, out, seqlens_k) if self.combined else 0
         self.launch(stream, address(q), address(k), address(v), address(out), address(lse), address(seqlens_k), work)
 
 
-def workspace_capture_message(num_splits: int, nbytes: int) -> str:
+def workspace_address(plan, stream: int, workspace, q, k, v, out, seqlens_k) -> int:
+    """The address of the workspace of a call of ``plan`` (workspace_bytes > 0):
+    ``workspace`` a caller's CuPy array (checked here), a function of the byte
+    count that returns one (torch's allocator, for torch inputs), or None: then
+    it comes from CuPy's memory pool on the current stream and returns to the
+    pool when the call returns (the pool is stream-ordered, so nothing waits),
+    except while the stream is captured into a CUDA graph, which such a buffer
+    would outlive: that raises a ValueError."""
+    if workspace is None:
+        import cupy
+
+        if cupy.cuda.runtime.streamIsCapturing(stream):
+            raise ValueError(workspace_capture_message(plan))
+        workspace = cupy.empty(plan.workspace_bytes // 4, dtype=cupy.float32)  # CuPy's pool, this stream
+    elif callable(workspace):
+        workspace = workspace(plan.workspace_bytes)
+    else:
+        check_workspace(workspace, plan.workspace_bytes, {"q": q, "k": k, "v": v, "out": out, "seqlens_k": seqlens_k})
+    return address(workspace)
+
+
+def workspace_capture_message(plan) -> str:
     return (
-        f"workspace: expected a caller-owned buffer while a CUDA graph is being captured (this call splits the keys "
-        f"into {num_splits} ranges and needs a float32 workspace of {nbytes} bytes; a buffer from CuPy's memory pool "
-        f"would go back to the pool while the graph still writes to it), got None; pass "
-        f"workspace=cupy_gqa.decode_workspace(q, k, v, ...)"
+        f"workspace: expected a caller-owned buffer while a CUDA graph is being captured ({plan.workspace_message()}; "
+        f"a buffer from CuPy's memory pool would go back to the pool while the graph still writes to it), got None; "
+        f"pass workspace=cupy_gqa.decode_workspace(q, k, v, ...)"
     )
 
 

@@ -176,7 +176,7 @@ def seq_check_specs(arch: "Arch") -> tuple:
 def mods_check_specs(arch: "Arch") -> tuple:
     picked: dict[str, Spec] = {}
     for spec in specs_for(arch):
-        if spec.family in MODS_FAMILIES and not is_decode_cluster(spec):  # the cluster kernel: no modifiers
+        if spec.family in MODS_FAMILIES and not is_decode_cluster(spec) and not is_f16x2_prep(spec):  # no modifiers
             s = with_mods(spec, 15)
             picked.setdefault(s.name, s)
     return tuple(picked.values())
@@ -320,22 +320,24 @@ def tiled_f32_smem(head_dim: int, block_m: int, block_n: int, presplit: int) -> 
 F32_HIGHEST = "tf32x3"
 F32_PRODUCTS = ("tf32x3", "f16x2")
 # head_dim -> (BLOCK_M, BLOCK_N, NUM_WARPS) of kernels/tiled_f16x2.cu: fp16 pairs
-# of Q, K and V and an fp32 landing stage for K and V; two CTAs per SM on the
-# 227 KB GPUs. Not at head dim 256, whose O (128 registers a thread) spills
-# there: split TF32 takes it, as it takes a head dim whose tile does not fit.
+# of a Q tile and two stages of K and V pairs (made once per call, in a workspace,
+# by its first two kernels); two CTAs per SM on the 227 KB GPUs. Not at head dim
+# 256, whose O (128 registers a thread) spills there: split TF32 takes it, as it
+# takes a head dim whose tile does not fit.
 TILED_F16X2_TILES = {
     32: (64, 64, 4),
     64: (64, 64, 4),
     96: (64, 32, 4),
     128: (64, 32, 4),
 }
+F16X2_PREP_THREADS = 128  # kernels/tiled_f16x2.cu: f16x2_detail::PREP_THREADS
 
 
 def tiled_f16x2_smem(head_dim: int, block_m: int, block_n: int) -> int:
     """Dynamic shared memory of kernels/tiled_f16x2.cu (f16x2_detail::F16x2Smem):
-    the fp16 pairs of a Q tile and of one K and one V tile (rows of head_dim + 8
-    halves), the fp32 landing rows of K and V, and 32 bytes of tile maxima."""
-    return (2 * block_m + 4 * block_n) * (head_dim + 8) * 2 + 2 * block_n * head_dim * 4 + 32
+    the fp16 pairs of a Q tile and two stages of the pairs of a K and a V tile
+    (rows of head_dim + 8 halves), and 16 bytes for Q's max."""
+    return (2 * block_m + 8 * block_n) * (head_dim + 8) * 2 + 16
 
 
 @functools.lru_cache(maxsize=None)
@@ -356,8 +358,34 @@ def tiled_f16x2_spec(head_dim: int, causal: bool, arch: Arch) -> Spec | None:
         head_dim=head_dim,
         threads=warps * 32,
         block_m=bm,
+        block_n=bn,
         smem=smem,
     )
+
+
+F16X2_PREP = ("f16x2_v_exponents", "f16x2_kv_pairs")  # the kernels that make the K and V pairs, in launch order
+
+
+def f16x2_prep_specs(spec: Spec) -> tuple[Spec, Spec]:
+    """The two kernels that make the pairs of K and V for tiled_f16x2 ``spec``
+    (its head dim and key tile; kernels/tiled_f16x2.cu), in launch order."""
+    return tuple(
+        Spec(
+            family="tiled",
+            source="tiled_f16x2.cu",
+            name=f"{kernel}<{spec.head_dim}, {spec.block_n}>",
+            dtype="float32",
+            head_dim=spec.head_dim,
+            threads=F16X2_PREP_THREADS,
+            block_n=spec.block_n,
+        )
+        for kernel in F16X2_PREP
+    )
+
+
+def is_f16x2_prep(spec: Spec) -> bool:
+    """Whether ``spec`` makes fp16 pairs for tiled_f16x2 (no modifier instantiations)."""
+    return spec.name.split("<", 1)[0].removesuffix("_seq") in F16X2_PREP
 
 
 @functools.lru_cache(maxsize=None)
@@ -1071,7 +1099,11 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
                     add(tiled_any_spec(dtype, head_dim, causal, precision, arch))
                 if dtype == "float32":  # both schemes of "highest" (F32_PRODUCTS)
                     for products in F32_PRODUCTS:
-                        add(tiled_f32_spec(head_dim, causal, "highest", arch, products))
+                        spec = tiled_f32_spec(head_dim, causal, "highest", arch, products)
+                        add(spec)
+                        if spec is not None and spec.source == "tiled_f16x2.cu":
+                            for prep in f16x2_prep_specs(spec):
+                                add(prep)
     for dtype in HOPPER_DTYPES:
         for dpad in HOPPER_TILES:
             for causal in (True, False):

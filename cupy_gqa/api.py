@@ -793,7 +793,7 @@ def _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, backend, *
             out_shape=tuple(q.shape), lse_shape=lse_shape, dtype=q.dtype, aligned_out=key[5],
             extents=(extent(qb), extent(kb), extent(vb), extent(outb), extent(lensb) if lens and lens[0] == "device" else 0),
             ws_bytes=plan.workspace_bytes, host_lens=host_lens,
-            capture_message=_plan.workspace_capture_message(getattr(plan, "num_splits", 1), plan.workspace_bytes),
+            capture_message=_plan.workspace_capture_message(plan) if plan.workspace_bytes else "",
         ),
     )  # fmt: skip
 

@@ -121,8 +121,8 @@ def test_float32_tiled_plan_follows_precision(precision, split):
 
 
 @pytest.mark.parametrize("head_dim, arch, expected", [
-    (128, "sm_90", "tiled_f16x2_attention<128, 64, 32, 4, true, 102432>"),  # pairs: 2 x 64 + 4 x 32 rows of 136 halves, 2 x 32 x 128 floats, 32
-    (64, "sm_80", "tiled_f16x2_attention<64, 64, 64, 4, true, 88096>"),
+    (128, "sm_90", "tiled_f16x2_attention<128, 64, 32, 4, true, 104464>"),  # pairs: 2 x 64 + 2 x 4 x 32 rows of 136 halves, 16
+    (64, "sm_80", "tiled_f16x2_attention<64, 64, 64, 4, true, 92176>"),
     (256, "sm_90", "tiled_tf32_attention<256, 64, 16, 4, true, true, 1, 166400>"),  # not in the pairs' table
     (128, "sm_86", "tiled_tf32_attention<128, 64, 16, 4, true, true, 1, 84480>"),  # the pairs' tile is over 99 KB
 ])  # fmt: skip
@@ -137,7 +137,15 @@ def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
     assert _fast.lookup(("a repeat call's signature",)) is None, "a repeat call would launch the old scheme's plan"
     try:
         problem = _plan.Problem(2, 64, 64, 8, 2, head_dim, "float32", True, 0.1, "highest")
-        assert _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS[arch]).spec.name == expected
+        plan = _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS[arch])
+        assert plan.spec.name == expected
+        if "f16x2" in expected:  # its pairs of K and V: 2 x 2 (batch, KV head) x ceil(64 / block_n) tiles
+            block_n = plan.spec.block_n
+            tiles = 2 * 2 * -(-64 // block_n)
+            assert [s.name for s in plan.prep] == [f"f16x2_v_exponents<{head_dim}, {block_n}>", f"f16x2_kv_pairs<{head_dim}, {block_n}>"]
+            assert plan.workspace_bytes == tiles * (4 * block_n * head_dim * 2 + 12)
+        else:
+            assert plan.workspace_bytes == 0
         tf32 = _plan.Problem(2, 64, 64, 8, 2, head_dim, "float32", True, 0.1, "tf32")
         assert _plan.plan_tiled(tf32, (layout,) * 4, _specs.ARCHS[arch]).spec.source == "tiled_tf32.cu"
     finally:
