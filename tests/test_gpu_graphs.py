@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 if gpu_available():
     import cupy
 
-    from cupy_gqa import _fast
+    from cupy_gqa import _fast, _plan, _specs
 
 # name: (kernel, (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim), dtype, split)
 # split: whether the decode kernel cuts the keys into several ranges (a workspace);
@@ -32,6 +32,8 @@ CASES = {
     "decode_split_f32": ("decode", (1, 1, 3000, 4, 1, 64), "float32", True),
     "auto_decode_split": ("auto", (2, 1, 2048, 16, 1, 64), "float16", "cluster"),
     "decode_cluster": ("decode", (4, 1, 4096, 16, 4, 128), "bfloat16", "cluster"),
+    # float32 "highest": with fp16 pairs (_specs.F32_HIGHEST "f16x2") K and V become pairs in a workspace first
+    "tiled_f32": ("tiled", (2, 96, 200, 8, 2, 64), "float32", "pairs"),
 }
 VARIANTS = ["plain", "out", "return_lse", "seqlens_k", "workspace", "first_call"]
 
@@ -45,6 +47,8 @@ def _skip_unsupported(kernel, dtype):
 
 
 def _needs_workspace(split):
+    if split == "pairs":
+        return _specs.F32_HIGHEST == "f16x2" and int(cupy.cuda.Device().compute_capability) >= 80
     return split is True or (split == "cluster" and int(cupy.cuda.Device().compute_capability) < 90)
 
 
@@ -219,6 +223,37 @@ def test_cupy_split_decode_without_workspace_is_refused_during_capture():
         graph.launch(stream)
         stream.synchronize()
     _check(cupy.asnumpy(out), None, [cupy.asnumpy(a) for a in (q, k, v)], None, "bfloat16", "cupy graph split")
+
+
+def test_cupy_f32_pairs_without_workspace_are_refused_during_capture():
+    """The same for float32 "highest" on fp16 pairs: K and V become pairs in a workspace."""
+    if int(cupy.cuda.Device().compute_capability) < 80:
+        pytest.skip("tensor-core kernels: compute capability 8.0 or newer")
+    old = _plan.set_f32_highest("f16x2")
+    try:
+        q, k, v = (cupy.asarray(x) for x in random_qkv(2, 130, 300, 8, 2, 128, "float32"))
+        out = cupy.empty_like(q)
+        need = cupy_gqa.decode_workspace_size(q, k, v, out=out)
+        assert need == 2 * 2 * 10 * (4 * 32 * 128 * 2 + 12)  # (batch, KV head) x 10 tiles of 32 keys
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            for _ in range(2):
+                cupy_gqa.attention(q, k, v, out=out)
+            stream.synchronize()
+            workspace = cupy_gqa.decode_workspace(q, k, v, out=out)
+            stream.begin_capture()
+            try:
+                with pytest.raises(ValueError, match=r"caller-owned buffer while a CUDA graph is being captured \(this float32"):
+                    cupy_gqa.attention(q, k, v, out=out)
+                cupy_gqa.attention(q, k, v, out=out, workspace=workspace)
+            finally:
+                graph = stream.end_capture()
+            out.fill(np.nan)
+            graph.launch(stream)
+            stream.synchronize()
+        _check(cupy.asnumpy(out), None, [cupy.asnumpy(a) for a in (q, k, v)], None, "float32", "cupy graph f32 pairs")
+    finally:
+        _plan.set_f32_highest(old)
 
 
 # --- the workspace's checks ------------------------------------------------------------------
