@@ -200,50 +200,37 @@ def test_cupy_graph_replays_new_inputs(case, variant):
         _check(cupy.asnumpy(out), lse_host, host, values, dtype, f"cupy graph {case} {variant} replay {step}")
 
 
-def test_cupy_split_decode_without_workspace_is_refused_during_capture():
-    """A workspace from CuPy's pool would go back to the pool while the graph
-    still writes to it: inside a capture, the split path needs workspace=."""
-    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 8192, 8, 1, 128, "bfloat16"))
-    out = cupy.empty_like(q)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        for _ in range(2):
-            cupy_gqa.attention(q, k, v, out=out)  # outside a capture the pool is fine
-        stream.synchronize()
-        workspace = cupy_gqa.decode_workspace(q, k, v, out=out)
-        assert workspace is not None and workspace.nbytes == cupy_gqa.decode_workspace_size(q, k, v)
-        stream.begin_capture()
-        try:
-            with pytest.raises(ValueError, match=r"workspace: expected a caller-owned buffer while a CUDA graph is being captured"):
-                cupy_gqa.attention(q, k, v, out=out)
-            cupy_gqa.attention(q, k, v, out=out, workspace=workspace)
-        finally:
-            graph = stream.end_capture()
-        out.fill(np.nan)
-        graph.launch(stream)
-        stream.synchronize()
-    _check(cupy.asnumpy(out), None, [cupy.asnumpy(a) for a in (q, k, v)], None, "bfloat16", "cupy graph split")
+# (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim), dtype, the fp16 pairs' bytes or None
+REFUSED = {
+    "split_decode": ((1, 1, 8192, 8, 1, 128), "bfloat16", None, "this call splits the keys"),
+    # float32 "highest" on fp16 pairs: (batch, KV head) x 10 tiles of 32 keys
+    "f32_pairs": ((2, 130, 300, 8, 2, 128), "float32", 2 * 2 * 10 * (4 * 32 * 128 * 2 + 12), "this float32 call"),
+}
 
 
-def test_cupy_f32_pairs_without_workspace_are_refused_during_capture():
-    """The same for float32 "highest" on fp16 pairs: K and V become pairs in a workspace."""
-    if int(cupy.cuda.Device().compute_capability) < 80:
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_cupy_workspace_from_the_pool_is_refused_during_capture(case):
+    """A workspace from CuPy's memory pool would go back to the pool while the
+    graph still writes to it: inside a capture, a call that takes one (a split
+    decode; float32 on fp16 pairs) needs workspace=."""
+    shape, dtype, need, why = REFUSED[case]
+    if dtype == "float32" and int(cupy.cuda.Device().compute_capability) < 80:
         pytest.skip("tensor-core kernels: compute capability 8.0 or newer")
     old = _plan.set_f32_highest("f16x2")
     try:
-        q, k, v = (cupy.asarray(x) for x in random_qkv(2, 130, 300, 8, 2, 128, "float32"))
+        q, k, v = (cupy.asarray(x) for x in random_qkv(*shape, dtype))
         out = cupy.empty_like(q)
-        need = cupy_gqa.decode_workspace_size(q, k, v, out=out)
-        assert need == 2 * 2 * 10 * (4 * 32 * 128 * 2 + 12)  # (batch, KV head) x 10 tiles of 32 keys
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
             for _ in range(2):
-                cupy_gqa.attention(q, k, v, out=out)
+                cupy_gqa.attention(q, k, v, out=out)  # outside a capture the pool is fine
             stream.synchronize()
             workspace = cupy_gqa.decode_workspace(q, k, v, out=out)
+            assert workspace is not None and workspace.nbytes == cupy_gqa.decode_workspace_size(q, k, v, out=out)
+            assert need is None or workspace.nbytes == need
             stream.begin_capture()
             try:
-                with pytest.raises(ValueError, match=r"caller-owned buffer while a CUDA graph is being captured \(this float32"):
+                with pytest.raises(ValueError, match=rf"caller-owned buffer while a CUDA graph is being captured \({why}"):
                     cupy_gqa.attention(q, k, v, out=out)
                 cupy_gqa.attention(q, k, v, out=out, workspace=workspace)
             finally:
@@ -251,7 +238,7 @@ def test_cupy_f32_pairs_without_workspace_are_refused_during_capture():
             out.fill(np.nan)
             graph.launch(stream)
             stream.synchronize()
-        _check(cupy.asnumpy(out), None, [cupy.asnumpy(a) for a in (q, k, v)], None, "float32", "cupy graph f32 pairs")
+        _check(cupy.asnumpy(out), None, [cupy.asnumpy(a) for a in (q, k, v)], None, dtype, f"cupy graph {case}")
     finally:
         _plan.set_f32_highest(old)
 
