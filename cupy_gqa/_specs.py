@@ -315,9 +315,11 @@ def tiled_f32_smem(head_dim: int, block_m: int, block_n: int, presplit: int) -> 
 #   "tf32x3"  split TF32 (kernels/tiled_tf32.cu), at TF32's rate;
 #   "f16x2"   fp16 pairs (kernels/tiled_f16x2.cu), at fp16's rate (twice TF32's),
 #             each tile scaled by a power of two into fp16's range.
-# F32_HIGHEST is the one the calls take; the other is compiled, tested and
-# benchmarked beside it (benchmarks/dev/f16x2_ab.py) until the H200 decides.
-F32_HIGHEST = "tf32x3"
+# F32_HIGHEST is the one the calls take: fp16 pairs, 1.85 times split TF32's
+# speed at F1 on the H200 (benchmarks/NOTES_hopper.md), where their table has the
+# head dim and the tile fits; split TF32 elsewhere (head dim 256, 99 KB GPUs at
+# 128). The other is compiled and tested beside it (benchmarks/dev/tf32_ab.py).
+F32_HIGHEST = "f16x2"
 F32_PRODUCTS = ("tf32x3", "f16x2")
 # head_dim -> (BLOCK_M, BLOCK_N, NUM_WARPS) of kernels/tiled_f16x2.cu: fp16 pairs
 # of a Q tile and two stages of K and V pairs (made once per call, in a workspace,

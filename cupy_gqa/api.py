@@ -144,13 +144,15 @@ def attention(
         num_q_heads, seqlen_q) in both.
     workspace : float32 CUDA array, optional
         Scratch for a decode call that splits the keys into num_splits > 1
-        ranges merged by the combine kernel: ``4 * batch * num_q_heads *
-        seqlen_q * num_splits * (head_dim + 1)`` bytes, which
-        ``decode_workspace_size(q, k, v, **kwargs)`` gives for a call (0 when
-        it doesn't split, or when its 2 to 8 ranges run as a thread-block
-        cluster that merges them, on sm_90 and newer in float16 and bfloat16;
-        num_splits is at most 128) and
-        ``decode_workspace(q, k, v, **kwargs)`` allocates. It must be of q's
+        ranges merged by the combine kernel (``4 * batch * num_q_heads *
+        seqlen_q * num_splits * (head_dim + 1)`` bytes; none when it doesn't
+        split, or when its 2 to 8 ranges run as a thread-block cluster that
+        merges them, on sm_90 and newer in float16 and bfloat16; num_splits is
+        at most 128), and for a float32 call with precision "highest" on fp16
+        pairs (the tiled kernel at head_dim 32 to 128): the pairs of K and V,
+        about the bytes of k and v. ``decode_workspace_size(q, k, v,
+        **kwargs)`` gives its size for a call (0: none) and
+        ``decode_workspace(q, k, v, **kwargs)`` allocates it. It must be of q's
         framework and device, contiguous, 16-byte aligned, at least that
         size, and overlap none of q, k, v, out and seqlens_k. Without it,
         torch inputs take the scratch from torch's allocator (capture-aware)
@@ -1138,8 +1140,10 @@ def decode_workspace_size(q, k, v, **kwargs) -> int:
     """Bytes of the float32 workspace that ``attention(q, k, v, **kwargs)`` uses
     (the same arrays and keywords): ``4 * batch * num_q_heads * seqlen_q *
     num_splits * (head_dim + 1)`` when the decode kernel splits the keys into
-    num_splits > 1 ranges merged by the combine kernel, else 0 (no split, or
-    a split merged inside its thread-block clusters). num_splits depends on the shape and the
+    num_splits > 1 ranges merged by the combine kernel; ``batch *
+    num_kv_heads * ntiles * (8 * block_n * head_dim + 12)`` (the pairs of K
+    and V in key tiles of block_n) for a float32 call on fp16 pairs; else 0
+    (no split, or a split merged inside its thread-block clusters). num_splits depends on the shape and the
     device (its architecture and SM count; ``_plan.decode_dispatch``) and is
     at most ``_plan.DECODE_MAX_SPLITS`` (128),
     so ``4 * batch * num_q_heads * seqlen_q * 128 * (head_dim + 1)`` bytes

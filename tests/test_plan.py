@@ -113,9 +113,14 @@ def test_layout_issues():
 # D128: BLOCK_M 64, BLOCK_N 16, rows of 132 floats; Q, 2 K and 2 V tiles, + K and V small ones at PRESPLIT 1
 @pytest.mark.parametrize("precision, split", [("highest", "true, 1, 84480"), ("tf32", "false, 0, 67584")])
 def test_float32_tiled_plan_follows_precision(precision, split):
+    """Split TF32 (the scheme of "highest" where fp16 pairs are not chosen) and plain TF32."""
     layout = ((2, 64, 8, 128), (64 * 8 * 128 * 4, 8 * 128 * 4, 128 * 4, 4), 4)
     problem = _plan.Problem(2, 64, 64, 8, 2, 128, "float32", True, 0.1, precision)
-    launch = _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS["sm_90"])
+    old = _plan.set_f32_highest("tf32x3")
+    try:
+        launch = _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS["sm_90"])
+    finally:
+        _plan.set_f32_highest(old)
     assert launch.spec.name == f"tiled_tf32_attention<128, 64, 16, 4, true, {split}>"
     assert launch.grid == (-(-64 * 4 // 64) * 2 * 2,)  # packed rows 64 x group 4, 64 per CTA; x batch x kv heads
 
@@ -127,30 +132,33 @@ def test_float32_tiled_plan_follows_precision(precision, split):
     (128, "sm_86", "tiled_tf32_attention<128, 64, 16, 4, true, true, 1, 84480>"),  # the pairs' tile is over 99 KB
 ])  # fmt: skip
 def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
-    """With fp16 pairs chosen, "highest" runs them where their table has the head
-    dim and the tile fits; elsewhere split TF32. "tf32" never changes."""
+    """With fp16 pairs chosen (the default), "highest" runs them where their table
+    has the head dim and the tile fits; elsewhere split TF32. "tf32" never changes."""
     layout = ((2, 64, 8, head_dim), (64 * 8 * head_dim * 4, 8 * head_dim * 4, head_dim * 4, 4), 4)
     from cupy_gqa import _fast
 
+    assert _specs.F32_HIGHEST == "f16x2"
+    problem = _plan.Problem(2, 64, 64, 8, 2, head_dim, "float32", True, 0.1, "highest")
+    plan = _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS[arch])
+    assert plan.spec.name == expected
+    if "f16x2" in expected:  # its pairs of K and V: 2 x 2 (batch, KV head) x ceil(64 / block_n) tiles
+        block_n = plan.spec.block_n
+        tiles = 2 * 2 * -(-64 // block_n)
+        assert [s.name for s in plan.prep] == [f"f16x2_v_exponents<{head_dim}, {block_n}>", f"f16x2_kv_pairs<{head_dim}, {block_n}>"]
+        assert plan.workspace_bytes == tiles * (4 * block_n * head_dim * 2 + 12)
+    else:
+        assert plan.workspace_bytes == 0
+    tf32 = _plan.Problem(2, 64, 64, 8, 2, head_dim, "float32", True, 0.1, "tf32")
+    assert _plan.plan_tiled(tf32, (layout,) * 4, _specs.ARCHS[arch]).spec.source == "tiled_tf32.cu"
+    # split TF32 chosen: the plans and repeat-call entries made before are forgotten
     _fast.remember(("a repeat call's signature",), object())
-    old = _plan.set_f32_highest("f16x2")
+    old = _plan.set_f32_highest("tf32x3")
     assert _fast.lookup(("a repeat call's signature",)) is None, "a repeat call would launch the old scheme's plan"
     try:
-        problem = _plan.Problem(2, 64, 64, 8, 2, head_dim, "float32", True, 0.1, "highest")
-        plan = _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS[arch])
-        assert plan.spec.name == expected
-        if "f16x2" in expected:  # its pairs of K and V: 2 x 2 (batch, KV head) x ceil(64 / block_n) tiles
-            block_n = plan.spec.block_n
-            tiles = 2 * 2 * -(-64 // block_n)
-            assert [s.name for s in plan.prep] == [f"f16x2_v_exponents<{head_dim}, {block_n}>", f"f16x2_kv_pairs<{head_dim}, {block_n}>"]
-            assert plan.workspace_bytes == tiles * (4 * block_n * head_dim * 2 + 12)
-        else:
-            assert plan.workspace_bytes == 0
-        tf32 = _plan.Problem(2, 64, 64, 8, 2, head_dim, "float32", True, 0.1, "tf32")
-        assert _plan.plan_tiled(tf32, (layout,) * 4, _specs.ARCHS[arch]).spec.source == "tiled_tf32.cu"
+        assert _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS[arch]).spec.source == "tiled_tf32.cu"
     finally:
-        assert _plan.set_f32_highest(old) == "f16x2"
-    assert _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS[arch]).spec.source == "tiled_tf32.cu"
+        assert _plan.set_f32_highest(old) == "tf32x3"
+    assert _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS[arch]).spec.name == expected
     with pytest.raises(ValueError, match="products: expected one of"):
         _plan.set_f32_highest("fp16")
 
