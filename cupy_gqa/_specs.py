@@ -972,11 +972,12 @@ BWD_PREPROCESS = {
 # bwd_dkdv_wgmma) ---
 # NWG warpgroups per CTA, 64 packed rows (dQ) or 64 keys (dK/dV) each; padded head dim ->
 # (BLOCK_N keys per K/V tile, NWG) of dQ, (BLOCK_M packed rows per Q/dO tile, NWG) of dK/dV.
-# Head dims up to 128 (dQ, dK and dV stay in registers). BWD_WGMMA: the calls take them on
-# sm_90 in place of bwd_dq_mma and bwd_dkdv_mma; off until the H200 has run them
-# (benchmarks/NOTES_backward.md).
-BWD_DQ_WGMMA_TILES = {64: (64, 1), 128: (64, 1)}
-BWD_DKDV_WGMMA_TILES = {64: (64, 1), 128: (64, 1)}
+# Head dims up to 128 (dQ, dK and dV stay in registers). Two warpgroups share each
+# streamed tile: G1 0.79 of mma.sync's time on the H200, one warpgroup 0.99
+# (benchmarks/NOTES_backward.md). BWD_WGMMA: the calls take them on sm_90 in place
+# of bwd_dq_mma and bwd_dkdv_mma; off until the GPU suite has run these tiles.
+BWD_DQ_WGMMA_TILES = {64: (64, 2), 128: (64, 2)}
+BWD_DKDV_WGMMA_TILES = {64: (64, 2), 128: (64, 2)}
 BWD_WGMMA = False
 
 

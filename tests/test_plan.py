@@ -164,10 +164,10 @@ def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
 
 
 @pytest.mark.parametrize("dtype, head_dim, arch, dq_kernel, dkdv_kernel", [
-    # dQ: (2 x 64 + 4 x 64) x 2 slabs x 128 + 1024; dK/dV: the same + 2 x 2 x 64 floats of lse2 and delta
-    ("bfloat16", 128, "sm_90", "bwd_dq_wgmma<__nv_bfloat16, 128, 64, 1, true, 99328>",
-     "bwd_dkdv_wgmma<__nv_bfloat16, 128, 64, 1, true, 100352>"),
-    ("float16", 64, "sm_90", "bwd_dq_wgmma<__half, 64, 64, 1, true, 50176>", "bwd_dkdv_wgmma<__half, 64, 64, 1, true, 51200>"),
+    # two warpgroups: dQ (2 x 128 + 4 x 64) x 2 slabs x 128 + 1024; dK/dV the same + 2 x 2 x 64 floats of lse2 and delta
+    ("bfloat16", 128, "sm_90", "bwd_dq_wgmma<__nv_bfloat16, 128, 64, 2, true, 132096>",
+     "bwd_dkdv_wgmma<__nv_bfloat16, 128, 64, 2, true, 133120>"),
+    ("float16", 64, "sm_90", "bwd_dq_wgmma<__half, 64, 64, 2, true, 66560>", "bwd_dkdv_wgmma<__half, 64, 64, 2, true, 67584>"),
     ("bfloat16", 128, "sm_80", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # no wgmma
     ("bfloat16", 96, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # not in their tables
     ("bfloat16", 256, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),
@@ -175,7 +175,8 @@ def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
 ])  # fmt: skip
 def test_backward_on_wgmma_where_chosen(dtype, head_dim, arch, dq_kernel, dkdv_kernel):
     """With the wgmma backward chosen, 16-bit calls on sm_90 at head dims 64 and 128
-    take it for both passes (64 rows or keys per CTA), every other call keeps its
+    take it for both passes (two warpgroups: 128 rows or keys per CTA, 256
+    threads), every other call keeps its
     kernels; unchosen, nothing changes."""
     before = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch])
     assert "wgmma" not in before[0].name + before[1].name
@@ -184,7 +185,8 @@ def test_backward_on_wgmma_where_chosen(dtype, head_dim, arch, dq_kernel, dkdv_k
         dq, dkdv = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch])
         assert dq.name.startswith(dq_kernel) and dkdv.name.startswith(dkdv_kernel)
         if "wgmma" in dq_kernel:
-            assert dq.block_m == dkdv.block_m == 64 and dq.arch == dkdv.arch == "sm_90a"
+            assert dq.block_m == dkdv.block_m == 128 and dq.threads == dkdv.threads == 256
+            assert dq.arch == dkdv.arch == "sm_90a"
         else:
             assert (dq, dkdv) == before
     finally:
