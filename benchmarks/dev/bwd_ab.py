@@ -3,7 +3,7 @@
 (bwd_dq_wgmma, bwd_dkdv_wgmma, sm_90), side by side in one process
 (kernels/backward.cu; cupy_gqa._plan.set_bwd_wgmma).
 
-    python3 benchmarks/dev/bwd_ab.py [--cases G1,G2,G2s] [--rounds 3] [--tiles 64x64,128x64,64x64x2]
+    python3 benchmarks/dev/bwd_ab.py [--cases G1,G2,G2s] [--rounds 3] [--tiles 64x64x2,64x64,128x64]
 
 Per case: the GPU time of cupy_gqa.attention_backward with each pair of
 kernels (cupyx.profiler.benchmark, median of 10, the two timed in turn for
@@ -68,7 +68,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="G1,G2,G2s")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tiles", default="64x64")
+    parser.add_argument("--tiles", default="64x64x2")
     args = parser.parse_args()
     tiles = [tuple(int(x) for x in (t + "x1").split("x")[:3]) for t in args.tiles.split(",")]
     print(f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}  cupy {cupy.__version__}")

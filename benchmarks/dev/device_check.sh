@@ -32,12 +32,10 @@
 #                                               calls until measured): the backward GPU tests and the sanitizer's
 #                                               backward group with it (CUPY_GQA_TEST_BWD_WGMMA=1), then
 #                                               bwd_ab.py (times and errors beside the mma.sync kernels)
-#   benchmarks/dev/device_check.sh first        one call (under 600 s) with a first verdict on every kernel built
-#                                               without a GPU, each part under a limit, the most needed first:
-#                                               the float32 backward's tests (split TF32), fp16 pairs (both
-#                                               schemes' range tests, the float32 forward tests with pairs), the
-#                                               16-bit backward on wgmma (its tests), then tf32_ab.py (F1, F2),
-#                                               bwd_ab.py (G1, G2)
+#   benchmarks/dev/device_check.sh first        one call (under 600 s) for what the GPU has not yet run, each part
+#                                               under a limit: the float32 GPU tests (fp16 pairs the default), the
+#                                               16-bit backward's tests on wgmma (two warpgroups, CUPY_GQA_TEST_BWD_WGMMA=1),
+#                                               the sanitizer on tiled and the backward (with it), F1/F2/G1-G3 beside torch
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -119,18 +117,20 @@ case "$stage" in
       local name=$1 limit=$2; shift 2; local t0=$SECONDS
       timeout -s KILL "$limit" "$@" >"$out/first_$name.txt" 2>&1
       echo "== $name: rc $? in $((SECONDS - t0)) s"; reap
-      grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$out/first_$name.txt" | sort -u | head -12
+      grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|rc [0-9]" "$out/first_$name.txt" | sort -u | head -12
     }
-    part bwd_f32 110 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_backward.py -k "float32"
-    part f32_ranges 80 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_f32_products.py
-    part f16x2_suite 100 env CUPY_GQA_TEST_F32_PRODUCTS=f16x2 python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
-      tests/test_gpu_kernels.py tests/test_gpu_modifiers.py tests/test_gpu_seq.py -k "float32"
+    part f32_suite 150 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_kernels.py \
+      tests/test_gpu_modifiers.py tests/test_gpu_seq.py tests/test_gpu_graphs.py tests/test_gpu_fuzz.py \
+      tests/test_gpu_backward.py tests/test_gpu_interop.py tests/test_gpu_f32_products.py -k "float32 or fp32 or f32"
     part bwd_wgmma 110 env CUPY_GQA_TEST_BWD_WGMMA=1 python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
       tests/test_gpu_backward.py -k "float16 or bfloat16 or random or deterministic or torch"
-    part f32_ab 60 python3 benchmarks/dev/tf32_ab.py --cases F1,F2 --modes t,f16x2
-    tail -6 "$out/first_f32_ab.txt"
-    part bwd_ab 80 python3 benchmarks/dev/bwd_ab.py --cases G1,G2
-    tail -3 "$out/first_bwd_ab.txt" | cut -c1-400 ;;
+    part sanitize 200 env CUPY_GQA_TEST_BWD_WGMMA=1 SANITIZE_GROUPS="tiled|backward" \
+      bash benchmarks/dev/sanitize_parallel.sh "$out/first_san"
+    cat "$out/first_sanitize.txt" | cut -c1-300
+    part bench 100 python3 benchmarks/bench_attention.py --cases F1,F2,G1,G2,G3 --no-plot --no-compile-probe \
+      --out "$out/first_bench"
+    grep -hE "^\| (F1|F2|G1|G2|G3) \| (cupy_gqa\[auto\]|torch_flash|torch_efficient_expanded) " "$out"/first_bench/*.md \
+      | cut -d'|' -f2-9 ;;
   bwd_wgmma)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     t0=$SECONDS
