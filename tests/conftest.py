@@ -18,6 +18,18 @@ NP_DTYPES = {
 }
 
 
+# CUPY_GQA_TEST_F16X2_TILES="128:128,32,8;64:64,16,4" runs the fp16 pairs
+# (kernels/tiled_f16x2.cu) at these tiles, head_dim: BLOCK_M,BLOCK_N,NUM_WARPS, in
+# place of their table's (cupy_gqa/_specs.py: TILED_F16X2_TILES).
+if os.environ.get("CUPY_GQA_TEST_F16X2_TILES"):
+    from cupy_gqa import _plan, _specs
+
+    for item in os.environ["CUPY_GQA_TEST_F16X2_TILES"].split(";"):
+        head_dim, tile = item.split(":")
+        _specs.TILED_F16X2_TILES[int(head_dim)] = tuple(int(x) for x in tile.split(","))
+    _specs.tiled_f16x2_spec.cache_clear()
+    _specs.specs_for.cache_clear()
+    _plan.set_f32_highest(_specs.F32_HIGHEST)  # (forgets the plans made with the table's tiles)
 # CUPY_GQA_TEST_F32_PRODUCTS (one of cupy_gqa._specs.F32_PRODUCTS) runs the
 # suite's float32 calls with precision="highest" on that scheme of the tiled
 # kernel (split TF32 or fp16 pairs), where the calls take the other one.

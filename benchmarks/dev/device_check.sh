@@ -33,7 +33,8 @@
 #                                               backward group with it (CUPY_GQA_TEST_BWD_WGMMA=1), then
 #                                               bwd_ab.py (times and errors beside the mma.sync kernels)
 #   benchmarks/dev/device_check.sh first        one call (under 600 s) for what the GPU has not yet run, each part
-#                                               under a limit: the float32 GPU tests (fp16 pairs the default), the
+#                                               under a limit: the float32 GPU tests (fp16 pairs the default, at
+#                                               the candidate tiles F16X2_TILES: CUPY_GQA_TEST_F16X2_TILES), the
 #                                               16-bit backward's tests on wgmma (two warpgroups, CUPY_GQA_TEST_BWD_WGMMA=1),
 #                                               the sanitizer on tiled and the backward (with it), F1/F2/G1-G3 beside torch
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
@@ -119,7 +120,7 @@ case "$stage" in
       echo "== $name: rc $? in $((SECONDS - t0)) s"; reap
       grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|rc [0-9]" "$out/first_$name.txt" | sort -u | head -12
     }
-    part f32_suite 150 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_kernels.py \
+    part f32_suite 150 env CUPY_GQA_TEST_F16X2_TILES="${F16X2_TILES:-128:128,32,8;64:64,16,4}" python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_kernels.py \
       tests/test_gpu_modifiers.py tests/test_gpu_seq.py tests/test_gpu_graphs.py tests/test_gpu_fuzz.py \
       tests/test_gpu_backward.py tests/test_gpu_interop.py tests/test_gpu_f32_products.py -k "float32 or fp32 or f32"
     part bwd_wgmma 110 env CUPY_GQA_TEST_BWD_WGMMA=1 python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
