@@ -166,7 +166,7 @@ class Launch(_PackedPerDevice):
     params: np.ndarray  # PARAMS_DTYPE, shape (1,)
     problem: Problem | None = None  # for the modifiers' ModParams (spec.mods), built per device
 
-    workspace_bytes = 0  # the prefill and rowwise kernels take no workspace
+    workspace_bytes = 0  # the prefill and rowwise kernels take none (F16x2Launch does)
 
     def _pack(self, device: int) -> PackedLaunch:
         kernel = get_kernel(self.spec)
@@ -180,11 +180,13 @@ class Launch(_PackedPerDevice):
 
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
                seq: tuple = ()) -> None:
-        self.packed()(stream, q, k, v, out, lse, seqlens_k, seq=seq)
+        self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace, seq=seq)
 
     def __call__(self, q, k, v, out, lse, seqlens_k=None, workspace=None) -> None:
         # lse and seqlens_k None are passed as null pointers
-        self.launch(current_stream_ptr(), address(q), address(k), address(v), address(out), address(lse), address(seqlens_k))
+        stream = current_stream_ptr()
+        work = workspace_address(self, stream, workspace, q, k, v, out, seqlens_k) if self.workspace_bytes else 0
+        self.launch(stream, address(q), address(k), address(v), address(out), address(lse), address(seqlens_k), work)
 
 
 def _layout(*arrays) -> tuple:
@@ -344,15 +346,6 @@ class F16x2Launch(Launch):
         keep.append(kernel)
         return PackedLaunch(kernels, device, keep=keep, part_lse_offset=self.part_lse_offset,
                             seq_params=self.problem.seq_params())  # fmt: skip
-
-    def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
-               seq: tuple = ()) -> None:
-        self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace, seq=seq)
-
-    def __call__(self, q, k, v, out, lse, seqlens_k=None, workspace=None) -> None:
-        stream = current_stream_ptr()
-        work = workspace_address(self, stream, workspace, q, k, v, out, seqlens_k)
-        self.launch(stream, address(q), address(k), address(v), address(out), address(lse), address(seqlens_k), work)
 
 
 def set_f32_highest(products: str) -> str:

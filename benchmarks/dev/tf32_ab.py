@@ -7,7 +7,7 @@ tables in cupy_gqa/_specs.py, and which scheme precision="highest" takes.
     python benchmarks/dev/tf32_ab.py [--cases F1,F2] [--modes 0,1,2,t,f16x2] [--shapes table,w8,...]
 
 Mode "t" is the table's mode for the case's head dim (1 at D128, 2 at D64);
-mode "f16x2" is the other scheme of precision "highest" (the one the calls take), fp16 pairs
+mode "f16x2" is the fp16 pairs of precision "highest" (the scheme the calls take)
 (kernels/tiled_f16x2.cu): its table's tile for shape "table", else the shape
 of PAIR_SHAPES of that name (shapes it lacks are skipped).
 A shape is "table" (the table's tile for the case's head dim) or a name from
