@@ -1088,9 +1088,16 @@ def _vector_ok(a) -> bool:
     return not any(n > 1 and s % 16 for n, s in zip(shape[:3], strides[:3])) and a.data.ptr % 16 == 0
 
 
+# A tensor map as a kernel argument: CuPy passes a one-element NumPy array's bytes by value.
+_MAP_ARG = np.dtype([("words", "<u8", (16,))])
+
+
 @dataclass(frozen=True, eq=False)
 class BackwardLaunch:
-    """The three launches of one backward call: preprocess, dQ, dK/dV."""
+    """The three launches of one backward call: preprocess, dQ, dK/dV. The
+    kernels with a producer warpgroup (bwd_dq_ws, bwd_dkdv_ws) also take tensor
+    maps: of k and v (dQ), and of q and dout where ``bulk_rows`` (dK/dV),
+    encoded at the first launch with each address and kept for the next."""
 
     pre: _specs.Spec
     dq: _specs.Spec
@@ -1098,6 +1105,11 @@ class BackwardLaunch:
     grids: tuple  # of the three
     params: np.ndarray  # BWD_PARAMS_DTYPE, shape (1,)
     rows: int  # packed rows: batch * num_q_heads * seqlen_q (workspace values of each kind)
+    layouts: tuple = ()  # _layout's (shape, byte strides, itemsize) of q, k, v and dout, for the tensor maps
+    group: int = 1
+    bulk_rows: bool = False  # bwd_dkdv_ws moves Q and dO by bulk copies (bwd_bulk_rows)
+
+    MAPS_KEPT = 64  # encoded tensor maps kept per plan
 
     def __call__(self, dout, q, k, v, out, lse, dq, dk, dv, seqlens_k) -> None:
         import cupy
@@ -1109,11 +1121,61 @@ class BackwardLaunch:
         lse_arg = None if self.pre.dtype in ("float32", "float64") else lse
         g_pre, g_dq, g_dkdv = self.grids
         prm = self.params  # CuPy passes a 1-element NumPy array by value (a few microseconds, three launches)
+        dq_args = (q, k, v, dout, delta, lse2, dq, seqlens_k, prm)
+        if _specs.is_bwd_ws(self.dq):
+            dq_args += (self._map(1, k), self._map(2, v))
+        dkdv_args = (q, k, v, dout, delta, lse2, dk, dv, seqlens_k, prm)
+        if _specs.is_bwd_ws(self.dkdv):
+            if self.bulk_rows:
+                dkdv_args += (self._map(0, q), self._map(3, dout), np.int32(1))
+            else:
+                dkdv_args += (_NO_MAP, _NO_MAP, np.int32(0))
         get_kernel(self.pre)(g_pre, (self.pre.threads,), (out, dout, lse_arg, delta, lse2, prm))
-        get_kernel(self.dq)(g_dq, (self.dq.threads,), (q, k, v, dout, delta, lse2, dq, seqlens_k, prm), shared_mem=self.dq.smem)
-        get_kernel(self.dkdv)(
-            g_dkdv, (self.dkdv.threads,), (q, k, v, dout, delta, lse2, dk, dv, seqlens_k, prm), shared_mem=self.dkdv.smem
-        )
+        get_kernel(self.dq)(g_dq, (self.dq.threads,), dq_args, shared_mem=self.dq.smem)
+        get_kernel(self.dkdv)(g_dkdv, (self.dkdv.threads,), dkdv_args, shared_mem=self.dkdv.smem)
+
+    def _map(self, which: int, a) -> np.ndarray:
+        """The tensor map of argument ``which`` (0 q, 1 k, 2 v, 3 dout) at ``a``'s
+        address: key tiles of the dQ kernel's BLOCK_N rows (k, v), or packed-row
+        tiles of 64 rows (q, dout: the group's heads by 64 / group positions)."""
+        maps = self.__dict__.setdefault("_maps", {})
+        ptr = a.data.ptr
+        arg = maps.get((which, ptr))
+        if arg is None:
+            shape, strides, itemsize = self.layouts[which]
+            if which in (1, 2):
+                encoded = _tma.tile_map(ptr, shape, strides, itemsize, self.dq.block_n)
+            else:
+                encoded = _tma.packed_map(ptr, shape, strides, itemsize, self.group, 64 // self.group)
+            arg = np.frombuffer(encoded, _MAP_ARG).copy()
+            if len(maps) >= self.MAPS_KEPT:
+                maps.clear()
+            maps[(which, ptr)] = arg
+        return arg
+
+
+_NO_MAP = np.zeros(1, _MAP_ARG)  # the argument of a map the kernel does not read
+
+
+def bwd_ws_unsupported(layouts: tuple) -> str | None:
+    """Why the backward kernels with a producer warpgroup can't take arrays of
+    these layouts (_layout's of q, k, v and dout), or None: their dQ pass reads
+    k and v by bulk tensor copies."""
+    if not _tma.available():
+        return "a CUDA driver without tensor maps (cuTensorMapEncodeTiled)"
+    for name, (shape, strides, _) in zip(("k", "v"), layouts[1:3]):
+        issue = _tma.geometry_issue(shape, strides)
+        if issue is not None:
+            return f"{name}: {issue}"
+    return None
+
+
+def bwd_bulk_rows(group: int, layouts: tuple) -> bool:
+    """Whether bwd_dkdv_ws moves its Q and dO tiles by bulk tensor copies: a
+    tile's 64 packed rows are whole positions of one group (the group divides
+    64), and q and dout are arrays the copy engine steps through."""
+    q_layout, dout_layout = layouts[0], layouts[3]
+    return 64 % group == 0 and all(_tma.geometry_issue(sh, st) is None for sh, st, _ in (q_layout, dout_layout))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1132,6 +1194,9 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool)
     bh = problem.batch * problem.num_kv_heads
     if mma:
         dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch)
+        if _specs.is_bwd_ws(dq) and bwd_ws_unsupported(tuple(arrays[:3]) + (arrays[4],)) is not None:
+            # the Hopper kernels without bulk copies
+            dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch, "wgmma")
     else:
         dq, dkdv = _specs.bwd_rows_specs(problem.dtype, problem.head_dim)
     rows = problem.batch * problem.num_q_heads * problem.seqlen_q
@@ -1143,15 +1208,19 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool)
     )
     if max(g[0] for g in grids) > MAX_GRID_X:
         raise ValueError(f"q: too many rows for one launch ({max(g[0] for g in grids)} blocks > {MAX_GRID_X})")
-    return BackwardLaunch(pre, dq, dkdv, grids, params, rows)
+    maps = tuple(arrays[:3]) + (arrays[4],)  # q, k, v, dout
+    bulk = _specs.is_bwd_ws(dkdv) and bwd_bulk_rows(problem.group_size, maps)
+    return BackwardLaunch(pre, dq, dkdv, grids, params, rows, maps, problem.group_size, bulk)
 
 
-def set_bwd_wgmma(on: bool) -> bool:
-    """Make 16-bit backward calls on sm_90 run their dQ and dK/dV passes on wgmma
-    (kernels/backward.cu: bwd_dq_wgmma, bwd_dkdv_wgmma) from now on, in this
-    process, or not; returns the previous choice. For the tests and benchmarks
-    that run both: the backward plans made before are forgotten."""
-    old, _specs.BWD_WGMMA = _specs.BWD_WGMMA, bool(on)
+def set_bwd_sm90(kind: str) -> str:
+    """Make 16-bit backward calls on sm_90 take the dQ and dK/dV kernels of
+    ``kind`` from now on, in this process (_specs.BWD_SM90_KINDS: "mma",
+    "wgmma", "ws"); returns the previous kind. For the tests and benchmarks that
+    run several: the backward plans made before are forgotten."""
+    if kind not in _specs.BWD_SM90_KINDS:
+        raise ValueError(f"kind: expected one of {_specs.BWD_SM90_KINDS}, got {kind!r}")
+    old, _specs.BWD_SM90 = _specs.BWD_SM90, kind
     plan_backward.cache_clear()
     return old
 

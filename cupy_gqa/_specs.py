@@ -974,11 +974,9 @@ BWD_PREPROCESS = {
 # (BLOCK_N keys per K/V tile, NWG) of dQ, (BLOCK_M packed rows per Q/dO tile, NWG) of dK/dV.
 # Head dims up to 128 (dQ, dK and dV stay in registers). Two warpgroups share each
 # streamed tile: G1 0.79 of mma.sync's time on the H200, one warpgroup 0.99
-# (benchmarks/NOTES_backward.md). BWD_WGMMA: the calls take them on sm_90 in place
-# of bwd_dq_mma and bwd_dkdv_mma; off until the GPU suite has run these tiles.
+# (benchmarks/NOTES_backward.md). The calls take them where BWD_SM90 (below) says.
 BWD_DQ_WGMMA_TILES = {64: (64, 2), 128: (64, 2)}
 BWD_DKDV_WGMMA_TILES = {64: (64, 2), 128: (64, 2)}
-BWD_WGMMA = False
 
 
 def bwd_dq_wgmma_smem(head_dim: int, block_n: int, nwg: int = 1) -> int:
@@ -1038,8 +1036,67 @@ def bwd_dkdv_wgmma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch)
     )
 
 
-def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch) -> tuple[Spec, Spec] | None:
-    """The tensor-core (dQ, dK/dV) kernels for a call on ``arch``, or None where they don't run."""
+# --- the same passes with a producer warpgroup (backward.cu: bwd_dq_ws, bwd_dkdv_ws) ---
+# Two consumer warpgroups (128 packed rows or keys per CTA) and a producer warpgroup
+# that streams the tiles by bulk tensor copies into STAGES stages on mbarriers.
+# Padded head dim -> (BLOCK_N keys per K/V tile, STAGES) of dQ, (BLOCK_M = 64 packed
+# rows per Q/dO tile, STAGES) of dK/dV.
+BWD_DQ_WS_TILES = {64: (64, 2), 128: (64, 2)}
+BWD_DKDV_WS_TILES = {64: (64, 2), 128: (64, 2)}
+BWD_WS_THREADS = 384
+# The kernels the 16-bit backward calls take on sm_90: "mma" (bwd_dq_mma, bwd_dkdv_mma),
+# "wgmma" (bwd_dq_wgmma, bwd_dkdv_wgmma) or "ws" (bwd_dq_ws, bwd_dkdv_ws); the
+# Hopper ones where they take the head dim. _plan.set_bwd_sm90 changes it.
+BWD_SM90_KINDS = ("mma", "wgmma", "ws")
+BWD_SM90 = "mma"
+
+
+def bwd_dq_ws_smem(head_dim: int, block_n: int, stages: int) -> int:
+    """bwd_dq_ws's: the Q and dO tiles of 128 rows, STAGES stages of K and V, in
+    64-column slabs of 128-byte rows, two mbarriers a stage, and the 1024-byte
+    alignment's slack (bwd_detail::DqWsSmem)."""
+    return (2 * 128 + 2 * stages * block_n) * (head_dim // 64) * 128 + 16 * stages + 1024
+
+
+def bwd_dkdv_ws_smem(head_dim: int, block_m: int, stages: int) -> int:
+    """bwd_dkdv_ws's: the K and V tiles of 128 keys, STAGES stages of Q and dO,
+    of lse2 and delta, two mbarriers a stage, and the 1024-byte alignment's slack
+    (bwd_detail::DkvWsSmem)."""
+    return (2 * 128 + 2 * stages * block_m) * (head_dim // 64) * 128 + 8 * stages * block_m + 16 * stages + 1024
+
+
+@functools.lru_cache(maxsize=None)
+def bwd_ws_spec(which: str, dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
+    """The dQ (``which`` "dq") or dK/dV ("dkdv") kernel with a producer warpgroup
+    for a padded head dim on ``arch`` (sm_90 only), or None."""
+    tiles = BWD_DQ_WS_TILES if which == "dq" else BWD_DKDV_WS_TILES
+    if arch.name != "sm_90" or dtype not in BWD_MMA16_DTYPES or head_dim_pad not in tiles:
+        return None
+    block, stages = tiles[head_dim_pad]
+    smem = (bwd_dq_ws_smem if which == "dq" else bwd_dkdv_ws_smem)(head_dim_pad, block, stages)
+    return Spec(
+        family="backward",
+        source="backward.cu",
+        name=f"bwd_{which}_ws<{CTYPES[dtype]}, {head_dim_pad}, {block}, {stages}, {str(causal).lower()}, {smem}>",
+        dtype=dtype,
+        head_dim=head_dim_pad,
+        threads=BWD_WS_THREADS,
+        block_m=128,  # packed rows (dQ) or keys (dK/dV) per CTA
+        block_n=block,  # keys per K/V tile (dQ) or packed rows per Q/dO tile (dK/dV)
+        smem=smem,
+        options=(f"-arch={HOPPER_ARCH}",),
+        arch=HOPPER_ARCH,
+    )
+
+
+def is_bwd_ws(spec: Spec) -> bool:
+    """Whether ``spec`` is one of the backward kernels with a producer warpgroup."""
+    return spec.name.startswith(("bwd_dq_ws<", "bwd_dkdv_ws<"))
+
+
+def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch, sm90: str | None = None) -> tuple[Spec, Spec] | None:
+    """The tensor-core (dQ, dK/dV) kernels for a call on ``arch``, or None where
+    they don't run; on sm_90 those of ``sm90`` (BWD_SM90_KINDS; None: BWD_SM90)."""
     if dtype not in BWD_MMA_DTYPES or head_dim % 8 or head_dim > MAX_HEAD_DIM or not arch.sm80:
         return None
     dpad = bwd_head_dim_pad(head_dim)
@@ -1047,9 +1104,13 @@ def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch) -> tuple[
         dq, dkdv = bwd_dq_tf32_spec(dpad, causal, arch), bwd_dkdv_tf32_spec(dpad, causal, arch)
     else:
         dq, dkdv = bwd_dq_mma_spec(dtype, dpad, causal, arch), bwd_dkdv_mma_spec(dtype, dpad, causal, arch)
-        if BWD_WGMMA:
+        sm90 = BWD_SM90 if sm90 is None else sm90
+        if sm90 == "wgmma":
             dq = bwd_dq_wgmma_spec(dtype, dpad, causal, arch) or dq
             dkdv = bwd_dkdv_wgmma_spec(dtype, dpad, causal, arch) or dkdv
+        elif sm90 == "ws":
+            dq = bwd_ws_spec("dq", dtype, dpad, causal, arch) or dq
+            dkdv = bwd_ws_spec("dkdv", dtype, dpad, causal, arch) or dkdv
     return None if dq is None or dkdv is None else (dq, dkdv)
 
 
@@ -1130,6 +1191,8 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
                     add(spec)
                 add(bwd_dq_wgmma_spec(dtype, dpad, causal, arch))  # (whether or not the calls take them)
                 add(bwd_dkdv_wgmma_spec(dtype, dpad, causal, arch))
+                add(bwd_ws_spec("dq", dtype, dpad, causal, arch))
+                add(bwd_ws_spec("dkdv", dtype, dpad, causal, arch))
     return tuple(found.values())
 
 

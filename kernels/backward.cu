@@ -70,6 +70,15 @@
  *   rows of q, k, v, dout, dq, dk, dv; scale_log2 > 0 (masked scores are -inf
  *   before the scaling).
  *
+ * Hopper kernels (fp16 / bf16, sm_90a, padded head dims 64 and 128; the same
+ * grids, masks and rules, every product on wgmma from 128-byte-swizzled tiles,
+ * kernels/sm90.cuh; cupy_gqa/_specs.py: BWD_SM90 picks them):
+ *   bwd_dq_wgmma, bwd_dkdv_wgmma: NWG warpgroups sharing each streamed tile,
+ *     loaded by all threads' cp.async, double buffered.
+ *   bwd_dq_ws, bwd_dkdv_ws: two consumer warpgroups and a producer warpgroup
+ *     that streams the tiles by bulk tensor copies into a ring of stages on
+ *     mbarriers (sections 2d/3d below).
+ *
  * float32 tensor-core kernels (sm_80+, the padded head dims above; split TF32,
  * kernels/tf32.cuh: three TF32 m16n8k8 products per product, fp32-class error):
  *   bwd_dq_tf32, bwd_dkdv_tf32: the two kernels above on float32 tiles (rows of
@@ -896,6 +905,122 @@ __device__ __forceinline__ void load_swizzled(unsigned dst, const T* any, int he
     }
 }
 
+// One row tile of a wgmma dK/dV kernel (both steps), for a warpgroup's 64 keys
+// (descriptors desc_k, desc_v) against the tile's Q and dO (q_at, do_at: BLOCK_M
+// rows in slabs R_SLAB bytes apart) with their lse2 and delta, waited for:
+//   S^T = K Q^T, dP^T = V dO^T; the mask (keys past the sequence; causal: rows
+//   that don't see the key); P^T = exp2(S^T scale_log2 - lse2) (masked: 0),
+//   dS^T = P^T (dP^T - delta); dV += P^T dO, dK += dS^T Q (P^T and dS^T as A
+//   operands from the registers, dO and Q read trans-b).
+template <typename T, int D, int BLOCK_M, int BLOCK_N, int KD, int KV_SLAB, int R_SLAB, bool CAUSAL>
+__device__ __forceinline__ void dkdv_tile_wgmma(float (&dk_acc)[D / 8][4], float (&dv_acc)[D / 8][4],
+                                                unsigned long long desc_k, unsigned long long desc_v, unsigned q_at,
+                                                unsigned do_at, const float* lse2_s, const float* delta_s, int m0,
+                                                const int (&key_r)[2], int lane, float scale_log2,
+                                                const bwd_detail::KeyBlock& kb) {
+    using namespace bwd_detail;
+    using namespace sm90;
+    constexpr int NT = BLOCK_M / 8;  // n8 tiles of S^T and dP^T (packed rows)
+    float s[NT][4], dpt[NT][4];
+    two_products_wgmma<T, BLOCK_M, KD, KV_SLAB, R_SLAB>(s, dpt, desc_k, desc_v, make_smem_desc(q_at, 16, 1024),
+                                                       make_smem_desc(do_at, 16, 1024));
+    if (kb.n0 + BLOCK_N > kb.seqlen_k || (CAUSAL && kb.n0 + BLOCK_N - 1 > m0 / kb.group + kb.diag))
+        mask_keys_t<CAUSAL>(s, key_r, m0, lane, kb);
+    probs_t(s, dpt, scale_log2, lse2_s, delta_s, lane, softmax::FastExp2());
+    unsigned pa[BLOCK_M / 16][4], sa[BLOCK_M / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+        acc_a_operand<T>(s, kk, pa[kk]);
+        acc_a_operand<T>(dpt, kk, sa[kk]);
+    }
+    const unsigned long long desc_do_t = make_smem_desc(do_at, R_SLAB, 1024);
+    const unsigned long long desc_q_t = make_smem_desc(q_at, R_SLAB, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_M / 16; ++kk)
+        Wgmma<T, D>::rs(flat(dv_acc), pa[kk], desc_do_t + (unsigned long long)((kk * 16 * 128) >> 4), 1);
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_M / 16; ++kk)
+        Wgmma<T, D>::rs(flat(dk_acc), sa[kk], desc_q_t + (unsigned long long)((kk * 16 * 128) >> 4), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(flat(dv_acc));
+    fence_regs(flat(dk_acc));
+}
+
+// One key tile of a wgmma dQ kernel (both steps), for a warpgroup's 64 packed
+// rows (descriptors desc_q, desc_do; the lane's rows from row, their lse2 and
+// delta) against the tile's K and V (k_at, v_at: BLOCK_N keys from n0 in slabs
+// KV_SLAB bytes apart), waited for: S = Q K^T, dP = dO V^T; the mask, P =
+// exp2(S scale_log2 - lse2) (masked: 0), dS = P (dP - delta) (scores_to_ds);
+// dQ += dS K (dS as A operands from the registers, K read trans-b).
+template <typename T, int D, int BLOCK_N, int KD, int R_SLAB, int KV_SLAB, class Keys>
+__device__ __forceinline__ void dq_tile_wgmma(float (&dq_acc)[D / 8][4], unsigned long long desc_q, unsigned long long desc_do,
+                                              unsigned k_at, unsigned v_at, int n0, const Keys& keys, int row, int lane,
+                                              float scale_log2, const float (&lse2_r)[2], const float (&delta_r)[2]) {
+    using namespace bwd_detail;
+    using namespace sm90;
+    constexpr int NT = BLOCK_N / 8;  // n8 tiles of S and dP (keys)
+    float s[NT][4], dp[NT][4];
+    two_products_wgmma<T, BLOCK_N, KD, R_SLAB, KV_SLAB>(s, dp, desc_q, desc_do, make_smem_desc(k_at, 16, 1024),
+                                                       make_smem_desc(v_at, 16, 1024));
+    scores_to_ds<BLOCK_N>(s, dp, n0, keys, row, lane, scale_log2, lse2_r, delta_r);
+    unsigned sa[BLOCK_N / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) acc_a_operand<T>(s, kk, sa[kk]);
+    const unsigned long long desc_k_t = make_smem_desc(k_at, KV_SLAB, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+        Wgmma<T, D>::rs(flat(dq_acc), sa[kk], desc_k_t + (unsigned long long)((kk * 16 * 128) >> 4), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(flat(dq_acc));
+}
+
+// A dQ kernel's accumulator rows (the lane's packed rows row and row + 8),
+// scaled by sc, to dq: rows past packed_rows skipped, 4-byte stores (four lanes
+// making 16 contiguous bytes of a row).
+template <typename T, int DT>
+__device__ __forceinline__ void store_dq_acc(const float (&acc)[DT][4], T* dq, const BwdParams& p, int b, int kvh, int row,
+                                             int packed_rows, int group, int lane, int head_dim, float sc) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int pr = row + hf * 8;
+        if (pr >= packed_rows) continue;
+        const int t = pr / group, g = pr - (pr / group) * group;
+        T* dst = dq + b * p.dq_stride[0] + (index_t)t * p.dq_stride[1] + (index_t)q_head_of(kvh, g, group) * p.dq_stride[2] +
+                 2 * (lane & 3);
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+            if (dt * 8 < head_dim)
+                *reinterpret_cast<unsigned*>(dst + dt * 8) = pack2<T>(acc[dt][2 * hf] * sc, acc[dt][2 * hf + 1] * sc);
+    }
+}
+
+// A dK/dV kernel's accumulator rows (the lane's keys key_r) to dk (scaled by
+// sc_k) and dv (by sc_v): every key of the array (zeros past the sequence's
+// length), 4-byte stores as store_dq_acc's.
+template <typename T, int DT>
+__device__ __forceinline__ void store_dk_dv_acc(const float (&dk_acc)[DT][4], const float (&dv_acc)[DT][4], T* dk, T* dv,
+                                                const BwdParams& p, int b, int kvh, const int (&key_r)[2], int lane,
+                                                int head_dim, float sc_k, float sc_v) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int key = key_r[hf];
+        if (key >= p.a.seqlen_k) continue;
+        T* dk_row = dk + b * p.dk_stride[0] + (index_t)key * p.dk_stride[1] + (index_t)kvh * p.dk_stride[2] + 2 * (lane & 3);
+        T* dv_row = dv + b * p.dv_stride[0] + (index_t)key * p.dv_stride[1] + (index_t)kvh * p.dv_stride[2] + 2 * (lane & 3);
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            if (dt * 8 < head_dim) {
+                *reinterpret_cast<unsigned*>(dk_row + dt * 8) = pack2<T>(dk_acc[dt][2 * hf] * sc_k, dk_acc[dt][2 * hf + 1] * sc_k);
+                *reinterpret_cast<unsigned*>(dv_row + dt * 8) = pack2<T>(dv_acc[dt][2 * hf] * sc_v, dv_acc[dt][2 * hf + 1] * sc_v);
+            }
+        }
+    }
+}
+
 // SMEM_BYTES: cupy_gqa/_specs.py: bwd_dkdv_wgmma_smem, checked against the layout.
 template <typename T, int HEAD_DIM, int BLOCK_M, int NWG, bool CAUSAL, int SMEM_BYTES>
 __global__ void __launch_bounds__(NWG * 128, 1)
@@ -907,7 +1032,6 @@ bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
     constexpr int D = HEAD_DIM, BLOCK_N = 64 * NWG, NTHREADS = 128 * NWG;
     using L = DkvWgmmaSmem<D, BLOCK_M, BLOCK_N>;
     constexpr int KD = D / 16;       // k16 steps of K Q^T and V dO^T
-    constexpr int NT = BLOCK_M / 8;  // n8 tiles of S^T and dP^T (packed rows)
     constexpr int DT = D / 8;        // n8 tiles of dK, dV
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
     static_assert(D % 64 == 0 && D <= 128 && BLOCK_M % 16 == 0, "head dims 64 and 128; rows in k16 steps");
@@ -975,61 +1099,17 @@ bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
         const int m0 = m_begin + m * BLOCK_M;
         const unsigned q_at = base + L::Q + st * L::R_BYTES, do_at = base + L::DO + st * L::R_BYTES;
 
-        // ---- S^T = K Q^T, dP^T = V dO^T (rows: the warpgroup's 64 keys; columns: packed rows) ----
-        float s[NT][4], dpt[NT][4];
-        two_products_wgmma<T, BLOCK_M, KD, L::KV_SLAB, L::R_SLAB>(s, dpt, desc_k, desc_v, make_smem_desc(q_at, 16, 1024),
-                                                                 make_smem_desc(do_at, 16, 1024));
-
-        // ---- mask: keys past the sequence, and (causal) rows that don't see the key ----
-        if (n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 / group + kb.diag))
-            mask_keys_t<CAUSAL>(s, key_r, m0, lane, kb);
-
-        // ---- P^T = exp2(S^T scale_log2 - lse2) (masked: 0), dS^T = P^T (dP^T - delta) ----
-        probs_t(s, dpt, scale_log2, sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, lane, softmax::FastExp2());
-
-        // ---- dV += P^T dO, dK += dS^T Q: P^T and dS^T as A operands, k16 steps of rows ----
-        unsigned pa[BLOCK_M / 16][4], sa[BLOCK_M / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-            acc_a_operand<T>(s, kk, pa[kk]);
-            acc_a_operand<T>(dpt, kk, sa[kk]);
-        }
-        {
-            const unsigned long long desc_do_t = make_smem_desc(do_at, L::R_SLAB, 1024);
-            const unsigned long long desc_q_t = make_smem_desc(q_at, L::R_SLAB, 1024);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_M / 16; ++kk)
-                Wgmma<T, D>::rs(flat(dv_acc), pa[kk], desc_do_t + (unsigned long long)((kk * 16 * 128) >> 4), 1);
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_M / 16; ++kk)
-                Wgmma<T, D>::rs(flat(dk_acc), sa[kk], desc_q_t + (unsigned long long)((kk * 16 * 128) >> 4), 1);
-            wgmma_commit();
-            wgmma_wait<0>();  // the stage is free for the load after the next barrier
-            fence_regs(flat(dv_acc));
-            fence_regs(flat(dk_acc));
-        }
+        dkdv_tile_wgmma<T, D, BLOCK_M, BLOCK_N, KD, L::KV_SLAB, L::R_SLAB, CAUSAL>(
+            dk_acc, dv_acc, desc_k, desc_v, q_at, do_at, sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, m0, key_r, lane,
+            scale_log2, kb);
+        // (waited for: the stage is free for the load after the next barrier)
     }
     cp_async_wait<0>();  // nothing in flight (also when num_m == 0)
 
     // ---- dk = scale dK, dv = dV from the registers: every key of the array (zeros past
     // the sequence's length, NaN for a bad one) ----
-    const float sc_k = len < 0 ? quiet_nan() : (float)p.scale;
-    const float sc_v = len < 0 ? quiet_nan() : 1.f;
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int key = key_r[hf];
-        if (key >= p.a.seqlen_k) continue;
-        T* dk_row = dk + b * p.dk_stride[0] + (index_t)key * p.dk_stride[1] + (index_t)kvh * p.dk_stride[2] + 2 * (lane & 3);
-        T* dv_row = dv + b * p.dv_stride[0] + (index_t)key * p.dv_stride[1] + (index_t)kvh * p.dv_stride[2] + 2 * (lane & 3);
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            if (dt * 8 < head_dim) {
-                *reinterpret_cast<unsigned*>(dk_row + dt * 8) = pack2<T>(dk_acc[dt][2 * hf] * sc_k, dk_acc[dt][2 * hf + 1] * sc_k);
-                *reinterpret_cast<unsigned*>(dv_row + dt * 8) = pack2<T>(dv_acc[dt][2 * hf] * sc_v, dv_acc[dt][2 * hf + 1] * sc_v);
-            }
-        }
-    }
+    store_dk_dv_acc<T, DT>(dk_acc, dv_acc, dk, dv, p, b, kvh, key_r, lane, head_dim, len < 0 ? quiet_nan() : (float)p.scale,
+                           len < 0 ? quiet_nan() : 1.f);
 }
 
 // ---- 2c. dQ on Hopper's warpgroup tensor cores (wgmma, sm_90a) ----------------------------
@@ -1067,7 +1147,6 @@ bwd_dq_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     constexpr int D = HEAD_DIM, BLOCK_M = 64 * NWG, NTHREADS = 128 * NWG;
     using L = DqWgmmaSmem<D, BLOCK_M, BLOCK_N>;
     constexpr int KD = D / 16;       // k16 steps of Q K^T and dO V^T
-    constexpr int NT = BLOCK_N / 8;  // n8 tiles of S and dP (keys)
     constexpr int DT = D / 8;        // n8 tiles of dQ
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
     static_assert(D % 64 == 0 && D <= 128 && BLOCK_N % 16 == 0, "head dims 64 and 128; keys in k16 steps");
@@ -1134,45 +1213,340 @@ bwd_dq_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
         cp_async_commit();
         const unsigned k_at = base + L::K + st * L::KV_BYTES, v_at = base + L::V + st * L::KV_BYTES;
 
-        // ---- S = Q K^T, dP = dO V^T ----
-        float s[NT][4], dp[NT][4];
-        two_products_wgmma<T, BLOCK_N, KD, L::R_SLAB, L::KV_SLAB>(s, dp, desc_q, desc_do, make_smem_desc(k_at, 16, 1024),
-                                                                 make_smem_desc(v_at, 16, 1024));
-
-        // ---- mask, P = exp2(S scale_log2 - lse2) (masked: 0), dS = P (dP - delta), as A operands ----
-        scores_to_ds<BLOCK_N>(s, dp, j * BLOCK_N, keys, row0 + warp * 16 + (lane >> 2), lane, scale_log2, lse2_r, delta_r);
-        unsigned sa[BLOCK_N / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk) acc_a_operand<T>(s, kk, sa[kk]);
-
-        // ---- dQ += dS K (K read trans-b) ----
-        {
-            const unsigned long long desc_k_t = make_smem_desc(k_at, L::KV_SLAB, 1024);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-                Wgmma<T, D>::rs(flat(dq_acc), sa[kk], desc_k_t + (unsigned long long)((kk * 16 * 128) >> 4), 1);
-            wgmma_commit();
-            wgmma_wait<0>();  // the stage is free for the load after the next barrier
-            fence_regs(flat(dq_acc));
-        }
+        dq_tile_wgmma<T, D, BLOCK_N, KD, L::R_SLAB, L::KV_SLAB>(dq_acc, desc_q, desc_do, k_at, v_at, j * BLOCK_N, keys,
+                                                          row0 + warp * 16 + (lane >> 2), lane, scale_log2, lse2_r, delta_r);
+        // (waited for: the stage is free for the load after the next barrier)
     }
     cp_async_wait<0>();  // nothing in flight (also when num_n == 0)
 
     // ---- dq = scale dQ from the registers (rows past packed_rows skipped) ----
-    const float sc = len < 0 ? quiet_nan() : (float)p.scale;
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int pr = row0 + warp * 16 + (lane >> 2) + hf * 8;
-        if (pr >= packed_rows) continue;
-        const int t = pr / group, g = pr - (pr / group) * group;
-        T* dst = dq + b * p.dq_stride[0] + (index_t)t * p.dq_stride[1] + (index_t)q_head_of(kvh, g, group) * p.dq_stride[2] +
-                 2 * (lane & 3);
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt)
-            if (dt * 8 < head_dim)
-                *reinterpret_cast<unsigned*>(dst + dt * 8) = pack2<T>(dq_acc[dt][2 * hf] * sc, dq_acc[dt][2 * hf + 1] * sc);
+    store_dq_acc<T, DT>(dq_acc, dq, p, b, kvh, row0 + warp * 16 + (lane >> 2), packed_rows, group, lane, head_dim,
+                        len < 0 ? quiet_nan() : (float)p.scale);
+}
+
+// ---- 2d/3d. The wgmma passes with a producer warpgroup (sm_90a) ---------------------------
+// bwd_dq_wgmma's and bwd_dkdv_wgmma's products, masks and rules, with the
+// streamed tiles loaded by a warpgroup of their own, as the forward's
+// (kernels/hopper.cu): two consumer warpgroups compute, the producer (the
+// last warpgroup, its registers given to the consumers by setmaxnreg) fills a
+// ring of STAGES stages, each with a "full" and an "empty" mbarrier, and waits
+// only for a stage to be free. The consumers never meet at a barrier: each
+// waits for the stage it needs and frees it when its products are done.
+// The tiles read once per CTA (dQ: Q and dO; dK/dV: K and V) are loaded by
+// every thread's cp.async before the roles split.
+//   dQ:    K and V tiles of BLOCK_N keys by bulk tensor copies (k_map, v_map:
+//          boxes of 64 columns by BLOCK_N keys); the tile that holds the end
+//          of a sequence that ends before the array does (seqlens_k) by the
+//          producer's cp.async, which zero-fills the keys past it (a NaN
+//          there would reach dQ += dS K through 0 * NaN).
+//   dK/dV: Q and dO tiles of BLOCK_M = 64 packed rows by bulk tensor copies
+//          where `bulk` (the host's choice: the group divides 64 and the
+//          copy engine takes q's and dout's strides; q_map, do_map: boxes of
+//          64 columns by group heads by 64 / group positions, whose rows past
+//          the queries the copy engine fills with zeros), else by the
+//          producer's cp.async; each row's lse2 and delta by 4-byte cp.async
+//          (zero past the rows: with Q and dO rows of zeros, P = 1 there
+//          gives dV and dK nothing, and dS = 0).
+template <int HEAD_DIM, int BLOCK_N, int STAGES>
+struct DqWsSmem {
+    enum : int {
+        SLABS = HEAD_DIM / 64, BLOCK_M = 128,
+        R_SLAB = BLOCK_M * 128, R_BYTES = SLABS * R_SLAB,        // the Q or dO tile
+        KV_SLAB = BLOCK_N * 128, KV_BYTES = SLABS * KV_SLAB,     // a K or V tile
+        Q = 0, DO = R_BYTES, K = 2 * R_BYTES, V = K + STAGES * KV_BYTES,
+        BARS = V + STAGES * KV_BYTES,                             // full [STAGES], empty [STAGES]
+        BYTES = BARS + 16 * STAGES + 1024,                        // + the alignment's slack
+    };
+};
+template <int HEAD_DIM, int BLOCK_M, int STAGES>
+struct DkvWsSmem {
+    enum : int {
+        SLABS = HEAD_DIM / 64, BLOCK_N = 128,
+        KV_SLAB = BLOCK_N * 128, KV_BYTES = SLABS * KV_SLAB,     // the K or V tile
+        R_SLAB = BLOCK_M * 128, R_BYTES = SLABS * R_SLAB,        // a Q or dO tile
+        K = 0, V = KV_BYTES, Q = 2 * KV_BYTES, DO = Q + STAGES * R_BYTES,
+        STATS = DO + STAGES * R_BYTES,                            // lse2 [STAGES][BLOCK_M], delta [STAGES][BLOCK_M]
+        BARS = STATS + 2 * STAGES * BLOCK_M * 4,                  // full [STAGES], empty [STAGES]
+        BYTES = BARS + 16 * STAGES + 1024,                        // + the alignment's slack
+    };
+};
+
+// Registers per thread of each role, as the forward's (two consumer warpgroups
+// and the producer: 2 x 224 + 56 <= 65536 / 128).
+enum { WS_PRODUCER_REGS = 56, WS_CONSUMER_REGS = 224 };
+// The producer warpgroup's named barrier (id 1; 0 is __syncthreads).
+__device__ __forceinline__ void ws_producer_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+
+// One 4-byte cp.async (zero-filled where !pred), and an arrival on an mbarrier
+// once this thread's cp.async so far have landed (counted in its init: .noinc).
+__device__ __forceinline__ void cp_async_4(unsigned dst, const void* src, bool pred) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// SMEM_BYTES: cupy_gqa/_specs.py: bwd_dq_ws_smem, checked against the layout.
+template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(384, 1)
+bwd_dq_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+          const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dq,
+          const int* __restrict__ seqlens_k, const BwdParams p, const __grid_constant__ sm90::TensorMap k_map,
+          const __grid_constant__ sm90::TensorMap v_map) {
+    using namespace bwd_detail;
+    using namespace sm90;
+    constexpr int D = HEAD_DIM, NWG = 2, BLOCK_M = 64 * NWG, CONSUMERS = 128 * NWG;
+    using L = DqWsSmem<D, BLOCK_N, STAGES>;
+    constexpr int KD = D / 16;       // k16 steps of Q K^T and dO V^T
+    constexpr int DT = D / 8;        // n8 tiles of dQ
+    static_assert(sizeof(T) == 2, "fp16 / bf16 only");
+    static_assert(D % 64 == 0 && D <= 128 && BLOCK_N % 16 == 0 && BLOCK_N <= 256, "head dims 64 and 128; keys in k16 steps");
+    static_assert(STAGES >= 2, "a stage fills while the consumers read the other");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
+
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned base = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+    const int tid = threadIdx.x;
+    const int head_dim = p.a.head_dim;
+    auto full = [&](int s) { return base + L::BARS + 8 * s; };              // stage s's K and V have landed
+    auto empty = [&](int s) { return base + L::BARS + 8 * (STAGES + s); };  // ... and have been read
+
+    // ---- this CTA's (b, kv head, rows) and keys: the forward's (common.cuh) ----
+    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p.a, seqlens_k, p.a.group_size, blockIdx.x);
+    const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
+    const int len = tile.len, seqlen_k = tile.seqlen_k;  // len -1: a bad seqlens_k value, NaN rows
+    const KeyRange<CAUSAL>& keys = tile.keys;
+    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 1);           // one producer thread arrives (with the copies' bytes, if bulk)
+            mbar_init(empty(s), CONSUMERS);  // every consumer thread arrives
+        }
     }
+    // ---- Q and dO once, by every thread ----
+    auto packed = [&](const T* x, const index_t* xs) {
+        return [=](int r) -> const T* {
+            const int pr = row0 + r;
+            if (pr >= packed_rows) return nullptr;
+            const int t = pr / group, g = pr - (pr / group) * group;
+            return x + b * xs[0] + (index_t)t * xs[1] + (index_t)q_head_of(kvh, g, group) * xs[2];
+        };
+    };
+    load_swizzled<T, BLOCK_M, D, L::R_SLAB, 384>(base + L::Q, q, head_dim, tid, packed(q, p.a.q_stride));
+    load_swizzled<T, BLOCK_M, D, L::R_SLAB, 384>(base + L::DO, dout, head_dim, tid, packed(dout, p.do_stride));
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();  // ordered before the consumers' wgmma reads (async proxy)
+    __syncthreads();      // (and the mbarriers' init)
+
+    if (tid >= CONSUMERS) {
+        // =========================== producer warpgroup ===========================
+        regs_dec<WS_PRODUCER_REGS>();
+        const int pt = tid - CONSUMERS;
+        const T* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
+        const T* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
+        for (int j = 0; j < num_n; ++j) {
+            const int st = j % STAGES;
+            if (j >= STAGES) mbar_wait(empty(st), ((j / STAGES) + 1) & 1);  // its use j - STAGES is done
+            const unsigned k_at = base + L::K + st * L::KV_BYTES, v_at = base + L::V + st * L::KV_BYTES;
+            const int key0 = j * BLOCK_N;
+            if (key0 + BLOCK_N <= seqlen_k || seqlen_k == p.a.seqlen_k) {
+                // inside the sequence's keys, or inside the array (zeros past its end)
+                if (pt == 0) {
+                    mbar_expect_tx(full(st), 2 * L::KV_BYTES);
+#pragma unroll
+                    for (int sl = 0; sl < L::SLABS; ++sl) {
+                        tma_load_4d(k_at + sl * L::KV_SLAB, k_map, full(st), sl * 64, key0, kvh, b);
+                        tma_load_4d(v_at + sl * L::KV_SLAB, v_map, full(st), sl * 64, key0, kvh, b);
+                    }
+                }
+            } else {
+                load_swizzled<T, BLOCK_N, D, L::KV_SLAB, 128>(k_at, k, head_dim, pt, [&](int r) -> const T* {
+                    return key0 + r < seqlen_k ? kbase + (index_t)(key0 + r) * p.a.k_stride[1] : nullptr;
+                });
+                load_swizzled<T, BLOCK_N, D, L::KV_SLAB, 128>(v_at, v, head_dim, pt, [&](int r) -> const T* {
+                    return key0 + r < seqlen_k ? vbase + (index_t)(key0 + r) * p.a.v_stride[1] : nullptr;
+                });
+                cp_async_wait_all();
+                fence_proxy_async();  // each thread's writes before the consumers' wgmma reads,
+                ws_producer_sync();   // all of them before the one arrival
+                if (pt == 0) mbar_arrive(full(st));
+            }
+        }
+        return;
+    }
+
+    // ============================ consumer warpgroups ============================
+    regs_inc<WS_CONSUMER_REGS>();
+    const int lane = tid & 31, warp = tid >> 5;
+    float scale_log2 = (float)p.a.scale_log2;
+    asm volatile("" : "+f"(scale_log2));  // (converted once, not per tile)
+    // The lane's rows g = lane / 4 and g + 8 of the warp's 16: their lse2 and delta.
+    float lse2_r[2], delta_r[2];
+    lane_row_stats(lse2_r, delta_r, lse2_ws, delta_ws, p, b, kvh, row0 + warp * 16 + (lane >> 2), packed_rows);
+    float dq_acc[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq_acc[dt][e] = 0.f;
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // A's rows [64 wg, 64 wg + 64) of the Q and dO tiles
+    const unsigned long long desc_q = make_smem_desc(base + L::Q + wg * 64 * 128, 16, 1024);
+    const unsigned long long desc_do = make_smem_desc(base + L::DO + wg * 64 * 128, 16, 1024);
+
+    for (int j = 0; j < num_n; ++j) {
+        const int st = j % STAGES;
+        mbar_wait(full(st), (j / STAGES) & 1);
+        const unsigned k_at = base + L::K + st * L::KV_BYTES, v_at = base + L::V + st * L::KV_BYTES;
+
+        dq_tile_wgmma<T, D, BLOCK_N, KD, L::R_SLAB, L::KV_SLAB>(dq_acc, desc_q, desc_do, k_at, v_at, j * BLOCK_N, keys,
+                                                          row0 + warp * 16 + (lane >> 2), lane, scale_log2, lse2_r, delta_r);
+        mbar_arrive(empty(st));  // the stage is free for the producer
+    }
+
+    // ---- dq = scale dQ from the registers (rows past packed_rows skipped) ----
+    store_dq_acc<T, DT>(dq_acc, dq, p, b, kvh, row0 + warp * 16 + (lane >> 2), packed_rows, group, lane, head_dim,
+                        len < 0 ? quiet_nan() : (float)p.scale);
+}
+
+// SMEM_BYTES: cupy_gqa/_specs.py: bwd_dkdv_ws_smem, checked against the layout.
+template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(384, 1)
+bwd_dkdv_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+            const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
+            T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p,
+            const __grid_constant__ sm90::TensorMap q_map, const __grid_constant__ sm90::TensorMap do_map,
+            const int bulk) {
+    using namespace bwd_detail;
+    using namespace sm90;
+    constexpr int D = HEAD_DIM, NWG = 2, BLOCK_N = 64 * NWG, CONSUMERS = 128 * NWG;
+    using L = DkvWsSmem<D, BLOCK_M, STAGES>;
+    constexpr int KD = D / 16;       // k16 steps of K Q^T and V dO^T
+    constexpr int DT = D / 8;        // n8 tiles of dK, dV
+    static_assert(sizeof(T) == 2, "fp16 / bf16 only");
+    static_assert(D % 64 == 0 && D <= 128 && BLOCK_M == 64, "head dims 64 and 128; row tiles of 64 (one stats row a producer thread)");
+    static_assert(STAGES >= 2, "a stage fills while the consumers read the other");
+    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
+
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned base = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+    const float* sLse2 = reinterpret_cast<const float*>(smem_raw + (base - raw) + L::STATS);
+    const float* sDelta = sLse2 + STAGES * BLOCK_M;
+    const int tid = threadIdx.x;
+    const int head_dim = p.a.head_dim;
+    auto full = [&](int s) { return base + L::BARS + 8 * s; };              // stage s's rows have landed
+    auto empty = [&](int s) { return base + L::BARS + 8 * (STAGES + s); };  // ... and have been read
+
+    // ---- this CTA's (key block, b, kv head): key blocks slowest ----
+    const KeyBlock kb = key_block<CAUSAL, BLOCK_N, BLOCK_M>(p, seqlens_k);
+    const int b = kb.b, kvh = kb.kvh, n0 = kb.n0, len = kb.len, seqlen_k = kb.seqlen_k;
+    const int num_m = kb.num_m, group = kb.group;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 129);         // each producer thread (its stats' cp.async) and one more (below)
+            mbar_init(empty(s), CONSUMERS);  // every consumer thread arrives
+        }
+    }
+    // ---- K and V once, by every thread ----
+    const T* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
+    const T* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
+    load_swizzled<T, BLOCK_N, D, L::KV_SLAB, 384>(base + L::K, k, head_dim, tid, [&](int r) -> const T* {
+        return n0 + r < seqlen_k ? kbase + (index_t)(n0 + r) * p.a.k_stride[1] : nullptr;
+    });
+    load_swizzled<T, BLOCK_N, D, L::KV_SLAB, 384>(base + L::V, v, head_dim, tid, [&](int r) -> const T* {
+        return n0 + r < seqlen_k ? vbase + (index_t)(n0 + r) * p.a.v_stride[1] : nullptr;
+    });
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();  // ordered before the consumers' wgmma reads (async proxy)
+    __syncthreads();      // (and the mbarriers' init)
+
+    if (tid >= CONSUMERS) {
+        // =========================== producer warpgroup ===========================
+        // Per row tile, into stage m % STAGES once it is free: thread pt's stats
+        // value (lse2 of row pt, or delta of row pt - 64) by cp.async, then an
+        // arrival when it lands; Q and dO by thread 0's bulk copies (its
+        // expect_tx is the 129th arrival), or by every thread's cp.async,
+        // each thread arriving once they have landed and the 129th from thread 0.
+        regs_dec<WS_PRODUCER_REGS>();
+        const int pt = tid - CONSUMERS;
+        // pt < 64: lse2 [st][pt]; else delta [st][pt - 64]
+        const unsigned stats = base + L::STATS + 4 * ((pt < BLOCK_M ? 0 : STAGES * BLOCK_M) + (pt & (BLOCK_M - 1)));
+        const float* stats_ws = pt < BLOCK_M ? lse2_ws : delta_ws;
+        const index_t ws0 = ws_row(p, b, kvh, 0) + (pt & (BLOCK_M - 1));
+        for (int m = 0; m < num_m; ++m) {
+            const int st = m % STAGES;
+            if (m >= STAGES) mbar_wait(empty(st), ((m / STAGES) + 1) & 1);  // its use m - STAGES is done
+            const int m0 = kb.m_begin + m * BLOCK_M;
+            const bool row_ok = m0 + (pt & (BLOCK_M - 1)) < kb.packed_rows;
+            cp_async_4(stats + 4 * st * BLOCK_M, stats_ws + ws0 + m0, row_ok);
+            const unsigned q_at = base + L::Q + st * L::R_BYTES, do_at = base + L::DO + st * L::R_BYTES;
+            if (bulk) {
+                cp_async_mbar_arrive(full(st));
+                if (pt == 0) {
+                    mbar_expect_tx(full(st), 2 * L::R_BYTES);
+#pragma unroll
+                    for (int sl = 0; sl < L::SLABS; ++sl) {
+                        tma_load_4d(q_at + sl * L::R_SLAB, q_map, full(st), sl * 64, kvh * group, m0 / group, b);
+                        tma_load_4d(do_at + sl * L::R_SLAB, do_map, full(st), sl * 64, kvh * group, m0 / group, b);
+                    }
+                }
+            } else {
+                auto packed = [&](const T* x, const index_t* xs) {
+                    return [=](int r) -> const T* {
+                        const int pr = m0 + r;
+                        if (pr >= kb.packed_rows) return nullptr;
+                        const int t = pr / group, g = pr - (pr / group) * group;
+                        return x + b * xs[0] + (index_t)t * xs[1] + (index_t)q_head_of(kvh, g, group) * xs[2];
+                    };
+                };
+                load_swizzled<T, BLOCK_M, D, L::R_SLAB, 128>(q_at, q, head_dim, pt, packed(q, p.a.q_stride));
+                load_swizzled<T, BLOCK_M, D, L::R_SLAB, 128>(do_at, dout, head_dim, pt, packed(dout, p.do_stride));
+                cp_async_wait_all();
+                fence_proxy_async();  // this thread's writes before the consumers' wgmma reads
+                mbar_arrive(full(st));
+                if (pt == 0) mbar_arrive(full(st));
+            }
+        }
+        cp_async_wait_all();  // nothing in flight when the warpgroup exits
+        return;
+    }
+
+    // ============================ consumer warpgroups ============================
+    regs_inc<WS_CONSUMER_REGS>();
+    const int lane = tid & 31, warp = tid >> 5;
+    float scale_log2 = (float)p.a.scale_log2;
+    asm volatile("" : "+f"(scale_log2));  // (converted once, not per tile)
+    float dk_acc[DT][4], dv_acc[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk_acc[dt][e] = dv_acc[dt][e] = 0.f;
+    int key_r[2];  // the lane's keys (rows of S^T)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) key_r[hf] = n0 + warp * 16 + (lane >> 2) + hf * 8;
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // A's rows [64 wg, 64 wg + 64) of the K and V tiles
+    const unsigned long long desc_k = make_smem_desc(base + L::K + wg * 64 * 128, 16, 1024);
+    const unsigned long long desc_v = make_smem_desc(base + L::V + wg * 64 * 128, 16, 1024);
+
+    for (int m = 0; m < num_m; ++m) {
+        const int st = m % STAGES;
+        mbar_wait(full(st), (m / STAGES) & 1);
+        const int m0 = kb.m_begin + m * BLOCK_M;
+        const unsigned q_at = base + L::Q + st * L::R_BYTES, do_at = base + L::DO + st * L::R_BYTES;
+
+        dkdv_tile_wgmma<T, D, BLOCK_M, BLOCK_N, KD, L::KV_SLAB, L::R_SLAB, CAUSAL>(
+            dk_acc, dv_acc, desc_k, desc_v, q_at, do_at, sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, m0, key_r, lane,
+            scale_log2, kb);
+        mbar_arrive(empty(st));  // the stage is free for the producer
+    }
+
+    // ---- dk = scale dK, dv = dV from the registers ----
+    store_dk_dv_acc<T, DT>(dk_acc, dv_acc, dk, dv, p, b, kvh, key_r, lane, head_dim, len < 0 ? quiet_nan() : (float)p.scale,
+                           len < 0 ? quiet_nan() : 1.f);
 }
 
 // ---- 2b. dQ in float32 on the tensor cores (split TF32) --------------------------------

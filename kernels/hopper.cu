@@ -137,61 +137,6 @@ enum { RESCALE_THRESHOLD = 8 };  // log2 units: P <= 2^8 between rescales (softm
 
 using namespace sm90;  // swizzle, descriptors, wgmma fences (kernels/sm90.cuh)
 
-// ---- mbarriers (shared memory, CTA scope) --------------------------------------
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Wait until the phase of the given parity has completed.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-// ---- bulk tensor copies (TMA) ----------------------------------------------------
-// A tensor map (the driver's CUtensorMap, 128 bytes) is encoded on the host
-// (cupy_gqa/_tma.py) and passed as a __grid_constant__ kernel parameter.
-struct alignas(64) TensorMap { unsigned long long words[16]; };
-
-// The next phase of the mbarrier also waits for `bytes` bytes of bulk copies;
-// this is one of its counted arrivals.
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// The box of `map` at coordinates (c0, c1, c2, c3), innermost first, to shared
-// memory at dst (laid out by the map's swizzle); its bytes count on mbarrier bar.
-__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap& map, unsigned bar, int c0, int c1, int c2, int c3) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
-        ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-        : "memory");
-}
-
-// The box of shared memory at src (laid out by the map's swizzle) to `map` at
-// coordinates (c0, c1, c2, c3); the copy engine drops what falls outside the
-// tensor. The caller commits the copies as a bulk group (bulk_commit) and waits
-// until they have read src (bulk_wait_read) before src is written again.
-__device__ __forceinline__ void tma_store_4d(const TensorMap& map, unsigned src, int c0, int c1, int c2, int c3) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
-        ::"l"(reinterpret_cast<unsigned long long>(&map)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-        : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-
-// Register budget per warpgroup role (needs a register cap at entry: __launch_bounds__(.., 1)).
-template <int N> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-
 // Named barriers (id 0 is __syncthreads), for NWG consumer warpgroups: the 128
 // threads of one consumer warpgroup (ids EPILOGUE_BAR + w), the turn-taking of
 // the consumer warpgroups (ids turn_bar + w) and the producer warpgroup (the id
@@ -262,10 +207,10 @@ template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bo
 __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                             T* __restrict__ out, float* __restrict__ lse,
                                             const int* __restrict__ seqlens_k, const AttnParams& p, const MP& mp,
-                                            const hopper_detail::TensorMap& k_map,
-                                            const hopper_detail::TensorMap& v_map,
-                                            const hopper_detail::TensorMap& q_map,
-                                            const hopper_detail::TensorMap& o_map, const int qo_bulk,
+                                            const sm90::TensorMap& k_map,
+                                            const sm90::TensorMap& v_map,
+                                            const sm90::TensorMap& q_map,
+                                            const sm90::TensorMap& o_map, const int qo_bulk,
                                             int* __restrict__ tile_counter, const SeqParams* sp = nullptr) {
     using namespace hopper_detail;
     static_assert(HEAD_DIM_PAD % 64 == 0 && HEAD_DIM_PAD <= 256, "head dims are padded to 64, 128, 192 or 256");
@@ -844,8 +789,8 @@ template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bo
 __global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
 hopper_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-                 const __grid_constant__ hopper_detail::TensorMap k_map, const __grid_constant__ hopper_detail::TensorMap v_map,
-                 const __grid_constant__ hopper_detail::TensorMap q_map, const __grid_constant__ hopper_detail::TensorMap o_map,
+                 const __grid_constant__ sm90::TensorMap k_map, const __grid_constant__ sm90::TensorMap v_map,
+                 const __grid_constant__ sm90::TensorMap q_map, const __grid_constant__ sm90::TensorMap o_map,
                  const int qo_bulk, int* __restrict__ tile_counter) {
     hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, NoMods>(
         q, k, v, out, lse, seqlens_k, p, NoModParams{}, k_map, v_map, q_map, o_map, qo_bulk, tile_counter);
@@ -857,10 +802,10 @@ template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bo
 __global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
 hopper_attention_mods(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                       float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-                      const ModParams mp, const __grid_constant__ hopper_detail::TensorMap k_map,
-                      const __grid_constant__ hopper_detail::TensorMap v_map,
-                      const __grid_constant__ hopper_detail::TensorMap q_map,
-                      const __grid_constant__ hopper_detail::TensorMap o_map, const int qo_bulk,
+                      const ModParams mp, const __grid_constant__ sm90::TensorMap k_map,
+                      const __grid_constant__ sm90::TensorMap v_map,
+                      const __grid_constant__ sm90::TensorMap q_map,
+                      const __grid_constant__ sm90::TensorMap o_map, const int qo_bulk,
                       int* __restrict__ tile_counter) {
     hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(
         q, k, v, out, lse, seqlens_k, p, mp, k_map, v_map, q_map, o_map, qo_bulk, tile_counter);
@@ -872,10 +817,10 @@ template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bo
 __global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
 hopper_attention_seq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                      float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p, const SeqParams sp,
-                     const __grid_constant__ hopper_detail::TensorMap k_map,
-                     const __grid_constant__ hopper_detail::TensorMap v_map,
-                     const __grid_constant__ hopper_detail::TensorMap q_map,
-                     const __grid_constant__ hopper_detail::TensorMap o_map, const int qo_bulk,
+                     const __grid_constant__ sm90::TensorMap k_map,
+                     const __grid_constant__ sm90::TensorMap v_map,
+                     const __grid_constant__ sm90::TensorMap q_map,
+                     const __grid_constant__ sm90::TensorMap o_map, const int qo_bulk,
                      int* __restrict__ tile_counter) {
     hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, NoMods, NoModParams, ADDR>(
         q, k, v, out, lse, seqlens_k, p, NoModParams{}, k_map, v_map, q_map, o_map, qo_bulk, tile_counter, &sp);

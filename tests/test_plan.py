@@ -163,35 +163,44 @@ def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
         _plan.set_f32_highest("fp16")
 
 
-@pytest.mark.parametrize("dtype, head_dim, arch, dq_kernel, dkdv_kernel", [
+@pytest.mark.parametrize("kind, dtype, head_dim, arch, dq_kernel, dkdv_kernel", [
     # two warpgroups: dQ (2 x 128 + 4 x 64) x 2 slabs x 128 + 1024; dK/dV the same + 2 x 2 x 64 floats of lse2 and delta
-    ("bfloat16", 128, "sm_90", "bwd_dq_wgmma<__nv_bfloat16, 128, 64, 2, true, 132096>",
+    ("wgmma", "bfloat16", 128, "sm_90", "bwd_dq_wgmma<__nv_bfloat16, 128, 64, 2, true, 132096>",
      "bwd_dkdv_wgmma<__nv_bfloat16, 128, 64, 2, true, 133120>"),
-    ("float16", 64, "sm_90", "bwd_dq_wgmma<__half, 64, 64, 2, true, 66560>", "bwd_dkdv_wgmma<__half, 64, 64, 2, true, 67584>"),
-    ("bfloat16", 128, "sm_80", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # no wgmma
-    ("bfloat16", 96, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # not in their tables
-    ("bfloat16", 256, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),
-    ("float32", 128, "sm_90", "bwd_dq_tf32<", "bwd_dkdv_tf32<"),
+    ("wgmma", "float16", 64, "sm_90", "bwd_dq_wgmma<__half, 64, 64, 2, true, 66560>",
+     "bwd_dkdv_wgmma<__half, 64, 64, 2, true, 67584>"),
+    # with a producer: the same tiles (two stages) and two mbarriers (16 bytes) a stage
+    ("ws", "bfloat16", 128, "sm_90", "bwd_dq_ws<__nv_bfloat16, 128, 64, 2, true, 132128>",
+     "bwd_dkdv_ws<__nv_bfloat16, 128, 64, 2, true, 133152>"),
+    ("ws", "float16", 64, "sm_90", "bwd_dq_ws<__half, 64, 64, 2, true, 66592>", "bwd_dkdv_ws<__half, 64, 64, 2, true, 67616>"),
+    ("wgmma", "bfloat16", 128, "sm_80", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # no wgmma
+    ("ws", "bfloat16", 128, "sm_80", "bwd_dq_mma<", "bwd_dkdv_mma<"),
+    ("ws", "bfloat16", 96, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # not in their tables
+    ("wgmma", "bfloat16", 256, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),
+    ("ws", "float32", 128, "sm_90", "bwd_dq_tf32<", "bwd_dkdv_tf32<"),
 ])  # fmt: skip
-def test_backward_on_wgmma_where_chosen(dtype, head_dim, arch, dq_kernel, dkdv_kernel):
-    """With the wgmma backward chosen, 16-bit calls on sm_90 at head dims 64 and 128
-    take it for both passes (two warpgroups: 128 rows or keys per CTA, 256
-    threads), every other call keeps its
-    kernels; unchosen, nothing changes."""
+def test_backward_on_hopper_kernels_where_chosen(kind, dtype, head_dim, arch, dq_kernel, dkdv_kernel):
+    """With a Hopper backward chosen, 16-bit calls on sm_90 at head dims 64 and 128
+    take it for both passes (two consumer warpgroups: 128 rows or keys per CTA;
+    256 threads, or 384 with the producer), every other call keeps its kernels;
+    unchosen, nothing changes."""
     before = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch])
-    assert "wgmma" not in before[0].name + before[1].name
-    old = _plan.set_bwd_wgmma(True)
+    assert _specs.BWD_SM90 == "mma" and "<" in before[0].name
+    old = _plan.set_bwd_sm90(kind)
     try:
         dq, dkdv = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch])
         assert dq.name.startswith(dq_kernel) and dkdv.name.startswith(dkdv_kernel)
-        if "wgmma" in dq_kernel:
-            assert dq.block_m == dkdv.block_m == 128 and dq.threads == dkdv.threads == 256
+        if kind in dq_kernel:
+            assert dq.block_m == dkdv.block_m == 128 and dq.threads == dkdv.threads == (256 if kind == "wgmma" else 384)
             assert dq.arch == dkdv.arch == "sm_90a"
+            assert _specs.is_bwd_ws(dq) == _specs.is_bwd_ws(dkdv) == (kind == "ws")
         else:
             assert (dq, dkdv) == before
     finally:
-        assert _plan.set_bwd_wgmma(old) is True
+        assert _plan.set_bwd_sm90(old) == kind
     assert _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch]) == before
+    with pytest.raises(ValueError, match="kind: expected one of"):
+        _plan.set_bwd_sm90("tma")
 
 
 def test_precision_only_matters_for_float32():
@@ -543,6 +552,29 @@ def test_backward_plan_picks_a_kernel_of_the_table(arch, dtype, head_dim):
     assert plan.grids[2] == (-(-77 // plan.dkdv.block_m) * 4,)  # keys per CTA
     p = plan.params[0]
     assert p["scale"] == 0.125 and p["a"]["group_size"] == 4 and list(p["lse_stride"]) == [800, 100, 1]
+
+
+@pytest.mark.parametrize("hq, hkv, k_stride, expected", [
+    (32, 8, None, ("bwd_dq_ws", "bwd_dkdv_ws", True)),  # group 4: whole positions in 64 rows
+    (48, 8, None, ("bwd_dq_ws", "bwd_dkdv_ws", False)),  # group 6: Q and dO by the producer's cp.async
+    (64, 1, None, ("bwd_dq_ws", "bwd_dkdv_ws", True)),  # group 64: one position a tile
+    (32, 8, -2048, ("bwd_dq_wgmma", "bwd_dkdv_wgmma", False)),  # k steps backwards: no bulk copies of K
+])  # fmt: skip
+def test_backward_with_a_producer_takes_bulk_copies_where_the_copy_engine_can(monkeypatch, hq, hkv, k_stride, expected):
+    monkeypatch.setattr(_plan._tma, "available", lambda: True)
+    a = _specs.ARCHS["sm_90"]
+    problem = _plan.Problem(2, 100, 77, hq, hkv, 128, "bfloat16", True, 0.125)
+    layout = list(_bwd_layout(2, 100, 77, hq, hkv, 128, 2))
+    if k_stride is not None:
+        shape, strides, itemsize = layout[1]
+        layout[1] = (shape, (strides[0], k_stride, *strides[2:]), itemsize)
+    old = _plan.set_bwd_sm90("ws")
+    try:
+        plan = _plan.plan_backward(problem, tuple(layout), a, True)
+    finally:
+        _plan.set_bwd_sm90(old)
+    assert (plan.dq.name.split("<")[0], plan.dkdv.name.split("<")[0], plan.bulk_rows) == expected
+    assert plan.group == hq // hkv and plan.layouts == (layout[0], layout[1], layout[2], layout[4])
 
 
 def test_backward_tensor_cores_need_a_positive_scale():

@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
-"""The 16-bit backward on mma.sync (bwd_dq_mma, bwd_dkdv_mma) against wgmma
-(bwd_dq_wgmma, bwd_dkdv_wgmma, sm_90), side by side in one process
-(kernels/backward.cu; cupy_gqa._plan.set_bwd_wgmma).
+"""The 16-bit backward's kernels on sm_90 side by side in one process: mma.sync
+(bwd_dq_mma, bwd_dkdv_mma), wgmma (bwd_dq_wgmma, bwd_dkdv_wgmma) and wgmma with a
+producer warpgroup (bwd_dq_ws, bwd_dkdv_ws) (kernels/backward.cu;
+cupy_gqa._plan.set_bwd_sm90).
 
-    python3 benchmarks/dev/bwd_ab.py [--cases G1,G2,G2s] [--rounds 3] [--tiles 64x64x2,64x64,128x64]
+    python3 benchmarks/dev/bwd_ab.py [--cases G1,G2,G2s] [--rounds 3]
+        [--configs mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3]
 
-Per case: the GPU time of cupy_gqa.attention_backward with each pair of
-kernels (cupyx.profiler.benchmark, median of 10, the two timed in turn for
---rounds rounds, best of the rounds), how far each one's dk and dv are from
-float64 on sampled keys, and how far the wgmma gradients are from the mma.sync
-ones (relative error, Frobenius). --tiles: the wgmma kernels' tiles to try, each
-"BNxBM[xNWG]": BLOCK_N keys per K/V tile of the dQ kernel, BLOCK_M packed rows per
-Q/dO tile of the dK/dV kernel, NWG warpgroups per CTA of both (default 1)
-(_specs.BWD_DQ_WGMMA_TILES, BWD_DKDV_WGMMA_TILES; the first is the tables'); a
-tile that spills at a head dim (the dK/dV kernel's 128 rows at head dim 128) is
-skipped there.
+Per case: the GPU time of cupy_gqa.attention_backward under each configuration
+(cupyx.profiler.benchmark, median of 10, the configurations timed in turn for
+--rounds rounds, best of the rounds), the kernels each one launches, how far its
+dk and dv are from float64 on sampled keys, and how far its gradients are from
+the first configuration's (relative error, Frobenius). A configuration is
+"mma", or "wgmma:BNxBMxNWG" (BLOCK_N keys per K/V tile of the dQ kernel, BLOCK_M
+packed rows per Q/dO tile of the dK/dV kernel, NWG warpgroups per CTA:
+_specs.BWD_DQ_WGMMA_TILES, BWD_DKDV_WGMMA_TILES), or "ws:BNxBMxSTAGES" (the
+same with the producer's STAGES stages: BWD_DQ_WS_TILES, BWD_DKDV_WS_TILES); a
+wgmma tile that spills at a head dim (the dK/dV kernel's 128 rows at head dim
+128) is skipped there.
 """
 import argparse
 import math
@@ -64,14 +67,39 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def parse(config):
+    """("mma", None) or (kind, (BN, BM, NWG or STAGES))."""
+    kind, _, tiles = config.partition(":")
+    if kind not in _specs.BWD_SM90_KINDS or (kind == "mma") != (not tiles):
+        raise SystemExit(f"--configs: {config!r} is not mma, wgmma:BNxBMxNWG or ws:BNxBMxSTAGES")
+    return kind, tuple(int(x) for x in tiles.split("x")) if tiles else None
+
+
+def use(config, d):
+    """Make the calls take ``config`` at padded head dim d (and forget the plans)."""
+    kind, tiles = config
+    if kind == "wgmma":
+        _specs.BWD_DQ_WGMMA_TILES[d] = (tiles[0], tiles[2])
+        _specs.BWD_DKDV_WGMMA_TILES[d] = (tiles[1], tiles[2])
+    elif kind == "ws":
+        _specs.BWD_DQ_WS_TILES[d] = (tiles[0], tiles[2])
+        _specs.BWD_DKDV_WS_TILES[d] = (tiles[1], tiles[2])
+    _specs.bwd_dq_wgmma_spec.cache_clear()
+    _specs.bwd_dkdv_wgmma_spec.cache_clear()
+    _specs.bwd_ws_spec.cache_clear()
+    _plan.set_bwd_sm90(kind)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="G1,G2,G2s")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tiles", default="64x64x2")
+    parser.add_argument("--configs", default="mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3")
     args = parser.parse_args()
-    tiles = [tuple(int(x) for x in (t + "x1").split("x")[:3]) for t in args.tiles.split(",")]
+    all_configs = [parse(c) for c in args.configs.split(",")]
     print(f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}  cupy {cupy.__version__}")
+    tables = [dict(t) for t in (_specs.BWD_DQ_WGMMA_TILES, _specs.BWD_DKDV_WGMMA_TILES, _specs.BWD_DQ_WS_TILES,
+                                _specs.BWD_DKDV_WS_TILES)]
     for name in args.cases.split(","):
         batch, n, hq, hkv, d = CASES[name]
         rng = np.random.default_rng(0)
@@ -80,22 +108,13 @@ def main():
             for h in (hq, hkv, hkv, hq)
         )
         out, lse = cupy_gqa.attention(q, k, v, return_lse=True)
-        configs = [None] + [t for t in tiles if not (d == 128 and t[1] == 128)]  # None: mma.sync
-        table = (_specs.BWD_DQ_WGMMA_TILES[d], _specs.BWD_DKDV_WGMMA_TILES[d])
-
-        def use(config):
-            if config is not None:
-                _specs.BWD_DQ_WGMMA_TILES[d] = (config[0], config[2])
-                _specs.BWD_DKDV_WGMMA_TILES[d] = (config[1], config[2])
-                _specs.bwd_dq_wgmma_spec.cache_clear()
-                _specs.bwd_dkdv_wgmma_spec.cache_clear()
-            _plan.set_bwd_wgmma(config is not None)  # (and forgets the plans)
+        configs = [c for c in all_configs if not (c[0] == "wgmma" and d == 128 and c[1][1] == 128)]
 
         def run():
             return cupy_gqa.attention_backward(dout, q, k, v, out, lse)
 
         def launched(config):  # the dQ and dK/dV kernels a call under ``config`` launches
-            use(config)
+            use(config, d)
             names, get = [], _plan.get_kernel
             _plan.get_kernel = lambda spec: names.append(spec.name) or get(spec)
             try:
@@ -104,39 +123,33 @@ def main():
                 _plan.get_kernel = get
             return " + ".join(n.split("<")[0] for n in names[1:])
 
-        print(f"{name}: mma.sync config launches {launched(None)}; wgmma config {launched(configs[1])}", flush=True)
-
+        label = {c: c[0] + (":" + "x".join(map(str, c[1])) if c[1] else "") for c in configs}
+        for c in configs:
+            print(f"{name} {label[c]} launches {launched(c)}", flush=True)
         grads, times = {}, {c: math.inf for c in configs}
         for _ in range(args.rounds):
             for config in configs:
-                use(config)
+                use(config, d)
                 grads[config] = run()
                 t = benchmark(run, (), n_repeat=10, n_warmup=2)
                 times[config] = min(times[config], float(np.median(t.gpu_times)) * 1e3)
-        _specs.BWD_DQ_WGMMA_TILES[d], _specs.BWD_DKDV_WGMMA_TILES[d] = table  # the tables' tiles again
-        _specs.bwd_dq_wgmma_spec.cache_clear()
-        _specs.bwd_dkdv_wgmma_spec.cache_clear()
-        _plan.set_bwd_wgmma(False)
-        for config in configs[2:]:
-            print(f"{name} wgmma tiles {'x'.join(map(str, config))}: {times[config]:.3f} ms "
-                  f"({times[config] / times[None]:.3f}x mma)")
-        times = {False: times[None], True: times[configs[1]]}
-        grads = {False: grads[None], True: grads[configs[1]]}
+        for table, kept in zip((_specs.BWD_DQ_WGMMA_TILES, _specs.BWD_DKDV_WGMMA_TILES, _specs.BWD_DQ_WS_TILES,
+                                _specs.BWD_DKDV_WS_TILES), tables):
+            table.clear()
+            table.update(kept)  # the tables' tiles again
+        use(("mma", None), d)
         keys = np.linspace(0, n - 1, 16).astype(int)
         ref_dk, ref_dv = reference_dk_dv(q, k, v, dout, keys, 0)
-        err = {}
-        for on in (False, True):
-            dk, dv = (cupy.asnumpy(x[0, keys, 0]).astype(np.float64) for x in grads[on][1:])
-            err[on] = (rel(dk, ref_dk), rel(dv, ref_dv))
-        mma_g, wg_g = ([cupy.asnumpy(x).astype(np.float64) for x in grads[on]] for on in (False, True))
-        print(
-            f"{name}: mma {times[False]:.3f} ms, wgmma {'x'.join(map(str, configs[1]))} {times[True]:.3f} ms "
-            f"({times[True] / times[False]:.3f}x); "
-            f"sampled dk/dv error vs float64: mma {err[False][0]:.2e}/{err[False][1]:.2e}, "
-            f"wgmma {err[True][0]:.2e}/{err[True][1]:.2e}; wgmma vs mma dq/dk/dv "
-            + "/".join(f"{rel(w, m):.2e}" for w, m in zip(wg_g, mma_g)),
-            flush=True,
-        )
+        first = [cupy.asnumpy(x).astype(np.float64) for x in grads[configs[0]]]
+        for c in configs:
+            dk, dv = (cupy.asnumpy(x[0, keys, 0]).astype(np.float64) for x in grads[c][1:])
+            mine = [cupy.asnumpy(x).astype(np.float64) for x in grads[c]]
+            print(
+                f"{name} {label[c]:16s} {times[c]:.3f} ms ({times[c] / times[configs[0]]:.3f}x {label[configs[0]]}); "
+                f"sampled dk/dv error vs float64 {rel(dk, ref_dk):.2e}/{rel(dv, ref_dv):.2e}; "
+                f"dq/dk/dv vs {label[configs[0]]} " + "/".join(f"{rel(a, b):.2e}" for a, b in zip(mine, first)),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

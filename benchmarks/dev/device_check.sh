@@ -28,15 +28,17 @@
 #                                               (cupy_gqa/_specs.py: F32_PRODUCTS): both through
 #                                               tests/test_gpu_f32_products.py, fp16 pairs through the float32
 #                                               GPU tests and the sanitizer on tiled, F1/F2 timed side by side
-#   benchmarks/dev/device_check.sh bwd_wgmma    one call for the 16-bit backward on wgmma (sm_90; off in the
-#                                               calls until measured): the backward GPU tests and the sanitizer's
-#                                               backward group with it (CUPY_GQA_TEST_BWD_WGMMA=1), then
-#                                               bwd_ab.py (times and errors beside the mma.sync kernels)
+#   benchmarks/dev/device_check.sh bwd_sm90     one call for the 16-bit backward's Hopper kernels (sm_90; off in
+#                                               the calls until measured): the backward GPU tests and the
+#                                               sanitizer's backward group with those of BWD_SM90 (default ws:
+#                                               CUPY_GQA_TEST_BWD_SM90), then bwd_ab.py (times and errors of mma.sync,
+#                                               wgmma and wgmma with a producer, side by side)
 #   benchmarks/dev/device_check.sh first        one call (under 600 s) for what the GPU has not yet run, each part
 #                                               under a limit: the float32 GPU tests (fp16 pairs the default, at
 #                                               the candidate tiles F16X2_TILES: CUPY_GQA_TEST_F16X2_TILES), the
-#                                               16-bit backward's tests on wgmma (two warpgroups, CUPY_GQA_TEST_BWD_WGMMA=1),
-#                                               the sanitizer on tiled and the backward (with it), F1/F2/G1-G3 beside torch
+#                                               16-bit backward's tests with a producer warpgroup (CUPY_GQA_TEST_BWD_SM90=ws),
+#                                               the sanitizer on tiled and the backward (with it), bwd_ab.py,
+#                                               F1/F2/G1-G3 beside torch
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -120,28 +122,33 @@ case "$stage" in
       echo "== $name: rc $? in $((SECONDS - t0)) s"; reap
       grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|rc [0-9]" "$out/first_$name.txt" | sort -u | head -12
     }
-    part f32_suite 150 env CUPY_GQA_TEST_F16X2_TILES="${F16X2_TILES:-128:128,32,8;64:64,16,4}" python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_kernels.py \
+    part f32_suite 140 env CUPY_GQA_TEST_F16X2_TILES="${F16X2_TILES:-128:128,32,8;64:64,16,4}" python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_kernels.py \
       tests/test_gpu_modifiers.py tests/test_gpu_seq.py tests/test_gpu_graphs.py tests/test_gpu_fuzz.py \
       tests/test_gpu_backward.py tests/test_gpu_interop.py tests/test_gpu_f32_products.py -k "float32 or fp32 or f32"
-    part bwd_wgmma 110 env CUPY_GQA_TEST_BWD_WGMMA=1 python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
+    part bwd_ws 100 env CUPY_GQA_TEST_BWD_SM90=ws python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
       tests/test_gpu_backward.py -k "float16 or bfloat16 or random or deterministic or torch"
-    part sanitize 200 env CUPY_GQA_TEST_BWD_WGMMA=1 SANITIZE_GROUPS="tiled|backward" \
+    part sanitize 180 env CUPY_GQA_TEST_BWD_SM90=ws SANITIZE_GROUPS="tiled|backward" \
       bash benchmarks/dev/sanitize_parallel.sh "$out/first_san"
     cat "$out/first_sanitize.txt" | cut -c1-300
-    part bench 100 python3 benchmarks/bench_attention.py --cases F1,F2,G1,G2,G3 --no-plot --no-compile-probe \
+    part bwd_ab 80 python3 benchmarks/dev/bwd_ab.py --cases G1,G2,G2s --rounds 2 \
+      --configs mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3
+    grep -E " ms \(" "$out/first_bwd_ab.txt" | cut -c1-220
+    part bench 90 python3 benchmarks/bench_attention.py --cases F1,F2,G1,G2,G3 --no-plot --no-compile-probe \
       --out "$out/first_bench"
     grep -hE "^\| (F1|F2|G1|G2|G3) \| (cupy_gqa\[auto\]|torch_flash|torch_efficient_expanded) " "$out"/first_bench/*.md \
       | cut -d'|' -f2-9 ;;
-  bwd_wgmma)
+  bwd_sm90)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
+    kind=${BWD_SM90:-ws}
     t0=$SECONDS
-    CUPY_GQA_TEST_BWD_WGMMA=1 timeout -s KILL 240 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
-      tests/test_gpu_backward.py tests/test_gpu_interop.py >"$out/bwd_wgmma_tests.txt" 2>&1
-    echo "tests rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/bwd_wgmma_tests.txt" | tail -20
-    timeout -s KILL 200 python3 benchmarks/dev/bwd_ab.py --cases G1,G2,G2s --tiles 64x64,128x64,64x128,64x64x2,128x64x2 >"$out/bwd_ab.txt" 2>&1
-    echo "ab rc $?"; reap; tail -9 "$out/bwd_ab.txt"
+    CUPY_GQA_TEST_BWD_SM90=$kind timeout -s KILL 240 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+      tests/test_gpu_backward.py tests/test_gpu_interop.py >"$out/bwd_sm90_tests.txt" 2>&1
+    echo "tests ($kind) rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/bwd_sm90_tests.txt" | tail -20
+    timeout -s KILL 200 python3 benchmarks/dev/bwd_ab.py --cases G1,G2,G2s \
+      --configs mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3,ws:128x64x2 >"$out/bwd_ab.txt" 2>&1
+    echo "ab rc $?"; reap; grep -E " ms \(" "$out/bwd_ab.txt"
     t0=$SECONDS
-    CUPY_GQA_TEST_BWD_WGMMA=1 SANITIZE_KERNELS=backward timeout -s KILL 180 bash tests/sanitize.sh >"$out/sanitize.txt" 2>&1
+    CUPY_GQA_TEST_BWD_SM90=$kind SANITIZE_KERNELS=backward timeout -s KILL 180 bash tests/sanitize.sh >"$out/sanitize.txt" 2>&1
     echo "sanitize rc $? in $((SECONDS - t0)) s"; reap; grep -E "ERROR SUMMARY|sanitize_driver:|exit code|FAIL" "$out/sanitize.txt" ;;
   f32)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
