@@ -38,7 +38,8 @@
 #                                               the candidate tiles F16X2_TILES: CUPY_GQA_TEST_F16X2_TILES), the
 #                                               16-bit backward's tests with a producer warpgroup (CUPY_GQA_TEST_BWD_SM90=ws),
 #                                               the sanitizer on tiled and the backward (with it), bwd_ab.py,
-#                                               F1/F2/G1-G3 beside torch
+#                                               p_rounding.py (torch's errors beside the rounding models on the
+#                                               same inputs), F1/F2/G1-G3 beside torch
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -122,17 +123,19 @@ case "$stage" in
       echo "== $name: rc $? in $((SECONDS - t0)) s"; reap
       grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|rc [0-9]" "$out/first_$name.txt" | sort -u | head -12
     }
-    part f32_suite 140 env CUPY_GQA_TEST_F16X2_TILES="${F16X2_TILES:-128:128,32,8;64:64,16,4}" python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_kernels.py \
+    part f32_suite 100 env CUPY_GQA_TEST_F16X2_TILES="${F16X2_TILES:-128:128,32,8;64:64,16,4}" python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_kernels.py \
       tests/test_gpu_modifiers.py tests/test_gpu_seq.py tests/test_gpu_graphs.py tests/test_gpu_fuzz.py \
       tests/test_gpu_backward.py tests/test_gpu_interop.py tests/test_gpu_f32_products.py -k "float32 or fp32 or f32"
     part bwd_ws 100 env CUPY_GQA_TEST_BWD_SM90=ws python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
       tests/test_gpu_backward.py -k "float16 or bfloat16 or random or deterministic or torch"
-    part sanitize 180 env CUPY_GQA_TEST_BWD_SM90=ws SANITIZE_GROUPS="tiled|backward" \
+    part sanitize 170 env CUPY_GQA_TEST_BWD_SM90=ws SANITIZE_GROUPS="tiled|backward" \
       bash benchmarks/dev/sanitize_parallel.sh "$out/first_san"
     cat "$out/first_sanitize.txt" | cut -c1-300
     part bwd_ab 80 python3 benchmarks/dev/bwd_ab.py --cases G1,G2,G2s --rounds 2 \
       --configs mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3
     grep -E " ms \(" "$out/first_bwd_ab.txt" | cut -c1-220
+    part p_rounding 40 python3 benchmarks/dev/p_rounding.py --cases D24,D1,P03
+    grep -E "^(D24|D1|P03) " "$out/first_p_rounding.txt"
     part bench 90 python3 benchmarks/bench_attention.py --cases F1,F2,G1,G2,G3 --no-plot --no-compile-probe \
       --out "$out/first_bench"
     grep -hE "^\| (F1|F2|G1|G2|G3) \| (cupy_gqa\[auto\]|torch_flash|torch_efficient_expanded) " "$out"/first_bench/*.md \
