@@ -936,7 +936,7 @@ def workspace_capture_message(plan) -> str:
     return (
         f"workspace: expected a caller-owned buffer while a CUDA graph is being captured ({plan.workspace_message()}; "
         f"a buffer from CuPy's memory pool would go back to the pool while the graph still writes to it), got None; "
-        f"pass workspace=cupy_gqa.decode_workspace(q, k, v, ...)"
+        f"pass workspace=cupy_gqa.workspace(q, k, v, ...)"
     )
 
 
@@ -947,7 +947,7 @@ def check_workspace(workspace, needed: int, others: dict) -> None:
     if workspace.nbytes < needed:
         raise ValueError(
             f"workspace: expected at least {needed} bytes ({needed // 4} float32 values) for this call, "
-            f"got {workspace.nbytes} bytes; cupy_gqa.decode_workspace_size gives the size"
+            f"got {workspace.nbytes} bytes; cupy_gqa.workspace_size gives the size"
         )
     if needed == 0:
         return

@@ -150,9 +150,9 @@ def attention(
         merges them, on sm_90 and newer in float16 and bfloat16; num_splits is
         at most 128), and for a float32 call with precision "highest" on fp16
         pairs (the tiled kernel at head_dim 32 to 128): the pairs of K and V,
-        about the bytes of k and v. ``decode_workspace_size(q, k, v,
-        **kwargs)`` gives its size for a call (0: none) and
-        ``decode_workspace(q, k, v, **kwargs)`` allocates it. It must be of q's
+        about the bytes of k and v. ``workspace_size(q, k, v, **kwargs)``
+        gives its size for a call (0: none) and ``workspace(q, k, v,
+        **kwargs)`` allocates it. It must be of q's
         framework and device, contiguous, 16-byte aligned, at least that
         size, and overlap none of q, k, v, out and seqlens_k. Without it,
         torch inputs take the scratch from torch's allocator (capture-aware)
@@ -1136,7 +1136,7 @@ _VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 _VARLEN_KEYWORDS = ("causal", "softmax_scale", "return_lse", "out", "kernel", "precision", "workspace")
 
 
-def decode_workspace_size(q, k, v, **kwargs) -> int:
+def workspace_size(q, k, v, **kwargs) -> int:
     """Bytes of the float32 workspace that ``attention(q, k, v, **kwargs)`` uses
     (the same arrays and keywords): ``4 * batch * num_q_heads * seqlen_q *
     num_splits * (head_dim + 1)`` when the decode kernel splits the keys into
@@ -1151,23 +1151,24 @@ def decode_workspace_size(q, k, v, **kwargs) -> int:
     checks it; nothing is launched (a new out is allocated to plan with).
 
     For an ``attention_varlen`` call pass its arguments as keywords:
-    ``decode_workspace_size(q, k, v, cu_seqlens_q=..., cu_seqlens_k=...,
+    ``workspace_size(q, k, v, cu_seqlens_q=..., cu_seqlens_k=...,
     max_seqlen_q=..., max_seqlen_k=..., **kwargs)``; seqlen_q is then
-    max_seqlen_q."""
+    max_seqlen_q. (``decode_workspace_size`` is the same function: its
+    earlier name, from when only split decode calls took a workspace.)"""
     if any(name in kwargs for name in _VARLEN_ARGS):
         missing = [name for name in _VARLEN_ARGS if name not in kwargs]
         if missing:
-            raise TypeError(f"decode_workspace_size: missing keyword {missing[0]!r} of attention_varlen")
+            raise TypeError(f"workspace_size: missing keyword {missing[0]!r} of attention_varlen")
         unknown = sorted(set(kwargs) - set(_VARLEN_ARGS) - set(_VARLEN_KEYWORDS))
         if unknown:
-            raise TypeError(f"decode_workspace_size: unexpected keyword {unknown[0]!r} (it takes attention_varlen's keywords)")
+            raise TypeError(f"workspace_size: unexpected keyword {unknown[0]!r} (it takes attention_varlen's keywords)")
         options = {**{name: _ATTENTION_DEFAULTS[name] for name in _VARLEN_KEYWORDS}, **kwargs}
         varlen = tuple(options.pop(name) for name in _VARLEN_ARGS)
         plan = _attention_seq(q, k, v, **options, layout="bshd", varlen=varlen, plan_only=True)
         return 0 if plan is None else plan.workspace_bytes
     unknown = sorted(set(kwargs) - set(_ATTENTION_DEFAULTS))
     if unknown:
-        raise TypeError(f"decode_workspace_size: unexpected keyword {unknown[0]!r} (it takes attention's keywords)")
+        raise TypeError(f"workspace_size: unexpected keyword {unknown[0]!r} (it takes attention's keywords)")
     options = {**_ATTENTION_DEFAULTS, **kwargs}
     if options["block_table"] is not None or options["cache_leftpad"] is not None:
         for name in ("window", "softcap", "sinks", "alibi_slopes", "score_mod", "mask_mod"):
@@ -1180,14 +1181,15 @@ def decode_workspace_size(q, k, v, **kwargs) -> int:
     return 0 if plan is None else plan.workspace_bytes
 
 
-def decode_workspace(q, k, v, **kwargs):
+def workspace(q, k, v, **kwargs):
     """A workspace for ``attention(q, k, v, workspace=..., **kwargs)``: a new
-    contiguous float32 array of ``decode_workspace_size(q, k, v, **kwargs)``
+    contiguous float32 array of ``workspace_size(q, k, v, **kwargs)``
     bytes in q's framework and on q's device (a torch tensor for torch inputs,
     else a CuPy array), or None when the call needs none (None is then the
     right ``workspace``). Make it before capturing a CUDA graph and keep it as
-    long as the graph: the graph's launches write into it at every replay."""
-    nbytes = decode_workspace_size(q, k, v, **kwargs)
+    long as the graph: the graph's launches write into it at every replay.
+    (``decode_workspace`` is the same function: its earlier name.)"""
+    nbytes = workspace_size(q, k, v, **kwargs)
     if nbytes == 0:
         return None
     frame = _interop.frame_of({"q": q})
@@ -1198,6 +1200,11 @@ def decode_workspace(q, k, v, **kwargs):
 
     with cupy.cuda.Device(frame.device):
         return cupy.empty(nbytes // 4, dtype=cupy.float32)
+
+
+# The earlier names (from when only split decode calls took a workspace).
+decode_workspace_size = workspace_size
+decode_workspace = workspace
 
 
 def warmup(*, dtypes=None, head_dims=None, device=None) -> int:

@@ -195,3 +195,16 @@ def test_memory_the_kernels_cant_read_is_named(qkv):
         cupy_gqa.attention(tq, tk, tv, seqlens_k=meta)
     with pytest.raises(TypeError, match=r"^cu_seqlens_q: expected a CUDA or CPU torch tensor, got one on device meta"):
         cupy_gqa.attention_varlen(tq[0], tk[0], tv[0], torch.empty(2, dtype=torch.int32, device="meta"), [0, 1], 1, 1)
+
+
+def test_workspace_functions_and_their_earlier_names(qkv):
+    """workspace_size and workspace are the functions decode_workspace_size and
+    decode_workspace were: one object each, exported under both names. CPU
+    calls take no workspace; a keyword attention lacks is refused by name."""
+    assert cupy_gqa.decode_workspace_size is cupy_gqa.workspace_size
+    assert cupy_gqa.decode_workspace is cupy_gqa.workspace
+    assert {"workspace", "workspace_size", "decode_workspace", "decode_workspace_size"} <= set(cupy_gqa.__all__)
+    q, k, v = qkv
+    assert cupy_gqa.workspace_size(q, k, v) == 0 and cupy_gqa.workspace(q, k, v) is None
+    with pytest.raises(TypeError, match="workspace_size: unexpected keyword 'windw'"):
+        cupy_gqa.workspace_size(q, k, v, windw=(4, 0))

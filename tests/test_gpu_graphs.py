@@ -80,10 +80,10 @@ def test_torch_graph_replays_new_inputs(case, variant):
 
     q, k, v = inputs(0)
     split = _needs_workspace(split)
-    assert (cupy_gqa.decode_workspace_size(q, k, v, kernel=kernel) > 0) == split, "the case's split assumption"
+    assert (cupy_gqa.workspace_size(q, k, v, kernel=kernel) > 0) == split, "the case's split assumption"
     lens = torch.full((batch,), seqlen_k, dtype=torch.int32, device="cuda") if variant == "seqlens_k" else None
     out = torch.full_like(q, float("nan")) if variant == "out" else None
-    workspace = cupy_gqa.decode_workspace(q, k, v, kernel=kernel) if variant == "workspace" else None
+    workspace = cupy_gqa.workspace(q, k, v, kernel=kernel) if variant == "workspace" else None
     assert (workspace is not None) == (variant == "workspace" and split)
     return_lse = variant == "return_lse"
 
@@ -163,7 +163,7 @@ def test_cupy_graph_replays_new_inputs(case, variant):
         q, k, v = (cupy.asarray(x) for x in inputs(0))
         out = cupy.full(q.shape, np.nan, dtype=q.dtype)
         lens = cupy.full((batch,), seqlen_k, dtype=cupy.int32) if variant == "seqlens_k" else None
-        workspace = cupy_gqa.decode_workspace(q, k, v, kernel=kernel, out=out)  # None where the call needs none
+        workspace = cupy_gqa.workspace(q, k, v, kernel=kernel, out=out)  # None where the call needs none
         assert (workspace is not None) == _needs_workspace(split)
         return_lse = variant == "return_lse"
 
@@ -225,8 +225,8 @@ def test_cupy_workspace_from_the_pool_is_refused_during_capture(case):
             for _ in range(2):
                 cupy_gqa.attention(q, k, v, out=out)  # outside a capture the pool is fine
             stream.synchronize()
-            workspace = cupy_gqa.decode_workspace(q, k, v, out=out)
-            assert workspace is not None and workspace.nbytes == cupy_gqa.decode_workspace_size(q, k, v, out=out)
+            workspace = cupy_gqa.workspace(q, k, v, out=out)
+            assert workspace is not None and workspace.nbytes == cupy_gqa.workspace_size(q, k, v, out=out)
             assert need is None or workspace.nbytes == need
             stream.begin_capture()
             try:
@@ -248,7 +248,7 @@ def test_cupy_workspace_from_the_pool_is_refused_during_capture(case):
 
 def test_workspace_is_checked():
     q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 8192, 8, 1, 128, "bfloat16"))
-    need = cupy_gqa.decode_workspace_size(q, k, v)
+    need = cupy_gqa.workspace_size(q, k, v)
     assert need > 0
     with pytest.raises(TypeError, match=r"workspace: expected dtype float32, got float16"):
         cupy_gqa.attention(q, k, v, workspace=cupy.empty(need, cupy.float16))

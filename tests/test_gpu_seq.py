@@ -179,7 +179,7 @@ def test_paged_decode_split(dtype):
     q = rng.standard_normal((2, 1, 4, 64)).astype(NP_DTYPES[dtype])
     args = [cupy.asarray(x) for x in (q, k, v)]
     kw = {"block_table": cupy.asarray(table), "seqlens_k": cupy.asarray(seqlens), "kernel": "decode"}
-    assert cupy_gqa.decode_workspace_size(*args, **kw) > 0
+    assert cupy_gqa.workspace_size(*args, **kw) > 0
     res, lse = cupy_gqa.attention(*args, **kw, return_lse=True)
     ref, ref_lse = reference_kvcache(q, k, v, seqlens_k=seqlens, block_table=table)
     assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype])
@@ -197,7 +197,7 @@ def test_paged_decode_padded_head_dim(dtype, head_dim):
     q = rng.standard_normal((2, 1, 4, head_dim)).astype(NP_DTYPES[dtype])
     args = [cupy.asarray(x) for x in (q, k, v)]
     kw = {"block_table": cupy.asarray(table), "seqlens_k": cupy.asarray(seqlens), "kernel": "decode"}
-    assert cupy_gqa.decode_workspace_size(*args, **kw) > 0
+    assert cupy_gqa.workspace_size(*args, **kw) > 0
     res, lse = cupy_gqa.attention(*args, **kw, return_lse=True)
     ref, ref_lse = reference_kvcache(q, k, v, seqlens_k=seqlens, block_table=table)
     assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype], f"paged D{head_dim}")
@@ -320,7 +320,7 @@ def test_graph_varlen(kernel):
     steps = [([16, 8, 16], [900, 1, 899]), ([1, 16, 7], [0, 300, 17]), ([13, 13, 14], [600, 600, 600])]
     cu_q[...] = cupy.asarray(np.concatenate([[0], np.cumsum(steps[0][0])]), dtype=cupy.int32)
     cu_k[...] = cupy.asarray(np.concatenate([[0], np.cumsum(steps[0][1])]), dtype=cupy.int32)
-    ws = cupy_gqa.decode_workspace(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+    ws = cupy_gqa.workspace(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
                                    kernel=kernel)  # fmt: skip
 
     stream, graph = _capture(lambda: cupy_gqa.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, out=out, kernel=kernel,
@@ -355,7 +355,7 @@ def test_graph_paged(kernel, page_size, leftpad):
     kw = {"block_table": table_d, "seqlens_k": seqlens, "kernel": kernel, "out": out}
     if leftpad:
         kw["cache_leftpad"] = pads
-    kw["workspace"] = cupy_gqa.decode_workspace(q, k, v, **kw)
+    kw["workspace"] = cupy_gqa.workspace(q, k, v, **kw)
 
     stream, graph = _capture(lambda: cupy_gqa.attention(q, k, v, **kw))
     for lens, pad, perm in (([17, 4096, 300], [3, 4000, 0], False), ([2048, 0, 4095], [2047, 0, 1], True)):
