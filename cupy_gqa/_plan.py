@@ -1107,23 +1107,32 @@ class BackwardLaunch:
     rows: int  # packed rows: batch * num_q_heads * seqlen_q (workspace values of each kind)
     layouts: tuple = ()  # _layout's (shape, byte strides, itemsize) of q, k, v and dout, for the tensor maps
     group: int = 1
-    bulk_rows: bool = False  # bwd_dkdv_ws moves Q and dO by bulk copies (bwd_bulk_rows)
+    bulk_rows: bool = False  # bwd_dkdv_ws (bwd_fused_ws) moves Q and dO by bulk copies (bwd_bulk_rows)
+    # bwd_fused_ws's counters: one per (batch, KV head, row tile of 64 packed rows, half of the head dims)
+    order_counters: int = 0
 
     MAPS_KEPT = 64  # encoded tensor maps kept per plan
+
+    @property
+    def fused(self) -> bool:
+        """One pass for dK, dV and dQ (bwd_fused_ws), then bwd_dq_convert in the dQ launch."""
+        return self.dkdv.name.startswith("bwd_fused_ws<")
 
     def __call__(self, dout, q, k, v, out, lse, dq, dk, dv, seqlens_k) -> None:
         import cupy
 
         acc = cupy.float64 if self.pre.dtype == "float64" else cupy.float32
-        work = cupy.empty(2 * self.rows, dtype=acc)  # delta, lse2: from CuPy's pool, on the current stream
-        delta, lse2 = work[: self.rows], work[self.rows :]
+        rows = self.rows
+        # from CuPy's pool, on the current stream: delta and lse2 of each row;
+        # fused: dQ's float32 sums first (16-byte aligned rows of head_dim_pad floats), then delta, lse2 and the
+        # order counters (int32: the same bytes a value)
+        acc_rows = rows * self.dkdv.head_dim if self.fused else 0
+        work = cupy.empty(acc_rows + 2 * rows + self.order_counters, dtype=acc)
+        delta, lse2 = work[acc_rows : acc_rows + rows], work[acc_rows + rows : acc_rows + 2 * rows]
         # float32 and float64: the dQ kernels rebuild lse2 from their own scores (kernels/backward.cu)
         lse_arg = None if self.pre.dtype in ("float32", "float64") else lse
         g_pre, g_dq, g_dkdv = self.grids
         prm = self.params  # CuPy passes a 1-element NumPy array by value (a few microseconds, three launches)
-        dq_args = (q, k, v, dout, delta, lse2, dq, seqlens_k, prm)
-        if _specs.is_bwd_ws(self.dq):
-            dq_args += (self._map(1, k), self._map(2, v))
         dkdv_args = (q, k, v, dout, delta, lse2, dk, dv, seqlens_k, prm)
         if _specs.is_bwd_ws(self.dkdv):
             if self.bulk_rows:
@@ -1131,6 +1140,15 @@ class BackwardLaunch:
             else:
                 dkdv_args += (_NO_MAP, _NO_MAP, np.int32(0))
         get_kernel(self.pre)(g_pre, (self.pre.threads,), (out, dout, lse_arg, delta, lse2, prm))
+        if self.fused:
+            dq_acc, counters = work[:acc_rows], work[acc_rows + 2 * rows :].view(cupy.int32)
+            counters.fill(0)
+            get_kernel(self.dkdv)(g_dkdv, (self.dkdv.threads,), dkdv_args + (dq_acc, counters), shared_mem=self.dkdv.smem)
+            get_kernel(self.dq)(g_dq, (self.dq.threads,), (dq_acc, lse2, dq, seqlens_k, prm))
+            return
+        dq_args = (q, k, v, dout, delta, lse2, dq, seqlens_k, prm)
+        if _specs.is_bwd_ws(self.dq):
+            dq_args += (self._map(1, k), self._map(2, v))
         get_kernel(self.dq)(g_dq, (self.dq.threads,), dq_args, shared_mem=self.dq.smem)
         get_kernel(self.dkdv)(g_dkdv, (self.dkdv.threads,), dkdv_args, shared_mem=self.dkdv.smem)
 
@@ -1171,11 +1189,16 @@ def bwd_ws_unsupported(layouts: tuple) -> str | None:
 
 
 def bwd_bulk_rows(group: int, layouts: tuple) -> bool:
-    """Whether bwd_dkdv_ws moves its Q and dO tiles by bulk tensor copies: a
-    tile's 64 packed rows are whole positions of one group (the group divides
-    64), and q and dout are arrays the copy engine steps through."""
+    """Whether bwd_dkdv_ws (and bwd_fused_ws) moves its Q and dO tiles by bulk
+    tensor copies: a tile's 64 packed rows are whole positions of one group (the
+    group divides 64), the driver encodes tensor maps, and q and dout are arrays
+    the copy engine steps through."""
     q_layout, dout_layout = layouts[0], layouts[3]
-    return 64 % group == 0 and all(_tma.geometry_issue(sh, st) is None for sh, st, _ in (q_layout, dout_layout))
+    return (
+        64 % group == 0
+        and _tma.available()
+        and all(_tma.geometry_issue(sh, st) is None for sh, st, _ in (q_layout, dout_layout))
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1195,22 +1218,27 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool)
     if mma:
         dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch)
         if _specs.is_bwd_ws(dq) and bwd_ws_unsupported(tuple(arrays[:3]) + (arrays[4],)) is not None:
-            # the Hopper kernels without bulk copies
+            # the Hopper kernels without bulk copies of K and V
             dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch, "wgmma")
     else:
         dq, dkdv = _specs.bwd_rows_specs(problem.dtype, problem.head_dim)
     rows = problem.batch * problem.num_q_heads * problem.seqlen_q
     pre = _specs.BWD_PREPROCESS[problem.dtype]
+    if dq.name.startswith("bwd_dq_convert<"):  # a thread per 8 head dims of a row
+        dq_grid = (grid_stride_blocks(rows * (dq.head_dim // 8), dq.threads),)
+    else:
+        dq_grid = (math.ceil(packed / dq.block_m) * bh,)  # block_m: packed rows per CTA
     grids = (
         (grid_stride_blocks(rows * 32, pre.threads),),
-        (math.ceil(packed / dq.block_m) * bh,),  # block_m: packed rows per CTA
+        dq_grid,
         (math.ceil(problem.seqlen_k / dkdv.block_m) * bh,),  # block_m: keys per CTA
     )
     if max(g[0] for g in grids) > MAX_GRID_X:
         raise ValueError(f"q: too many rows for one launch ({max(g[0] for g in grids)} blocks > {MAX_GRID_X})")
     maps = tuple(arrays[:3]) + (arrays[4],)  # q, k, v, dout
     bulk = _specs.is_bwd_ws(dkdv) and bwd_bulk_rows(problem.group_size, maps)
-    return BackwardLaunch(pre, dq, dkdv, grids, params, rows, maps, problem.group_size, bulk)
+    counters = 2 * bh * math.ceil(packed / 64) if dkdv.name.startswith("bwd_fused_ws<") else 0
+    return BackwardLaunch(pre, dq, dkdv, grids, params, rows, maps, problem.group_size, bulk, counters)
 
 
 def set_bwd_sm90(kind: str) -> str:

@@ -1045,9 +1045,12 @@ BWD_DQ_WS_TILES = {64: (64, 2), 128: (64, 2)}
 BWD_DKDV_WS_TILES = {64: (64, 2), 128: (64, 2)}
 BWD_WS_THREADS = 384
 # The kernels the 16-bit backward calls take on sm_90: "mma" (bwd_dq_mma, bwd_dkdv_mma),
-# "wgmma" (bwd_dq_wgmma, bwd_dkdv_wgmma) or "ws" (bwd_dq_ws, bwd_dkdv_ws); the
-# Hopper ones where they take the head dim. _plan.set_bwd_sm90 changes it.
-BWD_SM90_KINDS = ("mma", "wgmma", "ws")
+# "wgmma" (bwd_dq_wgmma, bwd_dkdv_wgmma), "ws" (bwd_dq_ws, bwd_dkdv_ws) or "fused"
+# (bwd_fused_ws: dK, dV and dQ in one pass, dQ added in key-block order, then
+# bwd_dq_convert); the Hopper ones where they take the head dim (the tables of "ws"
+# for "fused"). _plan.set_bwd_sm90 changes it.
+BWD_SM90_KINDS = ("mma", "wgmma", "ws", "fused")
+BWD_DQ_CONVERT_THREADS = 128
 BWD_SM90 = "mma"
 
 
@@ -1065,15 +1068,21 @@ def bwd_dkdv_ws_smem(head_dim: int, block_m: int, stages: int) -> int:
     return (2 * 128 + 2 * stages * block_m) * (head_dim // 64) * 128 + 8 * stages * block_m + 16 * stages + 1024
 
 
+def bwd_fused_ws_smem(head_dim: int, block_m: int, stages: int) -> int:
+    """bwd_fused_ws's: bwd_dkdv_ws's and two buffers of dS^T, 128 key rows of 128
+    bytes each (bwd_detail::DkvWsSmem, FUSED)."""
+    return bwd_dkdv_ws_smem(head_dim, block_m, stages) + 2 * 128 * 128
+
+
 @functools.lru_cache(maxsize=None)
 def bwd_ws_spec(which: str, dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
-    """The dQ (``which`` "dq") or dK/dV ("dkdv") kernel with a producer warpgroup
-    for a padded head dim on ``arch`` (sm_90 only), or None."""
+    """The dQ (``which`` "dq"), dK/dV ("dkdv") or dK/dV/dQ ("fused") kernel with a
+    producer warpgroup for a padded head dim on ``arch`` (sm_90 only), or None."""
     tiles = BWD_DQ_WS_TILES if which == "dq" else BWD_DKDV_WS_TILES
     if arch.name != "sm_90" or dtype not in BWD_MMA16_DTYPES or head_dim_pad not in tiles:
         return None
     block, stages = tiles[head_dim_pad]
-    smem = (bwd_dq_ws_smem if which == "dq" else bwd_dkdv_ws_smem)(head_dim_pad, block, stages)
+    smem = {"dq": bwd_dq_ws_smem, "dkdv": bwd_dkdv_ws_smem, "fused": bwd_fused_ws_smem}[which](head_dim_pad, block, stages)
     return Spec(
         family="backward",
         source="backward.cu",
@@ -1091,7 +1100,24 @@ def bwd_ws_spec(which: str, dtype: str, head_dim_pad: int, causal: bool, arch: A
 
 def is_bwd_ws(spec: Spec) -> bool:
     """Whether ``spec`` is one of the backward kernels with a producer warpgroup."""
-    return spec.name.startswith(("bwd_dq_ws<", "bwd_dkdv_ws<"))
+    return spec.name.startswith(("bwd_dq_ws<", "bwd_dkdv_ws<", "bwd_fused_ws<"))
+
+
+BWD_DQ_CONVERT = {
+    (dtype, dpad): Spec(
+        family="backward",
+        source="backward.cu",
+        name=f"bwd_dq_convert<{CTYPES[dtype]}, {dpad}>",
+        dtype=dtype,
+        head_dim=dpad,
+        threads=BWD_DQ_CONVERT_THREADS,
+        sm80=False,
+        arch=HOPPER_ARCH,
+        options=(f"-arch={HOPPER_ARCH}",),
+    )
+    for dtype in ("float16", "bfloat16")
+    for dpad in (64, 128)
+}
 
 
 def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch, sm90: str | None = None) -> tuple[Spec, Spec] | None:
@@ -1111,6 +1137,10 @@ def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch, sm90: str
         elif sm90 == "ws":
             dq = bwd_ws_spec("dq", dtype, dpad, causal, arch) or dq
             dkdv = bwd_ws_spec("dkdv", dtype, dpad, causal, arch) or dkdv
+        elif sm90 == "fused":
+            fused = bwd_ws_spec("fused", dtype, dpad, causal, arch)
+            if fused is not None:  # the dQ launch converts what the fused one added up
+                dq, dkdv = BWD_DQ_CONVERT[dtype, dpad], fused
     return None if dq is None or dkdv is None else (dq, dkdv)
 
 
@@ -1193,6 +1223,9 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
                 add(bwd_dkdv_wgmma_spec(dtype, dpad, causal, arch))
                 add(bwd_ws_spec("dq", dtype, dpad, causal, arch))
                 add(bwd_ws_spec("dkdv", dtype, dpad, causal, arch))
+                if bwd_ws_spec("fused", dtype, dpad, causal, arch) is not None:
+                    add(bwd_ws_spec("fused", dtype, dpad, causal, arch))
+                    add(BWD_DQ_CONVERT[dtype, dpad])
     return tuple(found.values())
 
 

@@ -78,6 +78,11 @@
  *   bwd_dq_ws, bwd_dkdv_ws: two consumer warpgroups and a producer warpgroup
  *     that streams the tiles by bulk tensor copies into a ring of stages on
  *     mbarriers (sections 2d/3d below).
+ *   bwd_fused_ws, then bwd_dq_convert: bwd_dkdv_ws with a fifth product, dQ =
+ *     dS K per (row tile, key block), added into a float32 workspace in
+ *     key-block order (a counter per row tile that each key block waits on), so
+ *     that the sums stay deterministic with five products instead of seven
+ *     (section 3e).
  *
  * float32 tensor-core kernels (sm_80+, the padded head dims above; split TF32,
  * kernels/tf32.cuh: three TF32 m16n8k8 products per product, fp32-class error):
@@ -912,12 +917,21 @@ __device__ __forceinline__ void load_swizzled(unsigned dst, const T* any, int he
 //   that don't see the key); P^T = exp2(S^T scale_log2 - lse2) (masked: 0),
 //   dS^T = P^T (dP^T - delta); dV += P^T dO, dK += dS^T Q (P^T and dS^T as A
 //   operands from the registers, dO and Q read trans-b).
-template <typename T, int D, int BLOCK_M, int BLOCK_N, int KD, int KV_SLAB, int R_SLAB, bool CAUSAL>
+//   with_ds(sa), before the dV and dK products are issued, sees dS^T as A
+//   fragments; then_issue(), after they are, may issue products of its own
+//   (bwd_fused_ws: dQ), waited for with them.
+struct NoTileHook {
+    template <class A> __device__ __forceinline__ void operator()(const A&) const {}
+    __device__ __forceinline__ void operator()() const {}
+};
+template <typename T, int D, int BLOCK_M, int BLOCK_N, int KD, int KV_SLAB, int R_SLAB, bool CAUSAL,
+          class WithDs = NoTileHook, class ThenIssue = NoTileHook>
 __device__ __forceinline__ void dkdv_tile_wgmma(float (&dk_acc)[D / 8][4], float (&dv_acc)[D / 8][4],
                                                 unsigned long long desc_k, unsigned long long desc_v, unsigned q_at,
                                                 unsigned do_at, const float* lse2_s, const float* delta_s, int m0,
                                                 const int (&key_r)[2], int lane, float scale_log2,
-                                                const bwd_detail::KeyBlock& kb) {
+                                                const bwd_detail::KeyBlock& kb, WithDs with_ds = {},
+                                                ThenIssue then_issue = {}) {
     using namespace bwd_detail;
     using namespace sm90;
     constexpr int NT = BLOCK_M / 8;  // n8 tiles of S^T and dP^T (packed rows)
@@ -933,6 +947,7 @@ __device__ __forceinline__ void dkdv_tile_wgmma(float (&dk_acc)[D / 8][4], float
         acc_a_operand<T>(s, kk, pa[kk]);
         acc_a_operand<T>(dpt, kk, sa[kk]);
     }
+    with_ds(sa);
     const unsigned long long desc_do_t = make_smem_desc(do_at, R_SLAB, 1024);
     const unsigned long long desc_q_t = make_smem_desc(q_at, R_SLAB, 1024);
     wgmma_fence();
@@ -943,6 +958,7 @@ __device__ __forceinline__ void dkdv_tile_wgmma(float (&dk_acc)[D / 8][4], float
     for (int kk = 0; kk < BLOCK_M / 16; ++kk)
         Wgmma<T, D>::rs(flat(dk_acc), sa[kk], desc_q_t + (unsigned long long)((kk * 16 * 128) >> 4), 1);
     wgmma_commit();
+    then_issue();
     wgmma_wait<0>();
     fence_regs(flat(dv_acc));
     fence_regs(flat(dk_acc));
@@ -1258,14 +1274,15 @@ struct DqWsSmem {
         BYTES = BARS + 16 * STAGES + 1024,                        // + the alignment's slack
     };
 };
-template <int HEAD_DIM, int BLOCK_M, int STAGES>
+template <int HEAD_DIM, int BLOCK_M, int STAGES, bool FUSED = false>
 struct DkvWsSmem {
     enum : int {
         SLABS = HEAD_DIM / 64, BLOCK_N = 128,
         KV_SLAB = BLOCK_N * 128, KV_BYTES = SLABS * KV_SLAB,     // the K or V tile
         R_SLAB = BLOCK_M * 128, R_BYTES = SLABS * R_SLAB,        // a Q or dO tile
         K = 0, V = KV_BYTES, Q = 2 * KV_BYTES, DO = Q + STAGES * R_BYTES,
-        STATS = DO + STAGES * R_BYTES,                            // lse2 [STAGES][BLOCK_M], delta [STAGES][BLOCK_M]
+        DS = DO + STAGES * R_BYTES,                               // FUSED: dS^T, two buffers of BLOCK_N rows of 128 bytes
+        STATS = DS + (FUSED ? 2 * BLOCK_N * 128 : 0),             // lse2 [STAGES][BLOCK_M], delta [STAGES][BLOCK_M]
         BARS = STATS + 2 * STAGES * BLOCK_M * 4,                  // full [STAGES], empty [STAGES]
         BYTES = BARS + 16 * STAGES + 1024,                        // + the alignment's slack
     };
@@ -1410,18 +1427,98 @@ bwd_dq_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
                         len < 0 ? quiet_nan() : (float)p.scale);
 }
 
-// SMEM_BYTES: cupy_gqa/_specs.py: bwd_dkdv_ws_smem, checked against the layout.
-template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(384, 1)
-bwd_dkdv_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-            const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
-            T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p,
-            const __grid_constant__ sm90::TensorMap q_map, const __grid_constant__ sm90::TensorMap do_map,
-            const int bulk) {
+// ---- 3e. dK, dV and dQ in one pass (bwd_fused_ws): dQ added in key-block order ----------
+// bwd_dkdv_ws with a fifth product: per row tile, each consumer warpgroup
+// stores its dS^T (64 keys x the tile's 64 packed rows, as mma A fragments)
+// into a tile of shared memory (two buffers, tile m in buffer m % 2: 128 key
+// rows of 128 bytes, swizzled), the two warpgroups meet at a named barrier,
+// and each computes dQ_part = dS K for half of the head dims (A = the dS^T
+// tile read transposed, B = the K tile read trans-b), issued after its dV and
+// dK products and waited for with them. dQ_part then goes into dq_acc (fp32,
+// a row of DPAD floats per packed row, at ws_row) in key-block order: a
+// counter per (b, kv head, row tile, half) holds how many key blocks have
+// added theirs; key block n waits until it reads n (every earlier key block
+// sees every row this one sees: causal masks end each row's keys, never
+// start them), key block 0 stores, the others add, and the counter is raised
+// once the warpgroup's writes are visible. Each element is therefore summed
+// in one order, whatever the CTAs' timing: the result is deterministic.
+// Waiting cannot deadlock: the CTAs of earlier key blocks have lower indices,
+// so the lowest unfinished one is always resident and never waits on a later
+// one. bwd_dq_convert then scales dq_acc into dq.
+
+// dS^T fragments (the A fragments of dK += dS^T Q: rows the lane's keys
+// key and key + 8 of the CTA's 128, columns the tile's packed rows) into the
+// dS^T tile at ds_at: key rows of 128 bytes (64 packed rows), 128-byte swizzle.
+template <int KK>
+__device__ __forceinline__ void store_ds_t(unsigned ds_at, const unsigned (&sa)[KK][4], int key, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < KK; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = key + (e & 1) * 8, c = 16 * kk + 2 * (lane & 3) + (e >> 1) * 8;  // packed row c, c + 1
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_at + sm90::swizzle128(r, c / 8) + (c % 8) * 2), "r"(sa[kk][e])
+                         : "memory");
+        }
+}
+
+// The two consumer warpgroups' named barrier (id 2; 1 is the producer's), and
+// each warpgroup's own (ids 3 and 4).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
+__device__ __forceinline__ void consumer_wg_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(3 + wg) : "memory"); }
+
+// The warpgroup's dQ part of row tile m0 (accumulator rows: the lane's packed
+// rows m0 + row and + 8; columns: head dims [wg HN, wg HN + HN)) into dq_acc
+// after every earlier key block's (see above).
+template <int HN>
+__device__ __forceinline__ void add_dq_in_order(const float (&dqp)[HN / 8][4], float* __restrict__ dq_acc,
+                                                int* __restrict__ dq_order, const BwdParams& p,
+                                                const bwd_detail::KeyBlock& kb, int m0, int wg, int row, int lane,
+                                                int dpad) {
+    const int n_block = kb.n0 / 128;
+    const int row_tiles = (kb.packed_rows + 63) / 64;
+    int* counter = dq_order + (((index_t)kb.b * p.a.num_kv_heads + kb.kvh) * row_tiles + m0 / 64) * 2 + wg;
+    if (n_block > 0) {
+        if (threadIdx.x % 128 == 0) {
+            int seen;
+            do {
+                asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+            } while (seen != n_block);
+        }
+        consumer_wg_sync(wg);  // the earlier key blocks' writes are visible to the whole warpgroup
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int pr = m0 + row + 8 * hf;
+        if (pr >= kb.packed_rows) continue;
+        float* dst = dq_acc + bwd_detail::ws_row(p, kb.b, kb.kvh, pr) * dpad + wg * HN + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < HN / 8; ++j) {
+            if (n_block == 0)
+                asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(dst + 8 * j), "f"(dqp[j][2 * hf]),
+                             "f"(dqp[j][2 * hf + 1]) : "memory");
+            else
+                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst + 8 * j), "f"(dqp[j][2 * hf]),
+                             "f"(dqp[j][2 * hf + 1]) : "memory");
+        }
+    }
+    __threadfence();       // this thread's writes, visible at the GPU's scope,
+    consumer_wg_sync(wg);  // for every thread of the warpgroup, before the count rises
+    if (threadIdx.x % 128 == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+
+// The body of bwd_dkdv_ws and (FUSED) bwd_fused_ws. FUSED: each row tile's dQ
+// part, dS K, goes into dq_acc in key-block order (see 3e below).
+template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES, bool FUSED>
+__device__ __forceinline__ void dkdv_ws_body(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                             const T* __restrict__ dout, const float* __restrict__ delta_ws,
+                                             const float* __restrict__ lse2_ws, T* __restrict__ dk, T* __restrict__ dv,
+                                             const int* __restrict__ seqlens_k, const BwdParams& p,
+                                             const sm90::TensorMap& q_map, const sm90::TensorMap& do_map, const int bulk,
+                                             float* __restrict__ dq_acc, int* __restrict__ dq_order) {
     using namespace bwd_detail;
     using namespace sm90;
     constexpr int D = HEAD_DIM, NWG = 2, BLOCK_N = 64 * NWG, CONSUMERS = 128 * NWG;
-    using L = DkvWsSmem<D, BLOCK_M, STAGES>;
+    using L = DkvWsSmem<D, BLOCK_M, STAGES, FUSED>;
     constexpr int KD = D / 16;       // k16 steps of K Q^T and V dO^T
     constexpr int DT = D / 8;        // n8 tiles of dK, dV
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
@@ -1538,15 +1635,107 @@ bwd_dkdv_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
         const int m0 = kb.m_begin + m * BLOCK_M;
         const unsigned q_at = base + L::Q + st * L::R_BYTES, do_at = base + L::DO + st * L::R_BYTES;
 
-        dkdv_tile_wgmma<T, D, BLOCK_M, BLOCK_N, KD, L::KV_SLAB, L::R_SLAB, CAUSAL>(
-            dk_acc, dv_acc, desc_k, desc_v, q_at, do_at, sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, m0, key_r, lane,
-            scale_log2, kb);
-        mbar_arrive(empty(st));  // the stage is free for the producer
+        if constexpr (!FUSED) {
+            dkdv_tile_wgmma<T, D, BLOCK_M, BLOCK_N, KD, L::KV_SLAB, L::R_SLAB, CAUSAL>(
+                dk_acc, dv_acc, desc_k, desc_v, q_at, do_at, sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, m0, key_r,
+                lane, scale_log2, kb);
+            mbar_arrive(empty(st));  // the stage is free for the producer
+        } else {
+            // dS^T into dS buffer m % 2 (both warpgroups' keys: rows [64 wg, 64 wg + 64)), then
+            // dQ_part = dS K for the warpgroup's half of the head dims, issued with dV and dK
+            constexpr int HN = D / 2;  // the warpgroup's head dims of dQ
+            const unsigned ds_at = base + L::DS + (m & 1) * BLOCK_N * 128;
+            float dqp[HN / 8][4];
+            auto with_ds = [&](const unsigned (&sa)[BLOCK_M / 16][4]) {
+                store_ds_t(ds_at, sa, warp * 16 + (lane >> 2), lane);
+                fence_proxy_async();  // this thread's dS^T before the wgmma reads (async proxy)
+            };
+            auto then_issue = [&] {  // (dV and dK are on their way)
+                consumers_sync();     // both warpgroups' dS^T (each passed the last tile's meeting only
+                                      // once done with the tile before: this buffer's last readers)
+                // A = dS (rows x keys): the dS^T buffer read transposed; B = K (keys x head dims) trans-b
+                const unsigned long long desc_ds = make_smem_desc(ds_at, 16, 1024);
+                const unsigned long long desc_kt = make_smem_desc(base + L::K + (wg * HN / 64) * L::KV_SLAB + (wg * HN % 64) * 2,
+                                                                  L::KV_SLAB, 1024);
+#pragma unroll
+                for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+                    Wgmma<T, HN>::ss_tt(flat(dqp), desc_ds + (unsigned long long)((kk * 16 * 128) >> 4),
+                                        desc_kt + (unsigned long long)((kk * 16 * 128) >> 4), kk > 0);
+                wgmma_commit();
+            };
+            dkdv_tile_wgmma<T, D, BLOCK_M, BLOCK_N, KD, L::KV_SLAB, L::R_SLAB, CAUSAL>(
+                dk_acc, dv_acc, desc_k, desc_v, q_at, do_at, sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, m0, key_r,
+                lane, scale_log2, kb, with_ds, then_issue);
+            fence_regs(flat(dqp));
+            mbar_arrive(empty(st));  // the stage is free for the producer
+            add_dq_in_order<HN>(dqp, dq_acc, dq_order, p, kb, m0, wg, warp * 16 % 64 + (lane >> 2), lane, D);
+        }
     }
 
     // ---- dk = scale dK, dv = dV from the registers ----
     store_dk_dv_acc<T, DT>(dk_acc, dv_acc, dk, dv, p, b, kvh, key_r, lane, head_dim, len < 0 ? quiet_nan() : (float)p.scale,
                            len < 0 ? quiet_nan() : 1.f);
+}
+
+// SMEM_BYTES: cupy_gqa/_specs.py: bwd_dkdv_ws_smem, checked against the layout.
+template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(384, 1)
+bwd_dkdv_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+            const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
+            T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p,
+            const __grid_constant__ sm90::TensorMap q_map, const __grid_constant__ sm90::TensorMap do_map,
+            const int bulk) {
+    dkdv_ws_body<T, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, SMEM_BYTES, false>(
+        q, k, v, dout, delta_ws, lse2_ws, dk, dv, seqlens_k, p, q_map, do_map, bulk, nullptr, nullptr);
+}
+
+// SMEM_BYTES: cupy_gqa/_specs.py: bwd_fused_ws_smem, checked against the layout.
+template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(384, 1)
+bwd_fused_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+             const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
+             T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p,
+             const __grid_constant__ sm90::TensorMap q_map, const __grid_constant__ sm90::TensorMap do_map,
+             const int bulk, float* __restrict__ dq_acc, int* __restrict__ dq_order) {
+    dkdv_ws_body<T, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, SMEM_BYTES, true>(
+        q, k, v, dout, delta_ws, lse2_ws, dk, dv, seqlens_k, p, q_map, do_map, bulk, dq_acc, dq_order);
+}
+
+// dq = scale dq_acc (bwd_fused_ws's sums), in T: a thread per 8 head dims of a
+// packed row (grid-stride); 0 for a row that sees no key (lse2 = +inf: no key
+// block wrote its dq_acc row), NaN for a sequence whose seqlens_k value is bad.
+template <typename T, int DPAD>
+__global__ void __launch_bounds__(128)
+bwd_dq_convert(const float* __restrict__ dq_acc, const float* __restrict__ lse2_ws, T* __restrict__ dq,
+               const int* __restrict__ seqlens_k, const BwdParams p) {
+    using namespace bwd_detail;
+    constexpr int CH = DPAD / 8;  // 8-element chunks of a dq_acc row
+    const int group = p.a.group_size, packed = p.a.seqlen_q * group;
+    const index_t rows = (index_t)p.a.batch * p.a.num_kv_heads * packed;
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * CH; i += (index_t)gridDim.x * blockDim.x) {
+        const int c = (int)(i % CH);
+        const index_t row = i / CH;  // ws_row order: (b, kv head, packed row)
+        if (c * 8 >= p.a.head_dim) continue;
+        const int pr = (int)(row % packed), bh = (int)(row / packed);
+        const int b = bh / p.a.num_kv_heads, kvh = bh - b * p.a.num_kv_heads;
+        const int t = pr / group, g = pr - t * group;
+        const bool bad = seqlen_k_of(seqlens_k, b, p.a.seqlen_k) < 0;
+        const bool seen = lse2_ws[row] != pos_inf<float>();
+        const float sc = (float)p.scale;
+        float x[8];
+        const float4* src = reinterpret_cast<const float4*>(dq_acc + row * DPAD + c * 8);
+        const float4 lo = src[0], hi = src[1];
+        x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
+        unsigned w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float a = bad ? quiet_nan() : seen ? x[2 * e] * sc : 0.f;
+            const float b2 = bad ? quiet_nan() : seen ? x[2 * e + 1] * sc : 0.f;
+            w[e] = pack2<T>(a, b2);
+        }
+        T* dst = dq + b * p.dq_stride[0] + (index_t)t * p.dq_stride[1] + (index_t)q_head_of(kvh, g, group) * p.dq_stride[2] + c * 8;
+        *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
 }
 
 // ---- 2b. dQ in float32 on the tensor cores (split TF32) --------------------------------

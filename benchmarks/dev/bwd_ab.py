@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """The 16-bit backward's kernels on sm_90 side by side in one process: mma.sync
-(bwd_dq_mma, bwd_dkdv_mma), wgmma (bwd_dq_wgmma, bwd_dkdv_wgmma) and wgmma with a
-producer warpgroup (bwd_dq_ws, bwd_dkdv_ws) (kernels/backward.cu;
-cupy_gqa._plan.set_bwd_sm90).
+(bwd_dq_mma, bwd_dkdv_mma), wgmma (bwd_dq_wgmma, bwd_dkdv_wgmma), wgmma with a
+producer warpgroup (bwd_dq_ws, bwd_dkdv_ws) and the one-pass five-product kernel
+(bwd_fused_ws, bwd_dq_convert) (kernels/backward.cu; cupy_gqa._plan.set_bwd_sm90).
 
     python3 benchmarks/dev/bwd_ab.py [--cases G1,G2,G2s] [--rounds 3]
-        [--configs mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3]
+        [--configs mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3,fused:64x64x2]
 
 Per case: the GPU time of cupy_gqa.attention_backward under each configuration
 (cupyx.profiler.benchmark, median of 10, the configurations timed in turn for
@@ -15,7 +15,9 @@ the first configuration's (relative error, Frobenius). A configuration is
 "mma", or "wgmma:BNxBMxNWG" (BLOCK_N keys per K/V tile of the dQ kernel, BLOCK_M
 packed rows per Q/dO tile of the dK/dV kernel, NWG warpgroups per CTA:
 _specs.BWD_DQ_WGMMA_TILES, BWD_DKDV_WGMMA_TILES), or "ws:BNxBMxSTAGES" (the
-same with the producer's STAGES stages: BWD_DQ_WS_TILES, BWD_DKDV_WS_TILES); a
+same with the producer's STAGES stages: BWD_DQ_WS_TILES, BWD_DKDV_WS_TILES), or
+"fused:BNxBMxSTAGES" (bwd_fused_ws: dK, dV and dQ in one pass at the dK/dV
+kernel's BM and STAGES, dQ added in key-block order, then bwd_dq_convert); a
 wgmma tile that spills at a head dim (the dK/dV kernel's 128 rows at head dim
 128) is skipped there.
 """
@@ -71,7 +73,7 @@ def parse(config):
     """("mma", None) or (kind, (BN, BM, NWG or STAGES))."""
     kind, _, tiles = config.partition(":")
     if kind not in _specs.BWD_SM90_KINDS or (kind == "mma") != (not tiles):
-        raise SystemExit(f"--configs: {config!r} is not mma, wgmma:BNxBMxNWG or ws:BNxBMxSTAGES")
+        raise SystemExit(f"--configs: {config!r} is not mma, wgmma:BNxBMxNWG, ws:BNxBMxSTAGES or fused:BNxBMxSTAGES")
     return kind, tuple(int(x) for x in tiles.split("x")) if tiles else None
 
 
@@ -81,7 +83,7 @@ def use(config, d):
     if kind == "wgmma":
         _specs.BWD_DQ_WGMMA_TILES[d] = (tiles[0], tiles[2])
         _specs.BWD_DKDV_WGMMA_TILES[d] = (tiles[1], tiles[2])
-    elif kind == "ws":
+    elif kind in ("ws", "fused"):
         _specs.BWD_DQ_WS_TILES[d] = (tiles[0], tiles[2])
         _specs.BWD_DKDV_WS_TILES[d] = (tiles[1], tiles[2])
     _specs.bwd_dq_wgmma_spec.cache_clear()
@@ -94,7 +96,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="G1,G2,G2s")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--configs", default="mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3")
+    parser.add_argument("--configs", default="mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3,fused:64x64x2")
     args = parser.parse_args()
     all_configs = [parse(c) for c in args.configs.split(",")]
     print(f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}  cupy {cupy.__version__}")
