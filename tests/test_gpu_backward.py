@@ -190,6 +190,43 @@ def test_deterministic(dtype, causal, head_dim):
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_hopper_backward_kinds_agree_and_repeat(dtype, causal):
+    """On sm_90 each kind of 16-bit backward kernel (_specs.BWD_SM90_KINDS) repeats
+    bit for bit and gives mma.sync's dk and dv bit for bit (the same products in
+    the same order); the two-pass kinds give its dq bit for bit too, the one-pass
+    kind (dQ summed over key blocks in their order) within a rounding of the
+    dtype. 17 key blocks on 8 (batch, KV head) pairs: more CTAs than the
+    H200's SMs, so key blocks wait on each other's dQ sums."""
+    from cupy_gqa import _plan
+
+    if cupy.cuda.Device().compute_capability != "90":
+        pytest.skip("sm_90 kernels")
+    q, k, v = (cupy.asarray(x) for x in random_qkv(2, 2100, 2100, 16, 4, 128, dtype, seed=5))
+    dout = cupy.asarray(_dout(cupy.asnumpy(q)))
+    out, lse = cupy_gqa.attention(q, k, v, causal=causal, return_lse=True)
+    grads = {}
+    for kind in _plan._specs.BWD_SM90_KINDS:
+        old = _plan.set_bwd_sm90(kind)
+        try:
+            runs = [[cupy.asnumpy(g) for g in cupy_gqa.attention_backward(dout, q, k, v, out, lse, causal=causal)]
+                    for _ in range(2)]
+        finally:
+            _plan.set_bwd_sm90(old)
+        for a, b in zip(*runs):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{kind}: two calls differ"
+        grads[kind] = runs[0]
+    eps = 2.0**-10 if dtype == "float16" else 2.0**-7
+    for kind, (dq, dk, dv) in grads.items():
+        mdq, mdk, mdv = grads["mma"]
+        assert np.array_equal(dk.view(np.uint8), mdk.view(np.uint8)) and np.array_equal(dv.view(np.uint8), mdv.view(np.uint8)), kind
+        if kind == "fused":
+            assert relative_error(dq.astype(np.float64), mdq.astype(np.float64)) < eps, kind
+        else:
+            assert np.array_equal(dq.view(np.uint8), mdq.view(np.uint8)), kind
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("softmax_scale", [1.0, -0.5])
 @pytest.mark.parametrize("head_dim", [32, 128])
