@@ -1094,10 +1094,12 @@ _MAP_ARG = np.dtype([("words", "<u8", (16,))])
 
 @dataclass(frozen=True, eq=False)
 class BackwardLaunch:
-    """The three launches of one backward call: preprocess, dQ, dK/dV. The
-    kernels with a producer warpgroup (bwd_dq_ws, bwd_dkdv_ws) also take tensor
-    maps: of k and v (dQ), and of q and dout where ``bulk_rows`` (dK/dV),
-    encoded at the first launch with each address and kept for the next."""
+    """The launches of one backward call: preprocess, dQ, dK/dV; or, in one pass
+    (``fused``: bwd_fused_ws), preprocess, a fill of its order counters, the pass
+    and bwd_dq_convert (in the dQ slot). The kernels with a producer warpgroup
+    (bwd_dq_ws, bwd_dkdv_ws, bwd_fused_ws) also take tensor maps: of k and v
+    (dQ), and of q and dout where ``bulk_rows`` (dK/dV), encoded at the first
+    launch with each address and kept for the next."""
 
     pre: _specs.Spec
     dq: _specs.Spec
