@@ -1479,10 +1479,12 @@ __device__ __forceinline__ void add_dq_in_order(const float (&dqp)[HN / 8][4], f
     int* counter = dq_order + (((index_t)kb.b * p.a.num_kv_heads + kb.kvh) * row_tiles + m0 / 64) * 2 + wg;
     if (n_block > 0) {
         if (threadIdx.x % 128 == 0) {
-            int seen;
-            do {
+            int seen;  // (polls 20 ns apart, then 100 ns: a tile's products take microseconds)
+            for (unsigned polls = 0;; ++polls) {
                 asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
-            } while (seen != n_block);
+                if (seen == n_block) break;
+                __nanosleep(polls < 64 ? 20 : 100);
+            }
         }
         consumer_wg_sync(wg);  // the earlier key blocks' writes are visible to the whole warpgroup
     }
