@@ -22,7 +22,9 @@ float32 on the same inputs, each with one rounding changed:
               reach 2^8 and the largest P is seldom a power of two)
   pfp16       P rounded to float16 whatever the input dtype (10 bits, not 7)
 The model whose error meets torch's says which rounding torch's kernels use
-(benchmarks/NOTES.md: errors against torch's). Without a GPU (--device cpu)
+(benchmarks/NOTES.md: errors against torch's). On a GPU each cupy_gqa kernel
+that takes the call runs too (rowwise keeps P in fp32: the output's rounding
+alone). Without a GPU (--device cpu)
 only the models run, on the case's first batch.
 """
 import argparse
@@ -111,6 +113,13 @@ def main() -> int:
             import cupy_gqa
 
             impls.append(("cupy_gqa", lambda: cupy_gqa.attention(q, k, v, causal=case.causal)))
+            for kernel in ("rowwise", "tiled", "hopper", "decode"):  # each kernel that takes the call
+                try:
+                    cupy_gqa.attention(q[:1], k[:1], v[:1], causal=case.causal, kernel=kernel)
+                except ValueError:
+                    continue
+                impls.append((f"cupy_gqa[{kernel}]", lambda kernel=kernel: cupy_gqa.attention(
+                    q, k, v, causal=case.causal, kernel=kernel)))
             found, _ = ba.torch_impls(torch, case, q, k, v)
             impls += [(n, fn) for n, fn in found if n in ("torch_cudnn", "torch_flash")]
         impls += [(f"model {x}", lambda x=x: model(case, q, k, v, x, batches)) for x in variants]
