@@ -124,7 +124,7 @@ case "$stage" in
       echo "== $name: rc $? in $((SECONDS - t0)) s"; reap
       grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|rc [0-9]" "$out/first_$name.txt" | sort -u | head -12
     }
-    part f32_suite 95 env CUPY_GQA_TEST_F16X2_TILES="${F16X2_TILES:-128:128,32,8;64:64,16,4}" python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_kernels.py \
+    part f32_suite 90 env CUPY_GQA_TEST_F16X2_TILES="${F16X2_TILES:-128:128,32,8;64:64,16,4}" python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_kernels.py \
       tests/test_gpu_modifiers.py tests/test_gpu_seq.py tests/test_gpu_graphs.py tests/test_gpu_fuzz.py \
       tests/test_gpu_backward.py tests/test_gpu_interop.py tests/test_gpu_f32_products.py -k "float32 or fp32 or f32"
     for kind in ws fused; do
@@ -137,7 +137,7 @@ case "$stage" in
     part bwd_ab 80 python3 benchmarks/dev/bwd_ab.py --cases G1,G2,G2s --rounds 2 \
       --configs mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3,fused:64x64x2
     grep -E " ms \(" "$out/first_bwd_ab.txt" | cut -c1-220
-    part p_rounding 35 python3 benchmarks/dev/p_rounding.py --cases D24,D1,P03
+    part p_rounding 45 python3 benchmarks/dev/p_rounding.py --cases D24,D1,P03
     grep -E "^(D24|D1|P03) " "$out/first_p_rounding.txt"
     part bench 60 python3 benchmarks/bench_attention.py --cases G1,G2,G3 --no-plot --no-compile-probe \
       --out "$out/first_bench"
