@@ -1220,8 +1220,8 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool)
     if mma:
         dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch)
         if _specs.is_bwd_ws(dq) and bwd_ws_unsupported(tuple(arrays[:3]) + (arrays[4],)) is not None:
-            # the Hopper kernels without bulk copies of K and V
-            dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch, "wgmma")
+            # the kernels without bulk copies of K and V
+            dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch, "mma")
     else:
         dq, dkdv = _specs.bwd_rows_specs(problem.dtype, problem.head_dim)
     rows = problem.batch * problem.num_q_heads * problem.seqlen_q

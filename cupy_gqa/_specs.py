@@ -326,11 +326,13 @@ F32_PRODUCTS = ("tf32x3", "f16x2")
 # by its first two kernels); two CTAs per SM on the 227 KB GPUs. Not at head dim
 # 256, whose O (128 registers a thread) spills there: split TF32 takes it, as it
 # takes a head dim whose tile does not fit.
+# The head dims 64 and 128 take the tiles that timed fastest beside the others in one
+# process (benchmarks/NOTES_hopper.md: 128 rows of 8 warps at 128, 16-key tiles at 64).
 TILED_F16X2_TILES = {
     32: (64, 64, 4),
-    64: (64, 64, 4),
+    64: (64, 16, 4),
     96: (64, 32, 4),
-    128: (64, 32, 4),
+    128: (128, 32, 8),
 }
 F16X2_PREP_THREADS = 128  # kernels/tiled_f16x2.cu: f16x2_detail::PREP_THREADS
 
@@ -1051,7 +1053,7 @@ BWD_WS_THREADS = 384
 # for "fused"). _plan.set_bwd_sm90 changes it.
 BWD_SM90_KINDS = ("mma", "wgmma", "ws", "fused")
 BWD_DQ_CONVERT_THREADS = 128
-BWD_SM90 = "mma"
+BWD_SM90 = "ws"
 
 
 def bwd_dq_ws_smem(head_dim: int, block_n: int, stages: int) -> int:
@@ -1217,8 +1219,9 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
                 add(spec)
         for dpad in BWD_MMA_HEAD_DIMS:
             for causal in (True, False):
-                for spec in bwd_mma_specs(dtype, dpad, causal, arch) or ():
-                    add(spec)
+                for kind in ("mma", None):  # (mma.sync: the fallback where the bulk copies can't read k, v)
+                    for spec in bwd_mma_specs(dtype, dpad, causal, arch, kind) or ():
+                        add(spec)
                 add(bwd_dq_wgmma_spec(dtype, dpad, causal, arch))  # (whether or not the calls take them)
                 add(bwd_dkdv_wgmma_spec(dtype, dpad, causal, arch))
                 add(bwd_ws_spec("dq", dtype, dpad, causal, arch))

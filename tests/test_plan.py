@@ -126,8 +126,8 @@ def test_float32_tiled_plan_follows_precision(precision, split):
 
 
 @pytest.mark.parametrize("head_dim, arch, expected", [
-    (128, "sm_90", "tiled_f16x2_attention<128, 64, 32, 4, true, 104464>"),  # pairs: 2 x 64 + 2 x 4 x 32 rows of 136 halves, 16
-    (64, "sm_80", "tiled_f16x2_attention<64, 64, 64, 4, true, 92176>"),
+    (128, "sm_90", "tiled_f16x2_attention<128, 128, 32, 8, true, 139280>"),  # pairs: 2 x 128 + 2 x 4 x 32 rows of 136 halves, 16
+    (64, "sm_80", "tiled_f16x2_attention<64, 64, 16, 4, true, 36880>"),
     (256, "sm_90", "tiled_tf32_attention<256, 64, 16, 4, true, true, 1, 166400>"),  # not in the pairs' table
     (128, "sm_86", "tiled_tf32_attention<128, 64, 16, 4, true, true, 1, 84480>"),  # the pairs' tile is over 99 KB
 ])  # fmt: skip
@@ -185,12 +185,14 @@ def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
     ("ws", "float32", 128, "sm_90", "bwd_dq_tf32<", "bwd_dkdv_tf32<"),
 ])  # fmt: skip
 def test_backward_on_hopper_kernels_where_chosen(kind, dtype, head_dim, arch, dq_kernel, dkdv_kernel):
-    """With a Hopper backward chosen, 16-bit calls on sm_90 at head dims 64 and 128
-    take it for both passes (two consumer warpgroups: 128 rows or keys per CTA;
-    256 threads, or 384 with the producer), every other call keeps its kernels;
-    unchosen, nothing changes."""
-    before = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch])
-    assert _specs.BWD_SM90 == "mma" and "<" in before[0].name
+    """With a Hopper backward chosen ("ws", with a producer warpgroup, is the
+    calls' own), 16-bit calls on sm_90 at head dims 64 and 128 take it for both
+    passes (two consumer warpgroups: 128 rows or keys per CTA; 256 threads, or
+    384 with the producer), every other call keeps its mma.sync kernels; the
+    default comes back after."""
+    before = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch], "mma")
+    default = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch])
+    assert _specs.BWD_SM90 == "ws" and "<" in before[0].name
     old = _plan.set_bwd_sm90(kind)
     try:
         dq, dkdv = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch])
@@ -206,7 +208,7 @@ def test_backward_on_hopper_kernels_where_chosen(kind, dtype, head_dim, arch, dq
             assert (dq, dkdv) == before
     finally:
         assert _plan.set_bwd_sm90(old) == kind
-    assert _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch]) == before
+    assert _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch]) == default
     with pytest.raises(ValueError, match="kind: expected one of"):
         _plan.set_bwd_sm90("tma")
 
@@ -552,7 +554,11 @@ def test_backward_plan_picks_a_kernel_of_the_table(arch, dtype, head_dim):
     assert {plan.pre, plan.dq, plan.dkdv} <= table
     assert all(_specs.serves(s, head_dim) for s in (plan.pre, plan.dq, plan.dkdv))
     assert plan.dq.head_dim >= head_dim and plan.dkdv.head_dim >= head_dim
-    kind = "_tf32<" if dtype == "float32" else "_mma<"
+    # on sm_90 the 16-bit calls at head dims 64 and 128 take the Hopper kernels with a producer (_specs.BWD_SM90)
+    # (and a driver that encodes tensor maps: else the mma.sync kernels)
+    hopper = arch == "sm_90" and dtype in ("float16", "bfloat16") and _specs.bwd_head_dim_pad(head_dim) in (64, 128)
+    hopper = hopper and _plan._tma.available()
+    kind = "_tf32<" if dtype == "float32" else "_ws<" if hopper else "_mma<"
     assert (kind in plan.dq.name) == mma and (kind in plan.dkdv.name) == mma
     assert all(s.dtype == dtype for s in (plan.pre, plan.dq, plan.dkdv))
     packed = 100 * 4
@@ -566,7 +572,7 @@ def test_backward_plan_picks_a_kernel_of_the_table(arch, dtype, head_dim):
     (32, 8, None, ("bwd_dq_ws", "bwd_dkdv_ws", True)),  # group 4: whole positions in 64 rows
     (48, 8, None, ("bwd_dq_ws", "bwd_dkdv_ws", False)),  # group 6: Q and dO by the producer's cp.async
     (64, 1, None, ("bwd_dq_ws", "bwd_dkdv_ws", True)),  # group 64: one position a tile
-    (32, 8, -2048, ("bwd_dq_wgmma", "bwd_dkdv_wgmma", False)),  # k steps backwards: no bulk copies of K
+    (32, 8, -2048, ("bwd_dq_mma", "bwd_dkdv_mma", False)),  # k steps backwards: no bulk copies of K
 ])  # fmt: skip
 def test_backward_with_a_producer_takes_bulk_copies_where_the_copy_engine_can(monkeypatch, hq, hkv, k_stride, expected):
     monkeypatch.setattr(_plan._tma, "available", lambda: True)
