@@ -11,9 +11,8 @@ tests/test_compile.py checks that it matches this generator.
 """
 from __future__ import annotations
 
-# N of Q K^T (keys per tile, BLOCK_N) and of P V (the padded head_dim); 32: half
-# of head dim 64 (the backward's dQ = dS K, split between two warpgroups).
-SHAPES_N = (32, 64, 80, 96, 128, 192, 256)
+# N of Q K^T (keys per tile, BLOCK_N) and of P V (the padded head_dim).
+SHAPES_N = (64, 80, 96, 128, 192, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 HEADER = """\
@@ -25,10 +24,8 @@ HEADER = """\
 // D(64 x N, f32) += A(64 x 16) * B(16 x N) for one warpgroup (128 threads),
 // fp16 or bf16 operands. B is read from shared memory through a matrix
 // descriptor (kernels/sm90.cuh: make_smem_desc); A either from shared memory
-// too (ss: Q K^T, both K-major; ss_tt: both "transposed", A contiguous along M
-// and B along N, as the backward's dS^T and K tiles are for dQ = dS K) or from
-// registers (rs: P V, with B "transposed", i.e. contiguous along N, as V rows
-// are).
+// too (wgmma_ss: Q K^T, both K-major) or from registers (wgmma_rs: P V, with B
+// "transposed", i.e. contiguous along N, as V rows are).
 //
 // Accumulator d[N / 2] of thread t (warp w = t / 32 % 4 of the warpgroup,
 // lane l): d[4 * j + e] is row 16 w + l / 4 + 8 (e / 2), column
@@ -56,10 +53,6 @@ def _wrapper(ctype: str, ptx_type: str, n: int) -> str:
         f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "
         f"{{{regs}}}, %{r}, %{r + 1}, p, 1, 1, 0, 0;"
     )
-    ss_tt = (
-        f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "
-        f"{{{regs}}}, %{r}, %{r + 1}, p, 1, 1, 1, 1;"
-    )
     rs = (
         f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "
         f"{{{regs}}}, {{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, 1;"
@@ -71,14 +64,6 @@ template <> struct Wgmma<{ctype}, {n}> {{
         asm volatile(
             "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
             "{ss}\\n}}\\n"
-            : {outs}
-            : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-    }}
-    // A and B from shared memory, A contiguous along M (trans-a), B along N (trans-b).
-    static __device__ __forceinline__ void ss_tt(float (&d)[{r}], unsigned long long desc_a, unsigned long long desc_b, int scale_d) {{
-        asm volatile(
-            "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
-            "{ss_tt}\\n}}\\n"
             : {outs}
             : "l"(desc_a), "l"(desc_b), "r"(scale_d));
     }}

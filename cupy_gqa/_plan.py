@@ -1094,12 +1094,10 @@ _MAP_ARG = np.dtype([("words", "<u8", (16,))])
 
 @dataclass(frozen=True, eq=False)
 class BackwardLaunch:
-    """The launches of one backward call: preprocess, dQ, dK/dV; or, in one pass
-    (``fused``: bwd_fused_ws), preprocess, a fill of its order counters, the pass
-    and bwd_dq_convert (in the dQ slot). The kernels with a producer warpgroup
-    (bwd_dq_ws, bwd_dkdv_ws, bwd_fused_ws) also take tensor maps: of k and v
-    (dQ), and of q and dout where ``bulk_rows`` (dK/dV), encoded at the first
-    launch with each address and kept for the next."""
+    """The three launches of one backward call: preprocess, dQ, dK/dV. The
+    kernels with a producer warpgroup (bwd_dq_ws, bwd_dkdv_ws) also take tensor
+    maps: of k and v (dQ), and of q and dout where ``bulk_rows`` (dK/dV),
+    encoded at the first launch with each address and kept for the next."""
 
     pre: _specs.Spec
     dq: _specs.Spec
@@ -1109,48 +1107,29 @@ class BackwardLaunch:
     rows: int  # packed rows: batch * num_q_heads * seqlen_q (workspace values of each kind)
     layouts: tuple = ()  # _layout's (shape, byte strides, itemsize) of q, k, v and dout, for the tensor maps
     group: int = 1
-    bulk_rows: bool = False  # bwd_dkdv_ws (bwd_fused_ws) moves Q and dO by bulk copies (bwd_bulk_rows)
-    # bwd_fused_ws's counters: one per (batch, KV head, row tile of 64 packed rows, half of the head dims)
-    order_counters: int = 0
+    bulk_rows: bool = False  # bwd_dkdv_ws moves Q and dO by bulk copies (bwd_bulk_rows)
 
     MAPS_KEPT = 64  # encoded tensor maps kept per plan
-
-    @property
-    def fused(self) -> bool:
-        """One pass for dK, dV and dQ (bwd_fused_ws), then bwd_dq_convert in the dQ launch."""
-        return self.dkdv.name.startswith("bwd_fused_ws<")
 
     def __call__(self, dout, q, k, v, out, lse, dq, dk, dv, seqlens_k) -> None:
         import cupy
 
         acc = cupy.float64 if self.pre.dtype == "float64" else cupy.float32
-        rows = self.rows
-        # from CuPy's pool, on the current stream: delta and lse2 of each row;
-        # fused: dQ's float32 sums first (16-byte aligned rows of head_dim_pad floats), then delta, lse2 and the
-        # order counters (int32: the same bytes a value)
-        acc_rows = rows * self.dkdv.head_dim if self.fused else 0
-        work = cupy.empty(acc_rows + 2 * rows + self.order_counters, dtype=acc)
-        delta, lse2 = work[acc_rows : acc_rows + rows], work[acc_rows + rows : acc_rows + 2 * rows]
+        work = cupy.empty(2 * self.rows, dtype=acc)  # delta, lse2: from CuPy's pool, on the current stream
+        delta, lse2 = work[: self.rows], work[self.rows :]
         # float32 and float64: the dQ kernels rebuild lse2 from their own scores (kernels/backward.cu)
         lse_arg = None if self.pre.dtype in ("float32", "float64") else lse
         g_pre, g_dq, g_dkdv = self.grids
         prm = self.params  # CuPy passes a 1-element NumPy array by value (a few microseconds, three launches)
+        dq_args = (q, k, v, dout, delta, lse2, dq, seqlens_k, prm)
         dkdv_args = (q, k, v, dout, delta, lse2, dk, dv, seqlens_k, prm)
-        if _specs.is_bwd_ws(self.dkdv):
+        if _specs.is_bwd_ws(self.dq):
+            dq_args += (self._map(1, k), self._map(2, v))
             if self.bulk_rows:
                 dkdv_args += (self._map(0, q), self._map(3, dout), np.int32(1))
             else:
                 dkdv_args += (_NO_MAP, _NO_MAP, np.int32(0))
         get_kernel(self.pre)(g_pre, (self.pre.threads,), (out, dout, lse_arg, delta, lse2, prm))
-        if self.fused:
-            dq_acc, counters = work[:acc_rows], work[acc_rows + 2 * rows :].view(cupy.int32)
-            counters.fill(0)
-            get_kernel(self.dkdv)(g_dkdv, (self.dkdv.threads,), dkdv_args + (dq_acc, counters), shared_mem=self.dkdv.smem)
-            get_kernel(self.dq)(g_dq, (self.dq.threads,), (dq_acc, lse2, dq, seqlens_k, prm))
-            return
-        dq_args = (q, k, v, dout, delta, lse2, dq, seqlens_k, prm)
-        if _specs.is_bwd_ws(self.dq):
-            dq_args += (self._map(1, k), self._map(2, v))
         get_kernel(self.dq)(g_dq, (self.dq.threads,), dq_args, shared_mem=self.dq.smem)
         get_kernel(self.dkdv)(g_dkdv, (self.dkdv.threads,), dkdv_args, shared_mem=self.dkdv.smem)
 
@@ -1191,8 +1170,7 @@ def bwd_ws_unsupported(layouts: tuple) -> str | None:
 
 
 def bwd_bulk_rows(group: int, layouts: tuple) -> bool:
-    """Whether bwd_dkdv_ws (and bwd_fused_ws) moves its Q and dO tiles by bulk
-    tensor copies: a tile's 64 packed rows are whole positions of one group (the
+    """Whether bwd_dkdv_ws moves its Q and dO tiles by bulk tensor copies: a tile's 64 packed rows are whole positions of one group (the
     group divides 64), the driver encodes tensor maps, and q and dout are arrays
     the copy engine steps through."""
     q_layout, dout_layout = layouts[0], layouts[3]
@@ -1226,28 +1204,23 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool)
         dq, dkdv = _specs.bwd_rows_specs(problem.dtype, problem.head_dim)
     rows = problem.batch * problem.num_q_heads * problem.seqlen_q
     pre = _specs.BWD_PREPROCESS[problem.dtype]
-    if dq.name.startswith("bwd_dq_convert<"):  # a thread per 8 head dims of a row
-        dq_grid = (grid_stride_blocks(rows * (dq.head_dim // 8), dq.threads),)
-    else:
-        dq_grid = (math.ceil(packed / dq.block_m) * bh,)  # block_m: packed rows per CTA
     grids = (
         (grid_stride_blocks(rows * 32, pre.threads),),
-        dq_grid,
+        (math.ceil(packed / dq.block_m) * bh,),  # block_m: packed rows per CTA
         (math.ceil(problem.seqlen_k / dkdv.block_m) * bh,),  # block_m: keys per CTA
     )
     if max(g[0] for g in grids) > MAX_GRID_X:
         raise ValueError(f"q: too many rows for one launch ({max(g[0] for g in grids)} blocks > {MAX_GRID_X})")
     maps = tuple(arrays[:3]) + (arrays[4],)  # q, k, v, dout
     bulk = _specs.is_bwd_ws(dkdv) and bwd_bulk_rows(problem.group_size, maps)
-    counters = 2 * bh * math.ceil(packed / 64) if dkdv.name.startswith("bwd_fused_ws<") else 0
-    return BackwardLaunch(pre, dq, dkdv, grids, params, rows, maps, problem.group_size, bulk, counters)
+    return BackwardLaunch(pre, dq, dkdv, grids, params, rows, maps, problem.group_size, bulk)
 
 
 def set_bwd_sm90(kind: str) -> str:
     """Make 16-bit backward calls on sm_90 take the dQ and dK/dV kernels of
-    ``kind`` from now on, in this process (_specs.BWD_SM90_KINDS: "mma",
-    "wgmma", "ws"); returns the previous kind. For the tests and benchmarks that
-    run several: the backward plans made before are forgotten."""
+    ``kind`` from now on, in this process (_specs.BWD_SM90_KINDS: "mma", "ws");
+    returns the previous kind. For the tests and benchmarks that run both: the
+    backward plans made before are forgotten."""
     if kind not in _specs.BWD_SM90_KINDS:
         raise ValueError(f"kind: expected one of {_specs.BWD_SM90_KINDS}, got {kind!r}")
     old, _specs.BWD_SM90 = _specs.BWD_SM90, kind

@@ -970,89 +970,19 @@ BWD_PREPROCESS = {
 }
 
 
-# --- the 16-bit backward on sm_90's warpgroup tensor cores (backward.cu: bwd_dq_wgmma,
-# bwd_dkdv_wgmma) ---
-# NWG warpgroups per CTA, 64 packed rows (dQ) or 64 keys (dK/dV) each; padded head dim ->
-# (BLOCK_N keys per K/V tile, NWG) of dQ, (BLOCK_M packed rows per Q/dO tile, NWG) of dK/dV.
-# Head dims up to 128 (dQ, dK and dV stay in registers). Two warpgroups share each
-# streamed tile: G1 0.79 of mma.sync's time on the H200, one warpgroup 0.99
-# (benchmarks/NOTES_backward.md). The calls take them where BWD_SM90 (below) says.
-BWD_DQ_WGMMA_TILES = {64: (64, 2), 128: (64, 2)}
-BWD_DKDV_WGMMA_TILES = {64: (64, 2), 128: (64, 2)}
-
-
-def bwd_dq_wgmma_smem(head_dim: int, block_n: int, nwg: int = 1) -> int:
-    """bwd_dq_wgmma's: the Q and dO tiles of 64 nwg rows, two stages of K and of
-    V, in 64-column slabs of 128-byte rows, and the 1024-byte alignment's slack
-    (bwd_detail::DqWgmmaSmem)."""
-    return (2 * 64 * nwg + 4 * block_n) * (head_dim // 64) * 128 + 1024
-
-
-@functools.lru_cache(maxsize=None)
-def bwd_dq_wgmma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
-    """The wgmma dQ kernel for a padded head dim on ``arch`` (sm_90 only), or None."""
-    if arch.name != "sm_90" or dtype not in BWD_MMA16_DTYPES or head_dim_pad not in BWD_DQ_WGMMA_TILES:
-        return None
-    bn, nwg = BWD_DQ_WGMMA_TILES[head_dim_pad]
-    smem = bwd_dq_wgmma_smem(head_dim_pad, bn, nwg)
-    return Spec(
-        family="backward",
-        source="backward.cu",
-        name=f"bwd_dq_wgmma<{CTYPES[dtype]}, {head_dim_pad}, {bn}, {nwg}, {str(causal).lower()}, {smem}>",
-        dtype=dtype,
-        head_dim=head_dim_pad,
-        threads=128 * nwg,
-        block_m=64 * nwg,  # packed rows per CTA
-        smem=smem,
-        options=(f"-arch={HOPPER_ARCH}",),
-        arch=HOPPER_ARCH,
-    )
-
-
-def bwd_dkdv_wgmma_smem(head_dim: int, block_m: int, nwg: int = 1) -> int:
-    """bwd_dkdv_wgmma's: K and V tiles of 64 nwg keys, two stages of Q and of dO,
-    in 64-column slabs of 128-byte rows, two stages of lse2 and delta floats, and
-    the 1024-byte alignment's slack (bwd_detail::DkvWgmmaSmem)."""
-    slabs = head_dim // 64
-    return (2 * 64 * nwg + 4 * block_m) * slabs * 128 + 4 * block_m * 4 + 1024
-
-
-@functools.lru_cache(maxsize=None)
-def bwd_dkdv_wgmma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
-    """The wgmma dK/dV kernel for a padded head dim on ``arch`` (sm_90 only), or None."""
-    if arch.name != "sm_90" or dtype not in BWD_MMA16_DTYPES or head_dim_pad not in BWD_DKDV_WGMMA_TILES:
-        return None
-    bm, nwg = BWD_DKDV_WGMMA_TILES[head_dim_pad]
-    smem = bwd_dkdv_wgmma_smem(head_dim_pad, bm, nwg)
-    return Spec(
-        family="backward",
-        source="backward.cu",
-        name=f"bwd_dkdv_wgmma<{CTYPES[dtype]}, {head_dim_pad}, {bm}, {nwg}, {str(causal).lower()}, {smem}>",
-        dtype=dtype,
-        head_dim=head_dim_pad,
-        threads=128 * nwg,
-        block_m=64 * nwg,  # keys per CTA
-        smem=smem,
-        options=(f"-arch={HOPPER_ARCH}",),
-        arch=HOPPER_ARCH,
-    )
-
-
-# --- the same passes with a producer warpgroup (backward.cu: bwd_dq_ws, bwd_dkdv_ws) ---
+# --- the 16-bit backward on sm_90's warpgroup tensor cores (backward.cu: bwd_dq_ws, bwd_dkdv_ws) ---
 # Two consumer warpgroups (128 packed rows or keys per CTA) and a producer warpgroup
 # that streams the tiles by bulk tensor copies into STAGES stages on mbarriers.
 # Padded head dim -> (BLOCK_N keys per K/V tile, STAGES) of dQ, (BLOCK_M = 64 packed
-# rows per Q/dO tile, STAGES) of dK/dV.
+# rows per Q/dO tile, STAGES) of dK/dV. On the H100 G1 2.3 and G2 1.6 times
+# faster than mma.sync, its gradients bit for bit (benchmarks/NOTES_backward.md).
 BWD_DQ_WS_TILES = {64: (64, 2), 128: (64, 2)}
 BWD_DKDV_WS_TILES = {64: (64, 2), 128: (64, 2)}
 BWD_WS_THREADS = 384
-# The kernels the 16-bit backward calls take on sm_90: "mma" (bwd_dq_mma, bwd_dkdv_mma),
-# "wgmma" (bwd_dq_wgmma, bwd_dkdv_wgmma), "ws" (bwd_dq_ws, bwd_dkdv_ws) or "fused"
-# (bwd_fused_ws: dK, dV and dQ in one pass, dQ added in key-block order, then
-# bwd_dq_convert); the Hopper ones where they take the head dim (the tables of "ws"
-# for "fused"). _plan.set_bwd_sm90 changes it.
-BWD_SM90_KINDS = ("mma", "wgmma", "ws", "fused")
-BWD_DQ_CONVERT_THREADS = 128
+# The kernels the 16-bit backward calls take on sm_90: "ws" (bwd_dq_ws, bwd_dkdv_ws,
+# where they take the head dim) or "mma" (bwd_dq_mma, bwd_dkdv_mma: the other
+# architectures' kernels). _plan.set_bwd_sm90 changes it.
+BWD_SM90_KINDS = ("mma", "ws")
 BWD_SM90 = "ws"
 
 
@@ -1070,21 +1000,15 @@ def bwd_dkdv_ws_smem(head_dim: int, block_m: int, stages: int) -> int:
     return (2 * 128 + 2 * stages * block_m) * (head_dim // 64) * 128 + 8 * stages * block_m + 16 * stages + 1024
 
 
-def bwd_fused_ws_smem(head_dim: int, block_m: int, stages: int) -> int:
-    """bwd_fused_ws's: bwd_dkdv_ws's and two buffers of dS^T, 128 key rows of 128
-    bytes each (bwd_detail::DkvWsSmem, FUSED)."""
-    return bwd_dkdv_ws_smem(head_dim, block_m, stages) + 2 * 128 * 128
-
-
 @functools.lru_cache(maxsize=None)
 def bwd_ws_spec(which: str, dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
-    """The dQ (``which`` "dq"), dK/dV ("dkdv") or dK/dV/dQ ("fused") kernel with a
-    producer warpgroup for a padded head dim on ``arch`` (sm_90 only), or None."""
+    """The dQ (``which`` "dq") or dK/dV ("dkdv") kernel with a producer
+    warpgroup for a padded head dim on ``arch`` (sm_90 only), or None."""
     tiles = BWD_DQ_WS_TILES if which == "dq" else BWD_DKDV_WS_TILES
     if arch.name != "sm_90" or dtype not in BWD_MMA16_DTYPES or head_dim_pad not in tiles:
         return None
     block, stages = tiles[head_dim_pad]
-    smem = {"dq": bwd_dq_ws_smem, "dkdv": bwd_dkdv_ws_smem, "fused": bwd_fused_ws_smem}[which](head_dim_pad, block, stages)
+    smem = (bwd_dq_ws_smem if which == "dq" else bwd_dkdv_ws_smem)(head_dim_pad, block, stages)
     return Spec(
         family="backward",
         source="backward.cu",
@@ -1102,24 +1026,7 @@ def bwd_ws_spec(which: str, dtype: str, head_dim_pad: int, causal: bool, arch: A
 
 def is_bwd_ws(spec: Spec) -> bool:
     """Whether ``spec`` is one of the backward kernels with a producer warpgroup."""
-    return spec.name.startswith(("bwd_dq_ws<", "bwd_dkdv_ws<", "bwd_fused_ws<"))
-
-
-BWD_DQ_CONVERT = {
-    (dtype, dpad): Spec(
-        family="backward",
-        source="backward.cu",
-        name=f"bwd_dq_convert<{CTYPES[dtype]}, {dpad}>",
-        dtype=dtype,
-        head_dim=dpad,
-        threads=BWD_DQ_CONVERT_THREADS,
-        sm80=False,
-        arch=HOPPER_ARCH,
-        options=(f"-arch={HOPPER_ARCH}",),
-    )
-    for dtype in ("float16", "bfloat16")
-    for dpad in (64, 128)
-}
+    return spec.name.startswith(("bwd_dq_ws<", "bwd_dkdv_ws<"))
 
 
 def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch, sm90: str | None = None) -> tuple[Spec, Spec] | None:
@@ -1132,17 +1039,9 @@ def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch, sm90: str
         dq, dkdv = bwd_dq_tf32_spec(dpad, causal, arch), bwd_dkdv_tf32_spec(dpad, causal, arch)
     else:
         dq, dkdv = bwd_dq_mma_spec(dtype, dpad, causal, arch), bwd_dkdv_mma_spec(dtype, dpad, causal, arch)
-        sm90 = BWD_SM90 if sm90 is None else sm90
-        if sm90 == "wgmma":
-            dq = bwd_dq_wgmma_spec(dtype, dpad, causal, arch) or dq
-            dkdv = bwd_dkdv_wgmma_spec(dtype, dpad, causal, arch) or dkdv
-        elif sm90 == "ws":
+        if (BWD_SM90 if sm90 is None else sm90) == "ws":
             dq = bwd_ws_spec("dq", dtype, dpad, causal, arch) or dq
             dkdv = bwd_ws_spec("dkdv", dtype, dpad, causal, arch) or dkdv
-        elif sm90 == "fused":
-            fused = bwd_ws_spec("fused", dtype, dpad, causal, arch)
-            if fused is not None:  # the dQ launch converts what the fused one added up
-                dq, dkdv = BWD_DQ_CONVERT[dtype, dpad], fused
     return None if dq is None or dkdv is None else (dq, dkdv)
 
 
@@ -1222,13 +1121,6 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
                 for kind in ("mma", None):  # (mma.sync: the fallback where the bulk copies can't read k, v)
                     for spec in bwd_mma_specs(dtype, dpad, causal, arch, kind) or ():
                         add(spec)
-                add(bwd_dq_wgmma_spec(dtype, dpad, causal, arch))  # (whether or not the calls take them)
-                add(bwd_dkdv_wgmma_spec(dtype, dpad, causal, arch))
-                add(bwd_ws_spec("dq", dtype, dpad, causal, arch))
-                add(bwd_ws_spec("dkdv", dtype, dpad, causal, arch))
-                if bwd_ws_spec("fused", dtype, dpad, causal, arch) is not None:
-                    add(bwd_ws_spec("fused", dtype, dpad, causal, arch))
-                    add(BWD_DQ_CONVERT[dtype, dpad])
     return tuple(found.values())
 
 

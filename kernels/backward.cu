@@ -73,16 +73,9 @@
  * Hopper kernels (fp16 / bf16, sm_90a, padded head dims 64 and 128; the same
  * grids, masks and rules, every product on wgmma from 128-byte-swizzled tiles,
  * kernels/sm90.cuh; cupy_gqa/_specs.py: BWD_SM90 picks them):
- *   bwd_dq_wgmma, bwd_dkdv_wgmma: NWG warpgroups sharing each streamed tile,
- *     loaded by all threads' cp.async, double buffered.
  *   bwd_dq_ws, bwd_dkdv_ws: two consumer warpgroups and a producer warpgroup
  *     that streams the tiles by bulk tensor copies into a ring of stages on
- *     mbarriers (sections 2d/3d below).
- *   bwd_fused_ws, then bwd_dq_convert: bwd_dkdv_ws with a fifth product, dQ =
- *     dS K per (row tile, key block), added into a float32 workspace in
- *     key-block order (a counter per row tile that each key block waits on), so
- *     that the sums stay deterministic with five products instead of seven
- *     (section 3e).
+ *     mbarriers (sections 3c, 2c/3d below).
  *
  * float32 tensor-core kernels (sm_80+, the padded head dims above; split TF32,
  * kernels/tf32.cuh: three TF32 m16n8k8 products per product, fp32-class error):
@@ -844,36 +837,20 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     store_dk_dv<T, BLOCK_N, D, ROW, NTHREADS>(sK, sV, dk, dv, p, b, kvh, n0, head_dim, tid);
 }
 
-// ---- 3c. dK, dV on Hopper's warpgroup tensor cores (wgmma, sm_90a) ------------------------
-// bwd_dkdv_mma's grid, row tiles and rules with its four products on wgmma
-// (kernels/wgmma.cuh; tiles and descriptors: kernels/sm90.cuh). NWG warpgroups
-// own BLOCK_N = 64 NWG keys, warpgroup h keys [64 h, 64 h + 64) and its warp w
-// (of the CTA) keys [16 w, 16 w + 16): the rows of a wgmma accumulator are those
-// of bwd_dkdv_mma's warps, so mask_keys_t and probs_t apply as they are, and the
-// warpgroups share each Q and dO tile. Every operand is a tile of 64-column slabs with
-// the 128-byte swizzle, loaded by all threads' cp.async: K and V once, the Q and
-// dO tiles of BLOCK_M packed rows double buffered, with their lse2 and delta.
+// ---- 3c. What the passes on Hopper's warpgroup tensor cores share (wgmma, sm_90a) --------
+// bwd_dq_mma's and bwd_dkdv_mma's products on wgmma (kernels/wgmma.cuh; tiles and
+// descriptors: kernels/sm90.cuh), every operand a tile of 64-column slabs with
+// the 128-byte swizzle. For a warpgroup of 64 keys (dK/dV) or 64 packed rows (dQ):
 //   S^T  = K Q^T    ss: A = K (K-major), B = the Q tile (K-major), N = BLOCK_M
 //   dP^T = V dO^T   ss: A = V, B = the dO tile
 //   dV  += P^T dO   rs: A = P^T (registers, as P in the forward), B = the dO tile
 //                   read contiguous along N = HEAD_DIM (trans-b, as V in the forward)
 //   dK  += dS^T Q   rs: A = dS^T, B = the Q tile (trans-b)
-// dK and dV stay in registers (HEAD_DIM / 2 floats each a thread: head dims up to
-// 128) and go to dk and dv from there at the end (4-byte stores, four lanes
-// making 16 contiguous bytes of a row).
-// Shared memory (from a 1024-byte aligned base; DkvWgmmaSmem):
-//   [ K | V : BLOCK_N rows | Q stage 0, 1 | dO stage 0, 1 : BLOCK_M rows | lse2 [2][BLOCK_M] | delta [2][BLOCK_M] ]
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N>
-struct DkvWgmmaSmem {
-    enum : int {
-        SLABS = HEAD_DIM / 64,
-        KV_SLAB = BLOCK_N * 128, KV_BYTES = SLABS * KV_SLAB,    // a K or V tile
-        R_SLAB = BLOCK_M * 128, R_BYTES = SLABS * R_SLAB,       // a Q or dO tile
-        K = 0, V = KV_BYTES, Q = 2 * KV_BYTES, DO = Q + 2 * R_BYTES,
-        STATS = DO + 2 * R_BYTES,                               // lse2 [2][BLOCK_M], then delta [2][BLOCK_M]
-        BYTES = STATS + 4 * BLOCK_M * 4 + 1024,                 // + the alignment's slack
-    };
-};
+//   S = Q K^T, dP = dO V^T (ss), dQ += dS K (rs, K read trans-b)
+// The rows of a wgmma accumulator are those of the mma.sync kernels' warps, so
+// mask_keys_t, probs_t and scores_to_ds apply as they are. dQ, dK and dV stay
+// in registers (head dims up to 128) and go to memory from them at the end
+// (4-byte stores, four lanes making 16 contiguous bytes of a row).
 
 // Two products of one shape on wgmma, side by side and waited for: c0 = A0 B0^T
 // and c1 = A1 B1^T for a warpgroup's 64 rows of A (descriptors a0, a1: K-major
@@ -910,28 +887,19 @@ __device__ __forceinline__ void load_swizzled(unsigned dst, const T* any, int he
     }
 }
 
-// One row tile of a wgmma dK/dV kernel (both steps), for a warpgroup's 64 keys
+// One row tile of a wgmma dK/dV kernel, for a warpgroup's 64 keys
 // (descriptors desc_k, desc_v) against the tile's Q and dO (q_at, do_at: BLOCK_M
 // rows in slabs R_SLAB bytes apart) with their lse2 and delta, waited for:
 //   S^T = K Q^T, dP^T = V dO^T; the mask (keys past the sequence; causal: rows
 //   that don't see the key); P^T = exp2(S^T scale_log2 - lse2) (masked: 0),
 //   dS^T = P^T (dP^T - delta); dV += P^T dO, dK += dS^T Q (P^T and dS^T as A
 //   operands from the registers, dO and Q read trans-b).
-//   with_ds(sa), before the dV and dK products are issued, sees dS^T as A
-//   fragments; then_issue(), after they are, may issue products of its own
-//   (bwd_fused_ws: dQ), waited for with them.
-struct NoTileHook {
-    template <class A> __device__ __forceinline__ void operator()(const A&) const {}
-    __device__ __forceinline__ void operator()() const {}
-};
-template <typename T, int D, int BLOCK_M, int BLOCK_N, int KD, int KV_SLAB, int R_SLAB, bool CAUSAL,
-          class WithDs = NoTileHook, class ThenIssue = NoTileHook>
+template <typename T, int D, int BLOCK_M, int BLOCK_N, int KD, int KV_SLAB, int R_SLAB, bool CAUSAL>
 __device__ __forceinline__ void dkdv_tile_wgmma(float (&dk_acc)[D / 8][4], float (&dv_acc)[D / 8][4],
                                                 unsigned long long desc_k, unsigned long long desc_v, unsigned q_at,
                                                 unsigned do_at, const float* lse2_s, const float* delta_s, int m0,
                                                 const int (&key_r)[2], int lane, float scale_log2,
-                                                const bwd_detail::KeyBlock& kb, WithDs with_ds = {},
-                                                ThenIssue then_issue = {}) {
+                                                const bwd_detail::KeyBlock& kb) {
     using namespace bwd_detail;
     using namespace sm90;
     constexpr int NT = BLOCK_M / 8;  // n8 tiles of S^T and dP^T (packed rows)
@@ -947,7 +915,6 @@ __device__ __forceinline__ void dkdv_tile_wgmma(float (&dk_acc)[D / 8][4], float
         acc_a_operand<T>(s, kk, pa[kk]);
         acc_a_operand<T>(dpt, kk, sa[kk]);
     }
-    with_ds(sa);
     const unsigned long long desc_do_t = make_smem_desc(do_at, R_SLAB, 1024);
     const unsigned long long desc_q_t = make_smem_desc(q_at, R_SLAB, 1024);
     wgmma_fence();
@@ -958,13 +925,12 @@ __device__ __forceinline__ void dkdv_tile_wgmma(float (&dk_acc)[D / 8][4], float
     for (int kk = 0; kk < BLOCK_M / 16; ++kk)
         Wgmma<T, D>::rs(flat(dk_acc), sa[kk], desc_q_t + (unsigned long long)((kk * 16 * 128) >> 4), 1);
     wgmma_commit();
-    then_issue();
     wgmma_wait<0>();
     fence_regs(flat(dv_acc));
     fence_regs(flat(dk_acc));
 }
 
-// One key tile of a wgmma dQ kernel (both steps), for a warpgroup's 64 packed
+// One key tile of a wgmma dQ kernel, for a warpgroup's 64 packed
 // rows (descriptors desc_q, desc_do; the lane's rows from row, their lse2 and
 // delta) against the tile's K and V (k_at, v_at: BLOCK_N keys from n0 in slabs
 // KV_SLAB bytes apart), waited for: S = Q K^T, dP = dO V^T; the mask, P =
@@ -1037,211 +1003,9 @@ __device__ __forceinline__ void store_dk_dv_acc(const float (&dk_acc)[DT][4], co
     }
 }
 
-// SMEM_BYTES: cupy_gqa/_specs.py: bwd_dkdv_wgmma_smem, checked against the layout.
-template <typename T, int HEAD_DIM, int BLOCK_M, int NWG, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(NWG * 128, 1)
-bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-               const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
-               T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p) {
-    using namespace bwd_detail;
-    using namespace sm90;
-    constexpr int D = HEAD_DIM, BLOCK_N = 64 * NWG, NTHREADS = 128 * NWG;
-    using L = DkvWgmmaSmem<D, BLOCK_M, BLOCK_N>;
-    constexpr int KD = D / 16;       // k16 steps of K Q^T and V dO^T
-    constexpr int DT = D / 8;        // n8 tiles of dK, dV
-    static_assert(sizeof(T) == 2, "fp16 / bf16 only");
-    static_assert(D % 64 == 0 && D <= 128 && BLOCK_M % 16 == 0, "head dims 64 and 128; rows in k16 steps");
-    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
-
-    extern __shared__ unsigned char smem_raw[];
-    const unsigned raw = smem_addr(smem_raw);
-    const unsigned base = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
-    float* sLse2 = reinterpret_cast<float*>(smem_raw + (base - raw) + L::STATS);
-    float* sDelta = sLse2 + 2 * BLOCK_M;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const float scale_log2 = (float)p.a.scale_log2;
-    const int head_dim = p.a.head_dim;
-
-    // ---- this CTA's (key block, b, kv head): key blocks slowest ----
-    const KeyBlock kb = key_block<CAUSAL, BLOCK_N, BLOCK_M>(p, seqlens_k);
-    const int b = kb.b, kvh = kb.kvh, n0 = kb.n0, len = kb.len, seqlen_k = kb.seqlen_k;
-    const int m_begin = kb.m_begin, num_m = kb.num_m, group = kb.group;
-
-    const T* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
-    const T* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
-    load_swizzled<T, BLOCK_N, D, L::KV_SLAB, NTHREADS>(base + L::K, k, head_dim, tid, [&](int r) -> const T* {
-        return n0 + r < seqlen_k ? kbase + (index_t)(n0 + r) * p.a.k_stride[1] : nullptr;
-    });
-    load_swizzled<T, BLOCK_N, D, L::KV_SLAB, NTHREADS>(base + L::V, v, head_dim, tid, [&](int r) -> const T* {
-        return n0 + r < seqlen_k ? vbase + (index_t)(n0 + r) * p.a.v_stride[1] : nullptr;
-    });
-    // row tile m into stage st: Q and dO (packed rows), lse2 and delta (as load_row_tile)
-    auto load_rows = [&](int m, int st) {
-        const int m0 = m_begin + m * BLOCK_M;
-        auto packed = [&](const T* x, const index_t* xs) {
-            return [=](int r) -> const T* {
-                const int pr = m0 + r;
-                if (pr >= kb.packed_rows) return nullptr;
-                const int t = pr / group, g = pr - (pr / group) * group;
-                return x + b * xs[0] + (index_t)t * xs[1] + (index_t)q_head_of(kvh, g, group) * xs[2];
-            };
-        };
-        load_swizzled<T, BLOCK_M, D, L::R_SLAB, NTHREADS>(base + L::Q + st * L::R_BYTES, q, head_dim, tid, packed(q, p.a.q_stride));
-        load_swizzled<T, BLOCK_M, D, L::R_SLAB, NTHREADS>(base + L::DO + st * L::R_BYTES, dout, head_dim, tid, packed(dout, p.do_stride));
-        load_row_stats<BLOCK_M, NTHREADS>(sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, lse2_ws, delta_ws, p, kb, m0, tid);
-    };
-    if (num_m > 0) load_rows(0, 0);
-    cp_async_commit();  // group 0: K, V and row tile 0
-
-    float dk_acc[DT][4], dv_acc[DT][4];
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dk_acc[dt][e] = dv_acc[dt][e] = 0.f;
-    int key_r[2];  // the lane's keys (rows of S^T)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) key_r[hf] = n0 + warp * 16 + (lane >> 2) + hf * 8;
-    const int wg = warp / 4;  // the warpgroup: A's rows [64 wg, 64 wg + 64) of the K and V tiles
-    const unsigned long long desc_k = make_smem_desc(base + L::K + wg * 64 * 128, 16, 1024);
-    const unsigned long long desc_v = make_smem_desc(base + L::V + wg * 64 * 128, 16, 1024);
-
-    for (int m = 0; m < num_m; ++m) {
-        const int st = m & 1;
-        cp_async_wait<0>();   // row tile m (and K, V) landed for this thread,
-        fence_proxy_async();  // ordered before the wgmma reads (async proxy),
-        __syncthreads();      // for all threads; the other stage's products are done
-        if (m + 1 < num_m) load_rows(m + 1, st ^ 1);
-        cp_async_commit();
-        const int m0 = m_begin + m * BLOCK_M;
-        const unsigned q_at = base + L::Q + st * L::R_BYTES, do_at = base + L::DO + st * L::R_BYTES;
-
-        dkdv_tile_wgmma<T, D, BLOCK_M, BLOCK_N, KD, L::KV_SLAB, L::R_SLAB, CAUSAL>(
-            dk_acc, dv_acc, desc_k, desc_v, q_at, do_at, sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, m0, key_r, lane,
-            scale_log2, kb);
-        // (waited for: the stage is free for the load after the next barrier)
-    }
-    cp_async_wait<0>();  // nothing in flight (also when num_m == 0)
-
-    // ---- dk = scale dK, dv = dV from the registers: every key of the array (zeros past
-    // the sequence's length, NaN for a bad one) ----
-    store_dk_dv_acc<T, DT>(dk_acc, dv_acc, dk, dv, p, b, kvh, key_r, lane, head_dim, len < 0 ? quiet_nan() : (float)p.scale,
-                           len < 0 ? quiet_nan() : 1.f);
-}
-
-// ---- 2c. dQ on Hopper's warpgroup tensor cores (wgmma, sm_90a) ----------------------------
-// bwd_dq_mma's grid, key range and rules with its three products on wgmma, the
-// tiles as bwd_dkdv_wgmma's. NWG warpgroups own BLOCK_M = 64 NWG packed rows
-// (warp w of the CTA rows [16 w, 16 w + 16), as bwd_dq_mma's warps; warpgroup h
-// rows [64 h, 64 h + 64)), which share each K and V tile; the Q and dO tiles are
-// loaded once, the K and V tiles of BLOCK_N keys double buffered, all by the
-// threads' cp.async into swizzled slabs:
-//   S  = Q K^T    ss: A = the Q tile (K-major), B = K (K-major), N = BLOCK_N
-//   dP = dO V^T   ss: A = the dO tile, B = V
-//   dQ += dS K    rs: A = dS (registers), B = K read trans-b, N = HEAD_DIM
-// dQ stays in registers and goes to dq from there at the end.
-// Shared memory (from a 1024-byte aligned base; DqWgmmaSmem):
-//   [ Q | dO : BLOCK_M rows | K stage 0, 1 | V stage 0, 1 : BLOCK_N rows ]
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N>
-struct DqWgmmaSmem {
-    enum : int {
-        SLABS = HEAD_DIM / 64,
-        R_SLAB = BLOCK_M * 128, R_BYTES = SLABS * R_SLAB,        // the Q or dO tile
-        KV_SLAB = BLOCK_N * 128, KV_BYTES = SLABS * KV_SLAB,     // a K or V tile
-        Q = 0, DO = R_BYTES, K = 2 * R_BYTES, V = K + 2 * KV_BYTES,
-        BYTES = V + 2 * KV_BYTES + 1024,                         // + the alignment's slack
-    };
-};
-
-// SMEM_BYTES: cupy_gqa/_specs.py: bwd_dq_wgmma_smem, checked against the layout.
-template <typename T, int HEAD_DIM, int BLOCK_N, int NWG, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(NWG * 128, 1)
-bwd_dq_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-             const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dq,
-             const int* __restrict__ seqlens_k, const BwdParams p) {
-    using namespace bwd_detail;
-    using namespace sm90;
-    constexpr int D = HEAD_DIM, BLOCK_M = 64 * NWG, NTHREADS = 128 * NWG;
-    using L = DqWgmmaSmem<D, BLOCK_M, BLOCK_N>;
-    constexpr int KD = D / 16;       // k16 steps of Q K^T and dO V^T
-    constexpr int DT = D / 8;        // n8 tiles of dQ
-    static_assert(sizeof(T) == 2, "fp16 / bf16 only");
-    static_assert(D % 64 == 0 && D <= 128 && BLOCK_N % 16 == 0, "head dims 64 and 128; keys in k16 steps");
-    static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
-
-    extern __shared__ unsigned char smem_raw[];
-    const unsigned raw = smem_addr(smem_raw);
-    const unsigned base = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const float scale_log2 = (float)p.a.scale_log2;
-    const int head_dim = p.a.head_dim;
-
-    // ---- this CTA's (b, kv head, rows) and keys: the forward's (common.cuh) ----
-    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p.a, seqlens_k, p.a.group_size, blockIdx.x);
-    const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
-    const int len = tile.len, seqlen_k = tile.seqlen_k;  // len -1: a bad seqlens_k value, NaN rows
-    const KeyRange<CAUSAL>& keys = tile.keys;
-    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
-    const T* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
-    const T* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
-
-    auto packed = [&](const T* x, const index_t* xs) {
-        return [=](int r) -> const T* {
-            const int pr = row0 + r;
-            if (pr >= packed_rows) return nullptr;
-            const int t = pr / group, g = pr - (pr / group) * group;
-            return x + b * xs[0] + (index_t)t * xs[1] + (index_t)q_head_of(kvh, g, group) * xs[2];
-        };
-    };
-    load_swizzled<T, BLOCK_M, D, L::R_SLAB, NTHREADS>(base + L::Q, q, head_dim, tid, packed(q, p.a.q_stride));
-    load_swizzled<T, BLOCK_M, D, L::R_SLAB, NTHREADS>(base + L::DO, dout, head_dim, tid, packed(dout, p.do_stride));
-    auto load_kv = [&](int j, int st) {
-        const int key0 = j * BLOCK_N;
-        load_swizzled<T, BLOCK_N, D, L::KV_SLAB, NTHREADS>(base + L::K + st * L::KV_BYTES, k, head_dim, tid,
-                                                          [&](int r) -> const T* {
-            return key0 + r < seqlen_k ? kbase + (index_t)(key0 + r) * p.a.k_stride[1] : nullptr;
-        });
-        load_swizzled<T, BLOCK_N, D, L::KV_SLAB, NTHREADS>(base + L::V + st * L::KV_BYTES, v, head_dim, tid,
-                                                          [&](int r) -> const T* {
-            return key0 + r < seqlen_k ? vbase + (index_t)(key0 + r) * p.a.v_stride[1] : nullptr;
-        });
-    };
-    if (num_n > 0) load_kv(0, 0);
-    cp_async_commit();  // group 0: Q, dO and K/V tile 0
-
-    // The lane's rows g = lane / 4 and g + 8 of the warp's 16: their lse2 and delta.
-    float lse2_r[2], delta_r[2];
-    lane_row_stats(lse2_r, delta_r, lse2_ws, delta_ws, p, b, kvh, row0 + warp * 16 + (lane >> 2), packed_rows);
-    float dq_acc[DT][4];
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dq_acc[dt][e] = 0.f;
-    const int wg = warp / 4;  // the warpgroup: A's rows [64 wg, 64 wg + 64) of the Q and dO tiles
-    const unsigned long long desc_q = make_smem_desc(base + L::Q + wg * 64 * 128, 16, 1024);
-    const unsigned long long desc_do = make_smem_desc(base + L::DO + wg * 64 * 128, 16, 1024);
-
-    for (int j = 0; j < num_n; ++j) {
-        const int st = j & 1;
-        cp_async_wait<0>();   // tile j (and Q, dO) landed for this thread,
-        fence_proxy_async();  // ordered before the wgmma reads (async proxy),
-        __syncthreads();      // for all threads; the other stage's products are done
-        if (j + 1 < num_n) load_kv(j + 1, st ^ 1);
-        cp_async_commit();
-        const unsigned k_at = base + L::K + st * L::KV_BYTES, v_at = base + L::V + st * L::KV_BYTES;
-
-        dq_tile_wgmma<T, D, BLOCK_N, KD, L::R_SLAB, L::KV_SLAB>(dq_acc, desc_q, desc_do, k_at, v_at, j * BLOCK_N, keys,
-                                                          row0 + warp * 16 + (lane >> 2), lane, scale_log2, lse2_r, delta_r);
-        // (waited for: the stage is free for the load after the next barrier)
-    }
-    cp_async_wait<0>();  // nothing in flight (also when num_n == 0)
-
-    // ---- dq = scale dQ from the registers (rows past packed_rows skipped) ----
-    store_dq_acc<T, DT>(dq_acc, dq, p, b, kvh, row0 + warp * 16 + (lane >> 2), packed_rows, group, lane, head_dim,
-                        len < 0 ? quiet_nan() : (float)p.scale);
-}
-
-// ---- 2d/3d. The wgmma passes with a producer warpgroup (sm_90a) ---------------------------
-// bwd_dq_wgmma's and bwd_dkdv_wgmma's products, masks and rules, with the
+// ---- 2c/3d. The passes on wgmma with a producer warpgroup (sm_90a) -----------------------
+// The mma.sync kernels' grids, key ranges, row tiles and rules, each tile's
+// products and softmax as in 3c (dq_tile_wgmma, dkdv_tile_wgmma), with the
 // streamed tiles loaded by a warpgroup of their own, as the forward's
 // (kernels/hopper.cu): two consumer warpgroups compute, the producer (the
 // last warpgroup, its registers given to the consumers by setmaxnreg) fills a
@@ -1274,15 +1038,14 @@ struct DqWsSmem {
         BYTES = BARS + 16 * STAGES + 1024,                        // + the alignment's slack
     };
 };
-template <int HEAD_DIM, int BLOCK_M, int STAGES, bool FUSED = false>
+template <int HEAD_DIM, int BLOCK_M, int STAGES>
 struct DkvWsSmem {
     enum : int {
         SLABS = HEAD_DIM / 64, BLOCK_N = 128,
         KV_SLAB = BLOCK_N * 128, KV_BYTES = SLABS * KV_SLAB,     // the K or V tile
         R_SLAB = BLOCK_M * 128, R_BYTES = SLABS * R_SLAB,        // a Q or dO tile
         K = 0, V = KV_BYTES, Q = 2 * KV_BYTES, DO = Q + STAGES * R_BYTES,
-        DS = DO + STAGES * R_BYTES,                               // FUSED: dS^T, two buffers of BLOCK_N rows of 128 bytes
-        STATS = DS + (FUSED ? 2 * BLOCK_N * 128 : 0),             // lse2 [STAGES][BLOCK_M], delta [STAGES][BLOCK_M]
+        STATS = DO + STAGES * R_BYTES,                            // lse2 [STAGES][BLOCK_M], delta [STAGES][BLOCK_M]
         BARS = STATS + 2 * STAGES * BLOCK_M * 4,                  // full [STAGES], empty [STAGES]
         BYTES = BARS + 16 * STAGES + 1024,                        // + the alignment's slack
     };
@@ -1427,100 +1190,18 @@ bwd_dq_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
                         len < 0 ? quiet_nan() : (float)p.scale);
 }
 
-// ---- 3e. dK, dV and dQ in one pass (bwd_fused_ws): dQ added in key-block order ----------
-// bwd_dkdv_ws with a fifth product: per row tile, each consumer warpgroup
-// stores its dS^T (64 keys x the tile's 64 packed rows, as mma A fragments)
-// into a tile of shared memory (two buffers, tile m in buffer m % 2: 128 key
-// rows of 128 bytes, swizzled), the two warpgroups meet at a named barrier,
-// and each computes dQ_part = dS K for half of the head dims (A = the dS^T
-// tile read transposed, B = the K tile read trans-b), issued after its dV and
-// dK products and waited for with them. dQ_part then goes into dq_acc (fp32,
-// a row of DPAD floats per packed row, at ws_row) in key-block order: a
-// counter per (b, kv head, row tile, half) holds how many key blocks have
-// added theirs; key block n waits until it reads n (every earlier key block
-// sees every row this one sees: causal masks end each row's keys, never
-// start them), key block 0 stores, the others add, and the counter is raised
-// once the warpgroup's writes are visible. Each element is therefore summed
-// in one order, whatever the CTAs' timing: the result is deterministic.
-// Waiting cannot deadlock: the CTAs of earlier key blocks have lower indices,
-// so the lowest unfinished one is always resident and never waits on a later
-// one. bwd_dq_convert then scales dq_acc into dq.
-
-// dS^T fragments (the A fragments of dK += dS^T Q: rows the lane's keys
-// key and key + 8 of the CTA's 128, columns the tile's packed rows) into the
-// dS^T tile at ds_at: key rows of 128 bytes (64 packed rows), 128-byte swizzle.
-template <int KK>
-__device__ __forceinline__ void store_ds_t(unsigned ds_at, const unsigned (&sa)[KK][4], int key, int lane) {
-#pragma unroll
-    for (int kk = 0; kk < KK; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = key + (e & 1) * 8, c = 16 * kk + 2 * (lane & 3) + (e >> 1) * 8;  // packed row c, c + 1
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_at + sm90::swizzle128(r, c / 8) + (c % 8) * 2), "r"(sa[kk][e])
-                         : "memory");
-        }
-}
-
-// The two consumer warpgroups' named barrier (id 2; 1 is the producer's), and
-// each warpgroup's own (ids 3 and 4).
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
-__device__ __forceinline__ void consumer_wg_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(3 + wg) : "memory"); }
-
-// The warpgroup's dQ part of row tile m0 (accumulator rows: the lane's packed
-// rows m0 + row and + 8; columns: head dims [wg HN, wg HN + HN)) into dq_acc
-// after every earlier key block's (see above).
-template <int HN>
-__device__ __forceinline__ void add_dq_in_order(const float (&dqp)[HN / 8][4], float* __restrict__ dq_acc,
-                                                int* __restrict__ dq_order, const BwdParams& p,
-                                                const bwd_detail::KeyBlock& kb, int m0, int wg, int row, int lane,
-                                                int dpad) {
-    const int n_block = kb.n0 / 128;
-    const int row_tiles = (kb.packed_rows + 63) / 64;
-    int* counter = dq_order + (((index_t)kb.b * p.a.num_kv_heads + kb.kvh) * row_tiles + m0 / 64) * 2 + wg;
-    if (n_block > 0) {
-        if (threadIdx.x % 128 == 0) {
-            int seen;  // (polls 20 ns apart, then 100 ns: a tile's products take microseconds)
-            for (unsigned polls = 0;; ++polls) {
-                asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
-                if (seen == n_block) break;
-                __nanosleep(polls < 64 ? 20 : 100);
-            }
-        }
-        consumer_wg_sync(wg);  // the earlier key blocks' writes are visible to the whole warpgroup
-    }
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int pr = m0 + row + 8 * hf;
-        if (pr >= kb.packed_rows) continue;
-        float* dst = dq_acc + bwd_detail::ws_row(p, kb.b, kb.kvh, pr) * dpad + wg * HN + 2 * (lane & 3);
-#pragma unroll
-        for (int j = 0; j < HN / 8; ++j) {
-            if (n_block == 0)
-                asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(dst + 8 * j), "f"(dqp[j][2 * hf]),
-                             "f"(dqp[j][2 * hf + 1]) : "memory");
-            else
-                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst + 8 * j), "f"(dqp[j][2 * hf]),
-                             "f"(dqp[j][2 * hf + 1]) : "memory");
-        }
-    }
-    __threadfence();       // this thread's writes, visible at the GPU's scope,
-    consumer_wg_sync(wg);  // for every thread of the warpgroup, before the count rises
-    if (threadIdx.x % 128 == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
-}
-
-// The body of bwd_dkdv_ws and (FUSED) bwd_fused_ws. FUSED: each row tile's dQ
-// part, dS K, goes into dq_acc in key-block order (see 3e below).
-template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES, bool FUSED>
-__device__ __forceinline__ void dkdv_ws_body(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                                             const T* __restrict__ dout, const float* __restrict__ delta_ws,
-                                             const float* __restrict__ lse2_ws, T* __restrict__ dk, T* __restrict__ dv,
-                                             const int* __restrict__ seqlens_k, const BwdParams& p,
-                                             const sm90::TensorMap& q_map, const sm90::TensorMap& do_map, const int bulk,
-                                             float* __restrict__ dq_acc, int* __restrict__ dq_order) {
+// SMEM_BYTES: cupy_gqa/_specs.py: bwd_dkdv_ws_smem, checked against the layout.
+template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(384, 1)
+bwd_dkdv_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+            const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
+            T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p,
+            const __grid_constant__ sm90::TensorMap q_map, const __grid_constant__ sm90::TensorMap do_map,
+            const int bulk) {
     using namespace bwd_detail;
     using namespace sm90;
     constexpr int D = HEAD_DIM, NWG = 2, BLOCK_N = 64 * NWG, CONSUMERS = 128 * NWG;
-    using L = DkvWsSmem<D, BLOCK_M, STAGES, FUSED>;
+    using L = DkvWsSmem<D, BLOCK_M, STAGES>;
     constexpr int KD = D / 16;       // k16 steps of K Q^T and V dO^T
     constexpr int DT = D / 8;        // n8 tiles of dK, dV
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
@@ -1637,107 +1318,15 @@ __device__ __forceinline__ void dkdv_ws_body(const T* __restrict__ q, const T* _
         const int m0 = kb.m_begin + m * BLOCK_M;
         const unsigned q_at = base + L::Q + st * L::R_BYTES, do_at = base + L::DO + st * L::R_BYTES;
 
-        if constexpr (!FUSED) {
-            dkdv_tile_wgmma<T, D, BLOCK_M, BLOCK_N, KD, L::KV_SLAB, L::R_SLAB, CAUSAL>(
-                dk_acc, dv_acc, desc_k, desc_v, q_at, do_at, sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, m0, key_r,
-                lane, scale_log2, kb);
-            mbar_arrive(empty(st));  // the stage is free for the producer
-        } else {
-            // dS^T into dS buffer m % 2 (both warpgroups' keys: rows [64 wg, 64 wg + 64)), then
-            // dQ_part = dS K for the warpgroup's half of the head dims, issued with dV and dK
-            constexpr int HN = D / 2;  // the warpgroup's head dims of dQ
-            const unsigned ds_at = base + L::DS + (m & 1) * BLOCK_N * 128;
-            float dqp[HN / 8][4];
-            auto with_ds = [&](const unsigned (&sa)[BLOCK_M / 16][4]) {
-                store_ds_t(ds_at, sa, warp * 16 + (lane >> 2), lane);
-                fence_proxy_async();  // this thread's dS^T before the wgmma reads (async proxy)
-            };
-            auto then_issue = [&] {  // (dV and dK are on their way)
-                consumers_sync();     // both warpgroups' dS^T (each passed the last tile's meeting only
-                                      // once done with the tile before: this buffer's last readers)
-                // A = dS (rows x keys): the dS^T buffer read transposed; B = K (keys x head dims) trans-b
-                const unsigned long long desc_ds = make_smem_desc(ds_at, 16, 1024);
-                const unsigned long long desc_kt = make_smem_desc(base + L::K + (wg * HN / 64) * L::KV_SLAB + (wg * HN % 64) * 2,
-                                                                  L::KV_SLAB, 1024);
-#pragma unroll
-                for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-                    Wgmma<T, HN>::ss_tt(flat(dqp), desc_ds + (unsigned long long)((kk * 16 * 128) >> 4),
-                                        desc_kt + (unsigned long long)((kk * 16 * 128) >> 4), kk > 0);
-                wgmma_commit();
-            };
-            dkdv_tile_wgmma<T, D, BLOCK_M, BLOCK_N, KD, L::KV_SLAB, L::R_SLAB, CAUSAL>(
-                dk_acc, dv_acc, desc_k, desc_v, q_at, do_at, sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, m0, key_r,
-                lane, scale_log2, kb, with_ds, then_issue);
-            fence_regs(flat(dqp));
-            mbar_arrive(empty(st));  // the stage is free for the producer
-            add_dq_in_order<HN>(dqp, dq_acc, dq_order, p, kb, m0, wg, warp * 16 % 64 + (lane >> 2), lane, D);
-        }
+        dkdv_tile_wgmma<T, D, BLOCK_M, BLOCK_N, KD, L::KV_SLAB, L::R_SLAB, CAUSAL>(
+            dk_acc, dv_acc, desc_k, desc_v, q_at, do_at, sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, m0, key_r, lane,
+            scale_log2, kb);
+        mbar_arrive(empty(st));  // the stage is free for the producer
     }
 
     // ---- dk = scale dK, dv = dV from the registers ----
     store_dk_dv_acc<T, DT>(dk_acc, dv_acc, dk, dv, p, b, kvh, key_r, lane, head_dim, len < 0 ? quiet_nan() : (float)p.scale,
                            len < 0 ? quiet_nan() : 1.f);
-}
-
-// SMEM_BYTES: cupy_gqa/_specs.py: bwd_dkdv_ws_smem, checked against the layout.
-template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(384, 1)
-bwd_dkdv_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-            const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
-            T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p,
-            const __grid_constant__ sm90::TensorMap q_map, const __grid_constant__ sm90::TensorMap do_map,
-            const int bulk) {
-    dkdv_ws_body<T, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, SMEM_BYTES, false>(
-        q, k, v, dout, delta_ws, lse2_ws, dk, dv, seqlens_k, p, q_map, do_map, bulk, nullptr, nullptr);
-}
-
-// SMEM_BYTES: cupy_gqa/_specs.py: bwd_fused_ws_smem, checked against the layout.
-template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(384, 1)
-bwd_fused_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-             const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
-             T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p,
-             const __grid_constant__ sm90::TensorMap q_map, const __grid_constant__ sm90::TensorMap do_map,
-             const int bulk, float* __restrict__ dq_acc, int* __restrict__ dq_order) {
-    dkdv_ws_body<T, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, SMEM_BYTES, true>(
-        q, k, v, dout, delta_ws, lse2_ws, dk, dv, seqlens_k, p, q_map, do_map, bulk, dq_acc, dq_order);
-}
-
-// dq = scale dq_acc (bwd_fused_ws's sums), in T: a thread per 8 head dims of a
-// packed row (grid-stride); 0 for a row that sees no key (lse2 = +inf: no key
-// block wrote its dq_acc row), NaN for a sequence whose seqlens_k value is bad.
-template <typename T, int DPAD>
-__global__ void __launch_bounds__(128)
-bwd_dq_convert(const float* __restrict__ dq_acc, const float* __restrict__ lse2_ws, T* __restrict__ dq,
-               const int* __restrict__ seqlens_k, const BwdParams p) {
-    using namespace bwd_detail;
-    constexpr int CH = DPAD / 8;  // 8-element chunks of a dq_acc row
-    const int group = p.a.group_size, packed = p.a.seqlen_q * group;
-    const index_t rows = (index_t)p.a.batch * p.a.num_kv_heads * packed;
-    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * CH; i += (index_t)gridDim.x * blockDim.x) {
-        const int c = (int)(i % CH);
-        const index_t row = i / CH;  // ws_row order: (b, kv head, packed row)
-        if (c * 8 >= p.a.head_dim) continue;
-        const int pr = (int)(row % packed), bh = (int)(row / packed);
-        const int b = bh / p.a.num_kv_heads, kvh = bh - b * p.a.num_kv_heads;
-        const int t = pr / group, g = pr - t * group;
-        const bool bad = seqlen_k_of(seqlens_k, b, p.a.seqlen_k) < 0;
-        const bool seen = lse2_ws[row] != pos_inf<float>();
-        const float sc = (float)p.scale;
-        float x[8];
-        const float4* src = reinterpret_cast<const float4*>(dq_acc + row * DPAD + c * 8);
-        const float4 lo = src[0], hi = src[1];
-        x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
-        unsigned w[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float a = bad ? quiet_nan() : seen ? x[2 * e] * sc : 0.f;
-            const float b2 = bad ? quiet_nan() : seen ? x[2 * e + 1] * sc : 0.f;
-            w[e] = pack2<T>(a, b2);
-        }
-        T* dst = dq + b * p.dq_stride[0] + (index_t)t * p.dq_stride[1] + (index_t)q_head_of(kvh, g, group) * p.dq_stride[2] + c * 8;
-        *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
 }
 
 // ---- 2b. dQ in float32 on the tensor cores (split TF32) --------------------------------

@@ -37,8 +37,8 @@ if os.environ.get("CUPY_GQA_TEST_F32_PRODUCTS"):
     from cupy_gqa import _plan
 
     _plan.set_f32_highest(os.environ["CUPY_GQA_TEST_F32_PRODUCTS"])
-# CUPY_GQA_TEST_BWD_SM90=wgmma (or ws) runs the suite's 16-bit backward calls on
-# sm_90 with those dQ and dK/dV kernels (cupy_gqa/_specs.py: BWD_SM90).
+# CUPY_GQA_TEST_BWD_SM90=mma runs the suite's 16-bit backward calls on sm_90 with
+# the mma.sync dQ and dK/dV kernels in place of their own (cupy_gqa/_specs.py: BWD_SM90).
 if os.environ.get("CUPY_GQA_TEST_BWD_SM90"):
     from cupy_gqa import _plan
 

@@ -164,53 +164,36 @@ def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
 
 
 @pytest.mark.parametrize("kind, dtype, head_dim, arch, dq_kernel, dkdv_kernel", [
-    # two warpgroups: dQ (2 x 128 + 4 x 64) x 2 slabs x 128 + 1024; dK/dV the same + 2 x 2 x 64 floats of lse2 and delta
-    ("wgmma", "bfloat16", 128, "sm_90", "bwd_dq_wgmma<__nv_bfloat16, 128, 64, 2, true, 132096>",
-     "bwd_dkdv_wgmma<__nv_bfloat16, 128, 64, 2, true, 133120>"),
-    ("wgmma", "float16", 64, "sm_90", "bwd_dq_wgmma<__half, 64, 64, 2, true, 66560>",
-     "bwd_dkdv_wgmma<__half, 64, 64, 2, true, 67584>"),
-    # with a producer: the same tiles (two stages) and two mbarriers (16 bytes) a stage
+    # with a producer: two consumer warpgroups of 64 rows or keys, two stages, two mbarriers (16 bytes) a stage
     ("ws", "bfloat16", 128, "sm_90", "bwd_dq_ws<__nv_bfloat16, 128, 64, 2, true, 132128>",
      "bwd_dkdv_ws<__nv_bfloat16, 128, 64, 2, true, 133152>"),
     ("ws", "float16", 64, "sm_90", "bwd_dq_ws<__half, 64, 64, 2, true, 66592>", "bwd_dkdv_ws<__half, 64, 64, 2, true, 67616>"),
-    # one pass: bwd_dkdv_ws's layout and two dS^T buffers of 128 x 128 bytes; the dQ launch converts
-    ("fused", "bfloat16", 128, "sm_90", "bwd_dq_convert<__nv_bfloat16, 128>",
-     "bwd_fused_ws<__nv_bfloat16, 128, 64, 2, true, 165920>"),
-    ("fused", "float16", 64, "sm_90", "bwd_dq_convert<__half, 64>", "bwd_fused_ws<__half, 64, 64, 2, true, 100384>"),
-    ("fused", "bfloat16", 96, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),
-    ("wgmma", "bfloat16", 128, "sm_80", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # no wgmma
-    ("ws", "bfloat16", 128, "sm_80", "bwd_dq_mma<", "bwd_dkdv_mma<"),
+    ("mma", "bfloat16", 128, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),
+    ("ws", "bfloat16", 128, "sm_80", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # no wgmma
     ("ws", "bfloat16", 96, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),  # not in their tables
-    ("wgmma", "bfloat16", 256, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),
+    ("ws", "bfloat16", 256, "sm_90", "bwd_dq_mma<", "bwd_dkdv_mma<"),
     ("ws", "float32", 128, "sm_90", "bwd_dq_tf32<", "bwd_dkdv_tf32<"),
 ])  # fmt: skip
 def test_backward_on_hopper_kernels_where_chosen(kind, dtype, head_dim, arch, dq_kernel, dkdv_kernel):
-    """With a Hopper backward chosen ("ws", with a producer warpgroup, is the
-    calls' own), 16-bit calls on sm_90 at head dims 64 and 128 take it for both
-    passes (two consumer warpgroups: 128 rows or keys per CTA; 256 threads, or
-    384 with the producer), every other call keeps its mma.sync kernels; the
+    """With "ws" (the calls' own) 16-bit calls on sm_90 at head dims 64 and 128
+    take the kernels with a producer warpgroup for both passes (two consumer
+    warpgroups: 128 rows or keys per CTA, 384 threads with the producer); every
+    other call, and every call with "mma", takes the mma.sync kernels; the
     default comes back after."""
-    before = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch], "mma")
     default = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch])
-    assert _specs.BWD_SM90 == "ws" and "<" in before[0].name
+    assert _specs.BWD_SM90 == "ws"
     old = _plan.set_bwd_sm90(kind)
     try:
         dq, dkdv = _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch])
         assert dq.name.startswith(dq_kernel) and dkdv.name.startswith(dkdv_kernel)
-        if kind == "fused" and "fused" in dkdv_kernel:
-            assert dkdv.block_m == 128 and dkdv.threads == 384 and dq.threads == 128
-            assert dq.arch == dkdv.arch == "sm_90a" and _specs.is_bwd_ws(dkdv) and not _specs.is_bwd_ws(dq)
-        elif kind in dq_kernel:
-            assert dq.block_m == dkdv.block_m == 128 and dq.threads == dkdv.threads == (256 if kind == "wgmma" else 384)
-            assert dq.arch == dkdv.arch == "sm_90a"
-            assert _specs.is_bwd_ws(dq) == _specs.is_bwd_ws(dkdv) == (kind == "ws")
-        else:
-            assert (dq, dkdv) == before
+        if "_ws<" in dq_kernel:
+            assert dq.block_m == dkdv.block_m == 128 and dq.threads == dkdv.threads == 384
+            assert dq.arch == dkdv.arch == "sm_90a" and _specs.is_bwd_ws(dq) and _specs.is_bwd_ws(dkdv)
     finally:
         assert _plan.set_bwd_sm90(old) == kind
     assert _specs.bwd_mma_specs(dtype, head_dim, True, _specs.ARCHS[arch]) == default
     with pytest.raises(ValueError, match="kind: expected one of"):
-        _plan.set_bwd_sm90("tma")
+        _plan.set_bwd_sm90("wgmma")
 
 
 def test_precision_only_matters_for_float32():
@@ -589,24 +572,6 @@ def test_backward_with_a_producer_takes_bulk_copies_where_the_copy_engine_can(mo
         _plan.set_bwd_sm90(old)
     assert (plan.dq.name.split("<")[0], plan.dkdv.name.split("<")[0], plan.bulk_rows) == expected
     assert plan.group == hq // hkv and plan.layouts == (layout[0], layout[1], layout[2], layout[4])
-
-
-def test_backward_in_one_pass_sizes_its_launches_and_counters():
-    """bwd_fused_ws: a CTA per (key block of 128, batch, KV head); the dQ launch
-    (bwd_dq_convert) a thread per 8 head dims of each row; a counter per (batch,
-    KV head, row tile of 64 packed rows, half of the head dims)."""
-    a = _specs.ARCHS["sm_90"]
-    problem = _plan.Problem(2, 100, 300, 32, 8, 128, "bfloat16", True, 0.125)
-    old = _plan.set_bwd_sm90("fused")
-    try:
-        plan = _plan.plan_backward(problem, _bwd_layout(2, 100, 300, 32, 8, 128, 2), a, True)
-    finally:
-        _plan.set_bwd_sm90(old)
-    assert plan.fused and plan.dq.name.startswith("bwd_dq_convert<")
-    rows = 2 * 32 * 100
-    assert plan.grids[1] == (_plan.grid_stride_blocks(rows * 16, 128),)
-    assert plan.grids[2] == (3 * 2 * 8,)  # ceil(300 / 128) key blocks
-    assert plan.order_counters == 2 * (2 * 8) * 7  # 400 packed rows: 7 tiles of 64
 
 
 def test_backward_tensor_cores_need_a_positive_scale():

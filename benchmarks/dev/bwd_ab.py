@@ -1,25 +1,19 @@
 #!/usr/bin/env python3
 """The 16-bit backward's kernels on sm_90 side by side in one process: mma.sync
-(bwd_dq_mma, bwd_dkdv_mma), wgmma (bwd_dq_wgmma, bwd_dkdv_wgmma), wgmma with a
-producer warpgroup (bwd_dq_ws, bwd_dkdv_ws) and the one-pass five-product kernel
-(bwd_fused_ws, bwd_dq_convert) (kernels/backward.cu; cupy_gqa._plan.set_bwd_sm90).
+(bwd_dq_mma, bwd_dkdv_mma) and wgmma with a producer warpgroup (bwd_dq_ws,
+bwd_dkdv_ws) at chosen tiles (kernels/backward.cu; cupy_gqa._plan.set_bwd_sm90).
 
     python3 benchmarks/dev/bwd_ab.py [--cases G1,G2,G2s] [--rounds 3]
-        [--configs mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3,fused:64x64x2]
+        [--configs mma,ws:64x64x2,ws:64x64x3]
 
 Per case: the GPU time of cupy_gqa.attention_backward under each configuration
 (cupyx.profiler.benchmark, median of 10, the configurations timed in turn for
 --rounds rounds, best of the rounds), the kernels each one launches, how far its
 dk and dv are from float64 on sampled keys, and how far its gradients are from
-the first configuration's (relative error, Frobenius). A configuration is
-"mma", or "wgmma:BNxBMxNWG" (BLOCK_N keys per K/V tile of the dQ kernel, BLOCK_M
-packed rows per Q/dO tile of the dK/dV kernel, NWG warpgroups per CTA:
-_specs.BWD_DQ_WGMMA_TILES, BWD_DKDV_WGMMA_TILES), or "ws:BNxBMxSTAGES" (the
-same with the producer's STAGES stages: BWD_DQ_WS_TILES, BWD_DKDV_WS_TILES), or
-"fused:BNxBMxSTAGES" (bwd_fused_ws: dK, dV and dQ in one pass at the dK/dV
-kernel's BM and STAGES, dQ added in key-block order, then bwd_dq_convert); a
-wgmma tile that spills at a head dim (the dK/dV kernel's 128 rows at head dim
-128) is skipped there.
+the first configuration's (relative error, Frobenius). A configuration is "mma"
+or "ws:BNxBMxSTAGES": BLOCK_N keys per K/V tile of the dQ kernel, BLOCK_M packed
+rows per Q/dO tile of the dK/dV kernel, STAGES stages of the producer's rings
+(_specs.BWD_DQ_WS_TILES, BWD_DKDV_WS_TILES).
 """
 import argparse
 import math
@@ -70,24 +64,19 @@ def rel(a, b):
 
 
 def parse(config):
-    """("mma", None) or (kind, (BN, BM, NWG or STAGES))."""
+    """("mma", None) or ("ws", (BN, BM, STAGES))."""
     kind, _, tiles = config.partition(":")
     if kind not in _specs.BWD_SM90_KINDS or (kind == "mma") != (not tiles):
-        raise SystemExit(f"--configs: {config!r} is not mma, wgmma:BNxBMxNWG, ws:BNxBMxSTAGES or fused:BNxBMxSTAGES")
+        raise SystemExit(f"--configs: {config!r} is not mma or ws:BNxBMxSTAGES")
     return kind, tuple(int(x) for x in tiles.split("x")) if tiles else None
 
 
 def use(config, d):
     """Make the calls take ``config`` at padded head dim d (and forget the plans)."""
     kind, tiles = config
-    if kind == "wgmma":
-        _specs.BWD_DQ_WGMMA_TILES[d] = (tiles[0], tiles[2])
-        _specs.BWD_DKDV_WGMMA_TILES[d] = (tiles[1], tiles[2])
-    elif kind in ("ws", "fused"):
+    if kind == "ws":
         _specs.BWD_DQ_WS_TILES[d] = (tiles[0], tiles[2])
         _specs.BWD_DKDV_WS_TILES[d] = (tiles[1], tiles[2])
-    _specs.bwd_dq_wgmma_spec.cache_clear()
-    _specs.bwd_dkdv_wgmma_spec.cache_clear()
     _specs.bwd_ws_spec.cache_clear()
     _plan.set_bwd_sm90(kind)
 
@@ -96,12 +85,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="G1,G2,G2s")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--configs", default="mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3,fused:64x64x2")
+    parser.add_argument("--configs", default="mma,ws:64x64x2,ws:64x64x3")
     args = parser.parse_args()
     all_configs = [parse(c) for c in args.configs.split(",")]
     print(f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}  cupy {cupy.__version__}")
-    tables = [dict(t) for t in (_specs.BWD_DQ_WGMMA_TILES, _specs.BWD_DKDV_WGMMA_TILES, _specs.BWD_DQ_WS_TILES,
-                                _specs.BWD_DKDV_WS_TILES)]
+    tables = [dict(t) for t in (_specs.BWD_DQ_WS_TILES, _specs.BWD_DKDV_WS_TILES)]
+    default_kind = _specs.BWD_SM90
     for name in args.cases.split(","):
         batch, n, hq, hkv, d = CASES[name]
         rng = np.random.default_rng(0)
@@ -110,7 +99,7 @@ def main():
             for h in (hq, hkv, hkv, hq)
         )
         out, lse = cupy_gqa.attention(q, k, v, return_lse=True)
-        configs = [c for c in all_configs if not (c[0] == "wgmma" and d == 128 and c[1][1] == 128)]
+        configs = all_configs
 
         def run():
             return cupy_gqa.attention_backward(dout, q, k, v, out, lse)
@@ -135,11 +124,10 @@ def main():
                 grads[config] = run()
                 t = benchmark(run, (), n_repeat=10, n_warmup=2)
                 times[config] = min(times[config], float(np.median(t.gpu_times)) * 1e3)
-        for table, kept in zip((_specs.BWD_DQ_WGMMA_TILES, _specs.BWD_DKDV_WGMMA_TILES, _specs.BWD_DQ_WS_TILES,
-                                _specs.BWD_DKDV_WS_TILES), tables):
+        for table, kept in zip((_specs.BWD_DQ_WS_TILES, _specs.BWD_DKDV_WS_TILES), tables):
             table.clear()
             table.update(kept)  # the tables' tiles again
-        use(("mma", None), d)
+        _plan.set_bwd_sm90(default_kind)  # the calls' own again
         keys = np.linspace(0, n - 1, 16).astype(int)
         ref_dk, ref_dv = reference_dk_dv(q, k, v, dout, keys, 0)
         first = [cupy.asnumpy(x).astype(np.float64) for x in grads[configs[0]]]

@@ -28,19 +28,16 @@
 #                                               (cupy_gqa/_specs.py: F32_PRODUCTS): both through
 #                                               tests/test_gpu_f32_products.py, fp16 pairs through the float32
 #                                               GPU tests and the sanitizer on tiled, F1/F2 timed side by side
-#   benchmarks/dev/device_check.sh bwd_sm90     one call for the 16-bit backward's Hopper kernels (sm_90; off in
-#                                               the calls until measured): the backward GPU tests and the
-#                                               sanitizer's backward group with those of BWD_SM90 (default ws:
-#                                               CUPY_GQA_TEST_BWD_SM90), then bwd_ab.py (times and errors of mma.sync,
-#                                               wgmma and wgmma with a producer, side by side)
-#   benchmarks/dev/device_check.sh first        one call (under 600 s) for what the GPU has not yet run, each part
-#                                               under a limit: the float32 GPU tests (fp16 pairs the default, at
-#                                               the candidate tiles F16X2_TILES: CUPY_GQA_TEST_F16X2_TILES), the
-#                                               16-bit backward's tests with a producer warpgroup and with the
-#                                               one-pass kernel (CUPY_GQA_TEST_BWD_SM90=ws, fused), the sanitizer
-#                                               on tiled and the backward (fused), bwd_ab.py (every backward kind
-#                                               side by side), p_rounding.py (torch's errors beside the rounding
-#                                               models on the same inputs), G1-G3 beside torch
+#   benchmarks/dev/device_check.sh bwd_sm90     one call for the 16-bit backward's Hopper kernels (sm_90): the
+#                                               backward GPU tests and the sanitizer's backward group with the
+#                                               kernels of BWD_SM90 (default ws: CUPY_GQA_TEST_BWD_SM90), then
+#                                               bwd_ab.py (mma.sync and ws at a few tiles, side by side)
+#   benchmarks/dev/device_check.sh first        one call (under 600 s), each part under a limit: the float32 GPU
+#                                               tests (fp16 pairs at the candidate tiles F16X2_TILES:
+#                                               CUPY_GQA_TEST_F16X2_TILES), the 16-bit backward's tests, the
+#                                               sanitizer on tiled and the backward, bwd_ab.py, p_rounding.py
+#                                               (torch's errors beside the rounding models on the same inputs),
+#                                               G1-G3 beside torch
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -127,15 +124,13 @@ case "$stage" in
     part f32_suite 90 env CUPY_GQA_TEST_F16X2_TILES="${F16X2_TILES:-128:128,32,8;64:64,16,4}" python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_kernels.py \
       tests/test_gpu_modifiers.py tests/test_gpu_seq.py tests/test_gpu_graphs.py tests/test_gpu_fuzz.py \
       tests/test_gpu_backward.py tests/test_gpu_interop.py tests/test_gpu_f32_products.py -k "float32 or fp32 or f32"
-    for kind in ws fused; do
-      part bwd_$kind 75 env CUPY_GQA_TEST_BWD_SM90=$kind python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
-        tests/test_gpu_backward.py -k "float16 or bfloat16 or random or deterministic or torch"
-    done
-    part sanitize 150 env CUPY_GQA_TEST_BWD_SM90=fused SANITIZE_GROUPS="tiled|backward" \
+    part bwd_ws 75 python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
+      tests/test_gpu_backward.py -k "float16 or bfloat16 or random or deterministic or torch"
+    part sanitize 220 env SANITIZE_GROUPS="tiled|backward" \
       bash benchmarks/dev/sanitize_parallel.sh "$out/first_san"
     cat "$out/first_sanitize.txt" | cut -c1-300
     part bwd_ab 80 python3 benchmarks/dev/bwd_ab.py --cases G1,G2,G2s --rounds 2 \
-      --configs mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3,fused:64x64x2
+      --configs mma,ws:64x64x2,ws:64x64x3
     grep -E " ms \(" "$out/first_bwd_ab.txt" | cut -c1-220
     part p_rounding 45 python3 benchmarks/dev/p_rounding.py --cases D24,D1,P03
     grep -E "^(D24|D1|P03) " "$out/first_p_rounding.txt"
@@ -145,13 +140,13 @@ case "$stage" in
       | cut -d'|' -f2-9 ;;
   bwd_sm90)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
-    kind=${BWD_SM90:-ws}
+    kind=${BWD_SM90:-ws}  # (the calls' own; mma for the other kernels)
     t0=$SECONDS
     CUPY_GQA_TEST_BWD_SM90=$kind timeout -s KILL 240 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
       tests/test_gpu_backward.py tests/test_gpu_interop.py >"$out/bwd_sm90_tests.txt" 2>&1
     echo "tests ($kind) rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/bwd_sm90_tests.txt" | tail -20
     timeout -s KILL 200 python3 benchmarks/dev/bwd_ab.py --cases G1,G2,G2s \
-      --configs mma,wgmma:64x64x2,ws:64x64x2,ws:64x64x3,ws:128x64x2,fused:64x64x2,fused:64x64x3 >"$out/bwd_ab.txt" 2>&1
+      --configs mma,ws:64x64x2,ws:64x64x3,ws:128x64x2 >"$out/bwd_ab.txt" 2>&1
     echo "ab rc $?"; reap; grep -E " ms \(" "$out/bwd_ab.txt"
     t0=$SECONDS
     CUPY_GQA_TEST_BWD_SM90=$kind SANITIZE_KERNELS=backward timeout -s KILL 180 bash tests/sanitize.sh >"$out/sanitize.txt" 2>&1
