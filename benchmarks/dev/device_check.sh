@@ -38,6 +38,11 @@
 #                                               sanitizer on tiled and the backward, bwd_ab.py, p_rounding.py
 #                                               (torch's errors beside the rounding models on the same inputs),
 #                                               G1-G3 beside torch
+#   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
+#                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
+#                                               ';'), then each patch of
+#                                               PENDING_ONLY in a copy of this tree: hopper_ab.py (this tree
+#                                               against the copy) and p_rounding.py's errors in both trees
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -138,6 +143,33 @@ case "$stage" in
       --out "$out/first_bench"
     grep -hE "^\| (G1|G2|G3) \| (cupy_gqa\[auto\]|torch_flash|torch_efficient_expanded) " "$out"/first_bench/*.md \
       | cut -d'|' -f2-9 ;;
+  ab)
+    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
+    here=$PWD
+    IFS=';' read -r -a runs <<<"${BWD_AB_ARGS:-}"  # invocations, separated by ';'
+    for i in "${!runs[@]}"; do
+      t0=$SECONDS
+      # shellcheck disable=SC2086
+      timeout -s KILL "${BWD_AB_S:-200}" python3 benchmarks/dev/bwd_ab.py ${runs[$i]} >"$out/bwd_ab_$i.txt" 2>&1
+      echo "== bwd_ab ${runs[$i]}: rc $? in $((SECONDS - t0)) s"; reap
+      grep -E " ms \(|Error|error:" "$out/bwd_ab_$i.txt" | cut -c1-220
+    done
+    read -r -a only <<<"${PENDING_ONLY:-}"
+    for name in "${only[@]}"; do
+      d=/tmp/pending_$name; rm -rf "$d"; mkdir -p "$d"
+      cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
+      if ! (cd "$d" && patch -p1 -s <"$here/benchmarks/dev/pending/$name.patch"); then echo "$name: does not apply"; continue; fi
+      t0=$SECONDS
+      timeout -s KILL "${AB_S:-200}" python3 benchmarks/dev/hopper_ab.py "$d" --cases "${PENDING_CASES:-H1,H2,H3,H4,N1,H6}" \
+        --rounds 3 >"$out/ab_${name}.txt" 2>&1
+      echo "== $name: hopper_ab rc $? in $((SECONDS - t0)) s"; reap; tail -12 "$out/ab_${name}.txt"
+      for t in "$here" "$d"; do
+        (cd "$t" && PYTHONPATH="$t" timeout -s KILL 120 python3 benchmarks/dev/p_rounding.py \
+          --cases "${PENDING_ERROR_CASES:-P03,H3,H4}" --device cuda) >"$out/ab_${name}_errors_$(basename "$t").txt" 2>&1
+        echo "== p_rounding in $(basename "$t"): rc $?"; reap
+        grep -vE " model |^cuda" "$out/ab_${name}_errors_$(basename "$t").txt" | tail -12
+      done
+    done ;;
   bwd_sm90)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     kind=${BWD_SM90:-ws}  # (the calls' own; mma for the other kernels)
