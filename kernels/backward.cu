@@ -228,6 +228,16 @@ __device__ __forceinline__ void store_rows(const T* s, int head_dim, int tid, Ds
     }
 }
 
+// Packed row pr of (b, kvh) of a (batch, seq, head, dim) tensor x with element
+// strides xs: position pr / group of query head q_head_of(kvh, pr % group);
+// null past packed_rows.
+template <typename T>
+__device__ __forceinline__ T* packed_row_ptr(T* x, const index_t* xs, int b, int kvh, int group, int packed_rows, int pr) {
+    if (pr >= packed_rows) return nullptr;
+    const int t = pr / group, g = pr - (pr / group) * group;
+    return x + b * xs[0] + (index_t)t * xs[1] + (index_t)q_head_of(kvh, g, group) * xs[2];
+}
+
 // Q and dO rows [row0, row0 + ROWS) of (b, kvh) into sQ and sdO (load_packed_rows).
 template <typename T, int ROWS, int D, int ROW, int NTHREADS>
 __device__ __forceinline__ void load_q_do(T* sQ, T* sdO, const T* q, const T* dout, const BwdParams& p, int b, int kvh,
@@ -251,10 +261,7 @@ template <typename T, int ROWS, int D, int ROW, int NTHREADS>
 __device__ __forceinline__ void store_dq(const T* sO, T* dq, const BwdParams& p, int b, int kvh, int pr0,
                                          int packed_rows, int group, int head_dim, int tid) {
     store_rows<T, ROWS, D, ROW, NTHREADS>(sO, head_dim, tid, [&](int r) -> T* {
-        const int pr = pr0 + r;
-        if (pr >= packed_rows) return nullptr;
-        const int t = pr / group, g = pr - (pr / group) * group;
-        return dq + b * p.dq_stride[0] + (index_t)t * p.dq_stride[1] + (index_t)q_head_of(kvh, g, group) * p.dq_stride[2];
+        return packed_row_ptr(dq, p.dq_stride, b, kvh, group, packed_rows, pr0 + r);
     });
 }
 
@@ -1066,6 +1073,16 @@ __device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+// The end of a ws kernel's prologue: the tiles every thread loaded by cp.async
+// have landed, ordered before the consumers' wgmma reads (async proxy), for all
+// threads (and the mbarriers' init).
+__device__ __forceinline__ void ws_tiles_loaded() {
+    cp_async_commit();
+    cp_async_wait<0>();
+    sm90::fence_proxy_async();
+    __syncthreads();
+}
+
 // SMEM_BYTES: cupy_gqa/_specs.py: bwd_dq_ws_smem, checked against the layout.
 template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES>
 __global__ void __launch_bounds__(384, 1)
@@ -1107,19 +1124,11 @@ bwd_dq_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
     }
     // ---- Q and dO once, by every thread ----
     auto packed = [&](const T* x, const index_t* xs) {
-        return [=](int r) -> const T* {
-            const int pr = row0 + r;
-            if (pr >= packed_rows) return nullptr;
-            const int t = pr / group, g = pr - (pr / group) * group;
-            return x + b * xs[0] + (index_t)t * xs[1] + (index_t)q_head_of(kvh, g, group) * xs[2];
-        };
+        return [=](int r) { return packed_row_ptr(x, xs, b, kvh, group, packed_rows, row0 + r); };
     };
     load_swizzled<T, BLOCK_M, D, L::R_SLAB, 384>(base + L::Q, q, head_dim, tid, packed(q, p.a.q_stride));
     load_swizzled<T, BLOCK_M, D, L::R_SLAB, 384>(base + L::DO, dout, head_dim, tid, packed(dout, p.do_stride));
-    cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async();  // ordered before the consumers' wgmma reads (async proxy)
-    __syncthreads();      // (and the mbarriers' init)
+    ws_tiles_loaded();
 
     if (tid >= CONSUMERS) {
         // =========================== producer warpgroup ===========================
@@ -1239,10 +1248,7 @@ bwd_dkdv_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     load_swizzled<T, BLOCK_N, D, L::KV_SLAB, 384>(base + L::V, v, head_dim, tid, [&](int r) -> const T* {
         return n0 + r < seqlen_k ? vbase + (index_t)(n0 + r) * p.a.v_stride[1] : nullptr;
     });
-    cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async();  // ordered before the consumers' wgmma reads (async proxy)
-    __syncthreads();      // (and the mbarriers' init)
+    ws_tiles_loaded();
 
     if (tid >= CONSUMERS) {
         // =========================== producer warpgroup ===========================
@@ -1276,12 +1282,7 @@ bwd_dkdv_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
                 }
             } else {
                 auto packed = [&](const T* x, const index_t* xs) {
-                    return [=](int r) -> const T* {
-                        const int pr = m0 + r;
-                        if (pr >= kb.packed_rows) return nullptr;
-                        const int t = pr / group, g = pr - (pr / group) * group;
-                        return x + b * xs[0] + (index_t)t * xs[1] + (index_t)q_head_of(kvh, g, group) * xs[2];
-                    };
+                    return [=](int r) { return packed_row_ptr(x, xs, b, kvh, group, kb.packed_rows, m0 + r); };
                 };
                 load_swizzled<T, BLOCK_M, D, L::R_SLAB, 128>(q_at, q, head_dim, pt, packed(q, p.a.q_stride));
                 load_swizzled<T, BLOCK_M, D, L::R_SLAB, 128>(do_at, dout, head_dim, pt, packed(dout, p.do_stride));
