@@ -1181,9 +1181,31 @@ def bwd_bulk_rows(group: int, layouts: tuple) -> bool:
     )
 
 
+def bwd_tf32_dkdv_estimate(problem: Problem, spec: _specs.Spec, cost: float, arch: _specs.Arch, sms: int) -> float:
+    """The time of ``spec``'s dK/dV grid for ``problem`` on ``sms`` SMs, in row
+    tiles of cost ``cost`` each: its row tiles spread over every CTA the SMs hold
+    at once, or its heaviest key block's, whichever is longer (the blocks start
+    heaviest first: key blocks are the grid's slowest index)."""
+    keys = spec.block_m  # keys per CTA
+    rows = spec.block_n  # packed rows per row tile
+    packed = problem.seqlen_q * problem.group_size
+    n0 = np.arange(0, problem.seqlen_k, keys)
+    if problem.causal:  # the first row that sees key n0 (bottom-right): rows [(n0 - diag) group, ..)
+        first = np.clip(n0 - (problem.seqlen_k - problem.seqlen_q), 0, None) * problem.group_size
+        first = np.where(first < packed, first // rows * rows, packed)
+    else:
+        first = np.zeros_like(n0)
+    tiles = -(-(packed - first) // rows)
+    per_sm = max(1, min((arch.smem + 1024) // (spec.smem + 1024), 2048 // spec.threads))  # (1 KB reserved a CTA)
+    total = float(tiles.sum()) * problem.batch * problem.num_kv_heads
+    return max(total / (sms * per_sm), float(tiles.max(initial=0))) * cost
+
+
 @functools.lru_cache(maxsize=4096)
-def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool) -> BackwardLaunch:
-    """``layout``: _layout of (q, k, v, out, dout, dq, dk, dv) and lse's strides."""
+def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool, sms: int) -> BackwardLaunch:
+    """``layout``: _layout of (q, k, v, out, dout, dq, dk, dv) and lse's strides;
+    ``sms``: the device's SMs (the float32 dK/dV kernel's key blocks follow the
+    grid's length: _specs.BWD_TF32_DKDV_WIDE)."""
     *arrays, lse_strides = layout
     params = np.zeros(1, BWD_PARAMS_DTYPE)
     params["a"] = make_params(problem, tuple(arrays[:4]))
@@ -1200,6 +1222,11 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool)
         if _specs.is_bwd_ws(dq) and bwd_ws_unsupported(tuple(arrays[:3]) + (arrays[4],)) is not None:
             # the kernels without bulk copies of K and V
             dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch, "mma")
+        wide = _specs.bwd_dkdv_tf32_spec(dkdv.head_dim, problem.causal, arch, wide=True) if "_tf32<" in dkdv.name else None
+        if wide is not None and wide.name != dkdv.name:
+            cost = _specs.BWD_TF32_DKDV_WIDE[dkdv.head_dim][3]
+            if bwd_tf32_dkdv_estimate(problem, wide, cost, arch, sms) < bwd_tf32_dkdv_estimate(problem, dkdv, 1.0, arch, sms):
+                dkdv = wide
     else:
         dq, dkdv = _specs.bwd_rows_specs(problem.dtype, problem.head_dim)
     rows = problem.batch * problem.num_q_heads * problem.seqlen_q
@@ -1244,7 +1271,7 @@ def launch_backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, seqle
         q, k, v, dout = (a if _vector_ok(a) else cupy.ascontiguousarray(a.view(bits)).view(a.dtype) for a in (q, k, v, dout))
         dq, dk, dv = (a if _vector_ok(a) else cupy.empty(a.shape, a.dtype) for a in (dq, dk, dv))
     layout = (*_layout(q, k, v, out, dout, dq, dk, dv), lse.strides)
-    plan_backward(problem, layout, arch, mma)(dout, q, k, v, out, lse, dq, dk, dv, seqlens_k)
+    plan_backward(problem, layout, arch, mma, sm_count(q.device.id))(dout, q, k, v, out, lse, dq, dk, dv, seqlens_k)
     for target, result in zip(targets, (dq, dk, dv)):
         if result is not target:
             target.view(bits)[...] = result.view(bits)

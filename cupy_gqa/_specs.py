@@ -86,7 +86,7 @@ class Spec:
     threads: int  # threads per block
     team: int = 1  # rowwise: threads that share one query row
     block_m: int = 0  # tiled, decode, hopper: packed query rows per CTA
-    block_n: int = 0  # hopper: keys per tile (the rows of a tensor-map box)
+    block_n: int = 0  # hopper: keys per tile (the rows of a tensor-map box); float32 dK/dV: packed rows per Q/dO tile
     smem: int = 0  # dynamic shared memory per block, bytes (the kernel's SMEM_BYTES, checked there)
     options: tuple = ()  # extra NVRTC options
     arch: str | None = None  # the one target it is built for (e.g. "sm_90a"); None: the device's own
@@ -769,15 +769,24 @@ BWD_DKDV_TILES = {32: (4, 64, 1), 64: (4, 64, 1), 96: (4, 32, 1), 128: (4, 32, 1
 # ROW_WARPS: 16-row slabs, DSPLIT: warps sharing a slab's head dims, PRESPLIT: where Q, dO, K, V are
 # split, as in tiled_tf32: 0 at each use, 1 K and V once per CTA, 2 also Q and dO) and dK/dV kernel
 # (KEY_WARPS, BLOCK_M, DSPLIT). The largest split mode that keeps two dQ CTAs per SM where one does
-# (D32, D64, D96), else the largest that fits; a warp keeps at most 64 head dims of dQ, and of dK
-# and dV each (beside them the products' operands: above, ptxas spills), and above head dim 128 a
-# 16-row slab's dQ is split four ways (two spilled 8 to 60 bytes with NVRTC 12 or 13 on some
-# architectures).
+# (D32 to D128; at D128 split 0 timed 0.90 of split 1's single CTA, H200), else the largest that
+# fits; a warp keeps at most 64 head dims of dQ, and of dK and dV each (beside them the products'
+# operands: above, ptxas spills), and above head dim 128 a 16-row slab's dQ is split four ways (two
+# spilled 8 to 60 bytes with NVRTC 12 or 13 on some architectures).
 BWD_TF32_DQ_TILES = {
-    32: (64, 32, 4, 1, 2), 64: (64, 32, 4, 1, 1), 96: (64, 32, 4, 1, 0), 128: (64, 16, 4, 1, 1),
+    32: (64, 32, 4, 1, 2), 64: (64, 32, 4, 1, 1), 96: (64, 32, 4, 1, 0), 128: (64, 16, 4, 1, 0),
     192: (32, 16, 2, 4, 0), 256: (32, 16, 2, 4, 0),
 }  # fmt: skip
 BWD_TF32_DKDV_TILES = {32: (4, 32, 1), 64: (4, 32, 1), 96: (2, 16, 2), 128: (2, 32, 2), 192: (2, 16, 4), 256: (1, 16, 4)}
+# The float32 dK/dV kernel's wide key blocks: padded head dim -> (KEY_WARPS, BLOCK_M, DSPLIT, COST).
+# Eight warps share each Q and dO tile (and its split) where the table's four leave the SM a warp
+# a scheduler: an SM gets through more of the work, but the first key block of a causal grid, which
+# sees every row, takes longer, and with a short grid that block is the call's time. COST is the
+# time of one of the wide kernel's row tiles, alone on an SM, over one of the table kernel's
+# (benchmarks/dev/bwd_ab.py, H200: at head dim 64 a 128-key block's 32-row tile 1.165 of a 64-key
+# block's; at 128 a 64-key block's 16-row tile 0.86 of a 32-key block's 32-row tile);
+# _plan.plan_backward takes the one with the shorter estimate (bwd_tf32_dkdv_estimate).
+BWD_TF32_DKDV_WIDE = {64: (8, 32, 1, 1.165), 128: (4, 16, 2, 0.86)}
 BWD_PREPROCESS_THREADS = 256  # kernels/backward.cu: bwd_preprocess's __launch_bounds__
 BWD_ROWS_THREADS = 128  # kernels/backward.cu: BWD_ROWS_THREADS
 
@@ -843,10 +852,13 @@ def bwd_dq_tf32_spec(head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None
 
 
 @functools.lru_cache(maxsize=None)
-def bwd_dkdv_tf32_spec(head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
-    """The float32 dK/dV kernel, BLOCK_M halved (down to 16), then the key warps,
+def bwd_dkdv_tf32_spec(head_dim_pad: int, causal: bool, arch: Arch, wide: bool = False) -> Spec | None:
+    """The float32 dK/dV kernel (``wide``: BWD_TF32_DKDV_WIDE's, None where that
+    table has no such head dim), BLOCK_M halved (down to 16), then the key warps,
     until it fits ``arch``."""
-    kw, bm, dsplit = BWD_TF32_DKDV_TILES[head_dim_pad]
+    if wide and head_dim_pad not in BWD_TF32_DKDV_WIDE:
+        return None
+    kw, bm, dsplit = BWD_TF32_DKDV_WIDE[head_dim_pad][:3] if wide else BWD_TF32_DKDV_TILES[head_dim_pad]
     while bwd_dkdv_tf32_smem(head_dim_pad, 16 * kw, bm) > arch.smem and (bm > 16 or kw > 1):
         if bm > 16:
             bm //= 2
@@ -863,6 +875,7 @@ def bwd_dkdv_tf32_spec(head_dim_pad: int, causal: bool, arch: Arch) -> Spec | No
         head_dim=head_dim_pad,
         threads=kw * dsplit * 32,
         block_m=16 * kw,  # keys per CTA
+        block_n=bm,  # packed rows per Q/dO tile
         smem=smem,
     )
 
@@ -1121,6 +1134,8 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
                 for kind in ("mma", None):  # (mma.sync: the fallback where the bulk copies can't read k, v)
                     for spec in bwd_mma_specs(dtype, dpad, causal, arch, kind) or ():
                         add(spec)
+                if dtype == "float32" and arch.sm80:
+                    add(bwd_dkdv_tf32_spec(dpad, causal, arch, wide=True))
     return tuple(found.values())
 
 

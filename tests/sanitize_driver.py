@@ -41,11 +41,27 @@ BACKWARD_TOLERANCE = {"float32": 1e-5, "float16": 4e-3, "bfloat16": 3e-2, "float
 
 
 def backward(failures: int, runs: int) -> tuple[int, int]:
-    """attention_backward (kernels/backward.cu: preprocess, dQ, dK/dV) through the same cases."""
+    """attention_backward (kernels/backward.cu: preprocess, dQ, dK/dV) through the same cases;
+    float32 twice, the second time as on a GPU of one SM, where its dK/dV kernel takes the
+    wide key blocks (_specs.BWD_TF32_DKDV_WIDE)."""
+    from cupy_gqa import _plan
+
+    sm_count = _plan.sm_count
+    try:
+        for sms in (None, 1):
+            if sms is not None:
+                _plan.sm_count = lambda device: sms
+            failures, runs = _backward_cases(failures, runs, DTYPES if sms is None else ["float32"])
+    finally:
+        _plan.sm_count = sm_count
+    return failures, runs
+
+
+def _backward_cases(failures: int, runs: int, dtypes) -> tuple[int, int]:
     for case in CASES:
-        for dtype in DTYPES:
+        for dtype in dtypes:
             for causal in (True, False):
-                variant = ("contiguous", "strided", "seqlens_k")[(CASES.index(case) + DTYPES.index(dtype) + causal) % 3]
+                variant = ("contiguous", "strided", "seqlens_k")[(CASES.index(case) + dtypes.index(dtype) + causal + runs) % 3]
                 q, k, v = random_qkv(*case, dtype, seed=runs)
                 dout = random_qkv(case[0], case[1], 1, case[3], 1, case[5], dtype, seed=runs + 1)[0]
                 lens = None

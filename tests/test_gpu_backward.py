@@ -252,6 +252,36 @@ def test_random_calls(seed):
     check_against_reference(got, q, k, v, dout, str(c), causal=c["causal"])
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("head_dim", [64, 120])
+def test_float32_wide_key_blocks(monkeypatch, causal, head_dim):
+    """float32's dK/dV kernel with its wide key blocks (_specs.BWD_TF32_DKDV_WIDE),
+    which a call takes where the grid is long against the SMs (here: a GPU of one
+    SM; of a million, the table's kernel), against the float64 reference and,
+    where the two share their row tiles (head dim 64), bit for bit against the
+    table's kernel; with seqlens_k."""
+    from cupy_gqa import _plan, _specs
+
+    launched = []
+    get = _plan.get_kernel
+    monkeypatch.setattr(_plan, "get_kernel", lambda spec: launched.append(spec.name) or get(spec))
+    arch = _plan.device_arch(cupy.cuda.Device().id)
+    dpad = _specs.bwd_head_dim_pad(head_dim)
+    q, k, v = random_qkv(3, 333, 1400, 8, 2, head_dim, "float32", seed=head_dim)
+    dout = _dout(q)
+    lens = [1400, 777, 0]
+    grads = {}
+    for sms, wide in ((10**6, False), (1, True)):
+        monkeypatch.setattr(_plan, "sm_count", lambda device: sms)
+        launched.clear()
+        grads[wide] = run_backward(q, k, v, dout, causal=causal, seqlens_k=lens)
+        assert _specs.bwd_dkdv_tf32_spec(dpad, causal, arch, wide=wide).name in launched, launched
+        check_against_reference(grads[wide], q, k, v, dout, f"wide {wide}", causal=causal, seqlens_k=lens)
+    if head_dim == 64:
+        for name, a, b in zip(("dq", "dk", "dv"), grads[False], grads[True]):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), name
+
+
 @pytest.mark.parametrize("cc", [(8, 6), (7, 5)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])

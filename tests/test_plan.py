@@ -532,7 +532,7 @@ def test_backward_plan_picks_a_kernel_of_the_table(arch, dtype, head_dim):
     # where a dK/dV block of 16 keys fits (not in the 99 KB of sm_86, sm_89, sm_120)
     fits = dtype in ("float16", "bfloat16") or (dtype == "float32" and (head_dim <= 128 or a.smem > 128 * 1024))
     assert mma == (fits and head_dim % 8 == 0 and a.sm80)
-    plan = _plan.plan_backward(problem, _bwd_layout(2, 100, 77, 8, 2, head_dim, _specs.ITEMSIZE[dtype]), a, mma)
+    plan = _plan.plan_backward(problem, _bwd_layout(2, 100, 77, 8, 2, head_dim, _specs.ITEMSIZE[dtype]), a, mma, 132)
     table = set(_specs.specs_for(a))
     assert {plan.pre, plan.dq, plan.dkdv} <= table
     assert all(_specs.serves(s, head_dim) for s in (plan.pre, plan.dq, plan.dkdv))
@@ -567,11 +567,37 @@ def test_backward_with_a_producer_takes_bulk_copies_where_the_copy_engine_can(mo
         layout[1] = (shape, (strides[0], k_stride, *strides[2:]), itemsize)
     old = _plan.set_bwd_sm90("ws")
     try:
-        plan = _plan.plan_backward(problem, tuple(layout), a, True)
+        plan = _plan.plan_backward(problem, tuple(layout), a, True, 132)
     finally:
         _plan.set_bwd_sm90(old)
     assert (plan.dq.name.split("<")[0], plan.dkdv.name.split("<")[0], plan.bulk_rows) == expected
     assert plan.group == hq // hkv and plan.layouts == (layout[0], layout[1], layout[2], layout[4])
+
+
+@pytest.mark.parametrize("batch, seqlen, hq, hkv, head_dim, causal, sms, wide", [
+    (4, 1024, 32, 8, 64, True, 132, True),    # 256 wide key blocks: the SMs' share of the work is the time
+    (2, 1000, 28, 4, 64, True, 132, False),   # 64 wide blocks: the first one, which sees every row, is
+    (1, 4096, 32, 4, 64, True, 132, False),   # 128 wide blocks, each as long as two narrow ones' worth
+    (1, 4096, 32, 4, 64, True, 16, True),     # ... unless few SMs share them
+    (1, 4096, 32, 4, 64, False, 132, True),   # non-causal: every block sees every row; 256 narrow blocks in
+    (1, 1024, 8, 2, 64, False, 132, False),   # two waves take longer than 128 wide ones in one, 32 in one don't
+    (8, 2048, 32, 8, 64, False, 132, True),
+    (2, 2048, 32, 8, 128, True, 132, True),
+    (1, 100, 8, 8, 32, True, 132, False),     # no wide kernel at head dim 32
+])  # fmt: skip
+def test_float32_backward_widens_its_key_blocks_where_the_grid_is_long(batch, seqlen, hq, hkv, head_dim, causal, sms, wide):
+    a = _specs.ARCHS["sm_90"]
+    problem = _plan.Problem(batch, seqlen, seqlen, hq, hkv, head_dim, "float32", causal, head_dim**-0.5)
+    plan = _plan.plan_backward(problem, _bwd_layout(batch, seqlen, seqlen, hq, hkv, head_dim, 4), a, True, sms)
+    narrow = _specs.bwd_dkdv_tf32_spec(_specs.bwd_head_dim_pad(head_dim), causal, a)
+    assert plan.dkdv == (_specs.bwd_dkdv_tf32_spec(head_dim, causal, a, wide=True) if wide else narrow)
+    assert plan.grids[2] == (-(-seqlen // plan.dkdv.block_m) * batch * hkv,)
+    assert plan.dkdv in _specs.specs_for(a)
+    assert plan.dkdv.block_m == (16 * _specs.BWD_TF32_DKDV_WIDE[head_dim][0] if wide else narrow.block_m)  # keys per CTA
+    # the estimate: the heaviest block's tiles, or the SMs' share of them all
+    tiles = -(-seqlen * (hq // hkv) // narrow.block_n)
+    estimate = _plan.bwd_tf32_dkdv_estimate(problem, narrow, 1.0, a, sms)
+    assert estimate >= tiles and (causal or estimate == max(tiles, tiles * batch * hkv * -(-seqlen // narrow.block_m) / sms))
 
 
 def test_backward_tensor_cores_need_a_positive_scale():
