@@ -853,13 +853,14 @@ def bwd_dq_tf32_spec(head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None
 
 @functools.lru_cache(maxsize=None)
 def bwd_dkdv_tf32_spec(head_dim_pad: int, causal: bool, arch: Arch, wide: bool = False) -> Spec | None:
-    """The float32 dK/dV kernel (``wide``: BWD_TF32_DKDV_WIDE's, None where that
-    table has no such head dim), BLOCK_M halved (down to 16), then the key warps,
-    until it fits ``arch``."""
+    """The float32 dK/dV kernel, BLOCK_M halved (down to 16), then the key warps,
+    until it fits ``arch``; ``wide``: BWD_TF32_DKDV_WIDE's tiles as they are (their
+    COST was measured at those), None where that table has no such head dim or they
+    do not fit."""
     if wide and head_dim_pad not in BWD_TF32_DKDV_WIDE:
         return None
     kw, bm, dsplit = BWD_TF32_DKDV_WIDE[head_dim_pad][:3] if wide else BWD_TF32_DKDV_TILES[head_dim_pad]
-    while bwd_dkdv_tf32_smem(head_dim_pad, 16 * kw, bm) > arch.smem and (bm > 16 or kw > 1):
+    while not wide and bwd_dkdv_tf32_smem(head_dim_pad, 16 * kw, bm) > arch.smem and (bm > 16 or kw > 1):
         if bm > 16:
             bm //= 2
         else:
