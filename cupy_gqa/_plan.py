@@ -1222,8 +1222,8 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool,
         if _specs.is_bwd_ws(dq) and bwd_ws_unsupported(tuple(arrays[:3]) + (arrays[4],)) is not None:
             # the kernels without bulk copies of K and V
             dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch, "mma")
-        wide = _specs.bwd_dkdv_tf32_spec(dkdv.head_dim, problem.causal, arch, wide=True) if "_tf32<" in dkdv.name else None
-        if wide is not None and wide.name != dkdv.name:
+        wide = _specs.bwd_dkdv_tf32_spec(dkdv.head_dim, problem.causal, arch, wide=True) if problem.dtype == "float32" else None
+        if wide is not None:
             cost = _specs.BWD_TF32_DKDV_WIDE[dkdv.head_dim][3]
             if bwd_tf32_dkdv_estimate(problem, wide, cost, arch, sms) < bwd_tf32_dkdv_estimate(problem, dkdv, 1.0, arch, sms):
                 dkdv = wide

@@ -257,10 +257,9 @@ def test_random_calls(seed):
 def test_float32_wide_key_blocks(monkeypatch, causal, head_dim):
     """float32's dK/dV kernel with its wide key blocks (_specs.BWD_TF32_DKDV_WIDE,
     where they fit as measured: sm_90), which a call takes where the grid is long
-    against the SMs (here: a GPU of one
-    SM; of a million, the table's kernel), against the float64 reference and,
-    where the two share their row tiles (head dim 64), bit for bit against the
-    table's kernel; with seqlens_k."""
+    against the SMs (here: a GPU of one SM; of a million, the table's kernel),
+    against the float64 reference and, where the two share their row tiles (head
+    dim 64), bit for bit against the table's kernel; with seqlens_k."""
     from cupy_gqa import _plan, _specs
 
     launched = []
