@@ -72,7 +72,10 @@ def _backward_cases(failures: int, runs: int, dtypes) -> tuple[int, int]:
                 if variant == "seqlens_k":
                     lens = [(case[2] * (i + 1)) // (case[0] + 1) for i in range(case[0])]
                     lens[0], lens[-1] = 0, case[2]
-                out, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, return_lse=True, seqlens_k=lens)
+                # out filled first: initcheck does not see the copy engine's writes (hopper's bulk
+                # stores), so an out they alone wrote reads as uninitialized in bwd_preprocess
+                out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+                _, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, out=out, return_lse=True, seqlens_k=lens)
                 grads = [cupy.full(x.shape, np.nan, dtype=x.dtype) for x in (q, k, v)]
                 cupy_gqa.attention_backward(dd, qd, kd, vd, out, lse, causal=causal, seqlens_k=lens, dq=grads[0], dk=grads[1], dv=grads[2])
                 runs += 1
