@@ -279,9 +279,33 @@ def _prefill_launch(problem: Problem, layout: tuple, spec: _specs.Spec, tile_row
     return Launch(spec, (blocks,), make_params(problem, layout), problem)
 
 
+def visible_flops(problem: Problem) -> float:
+    """FLOPs of the call's two products on the (query, key) pairs its mask lets
+    through (bottom-right causal; a call's largest lengths where they vary per
+    sequence; modifiers' masks not counted): 4 head_dim a pair."""
+    sq, sk = problem.seqlen_q, problem.seqlen_k
+    pairs = sq * sk
+    if problem.causal:  # row i sees min(sk, max(0, i + sk - sq + 1)) keys
+        first = max(0, sq - sk)  # rows before it see none
+        n = sq - first
+        lo = first + sk - sq + 1  # the first seeing row's keys (>= 1)
+        pairs = n * lo + n * (n - 1) // 2
+    return 4.0 * problem.head_dim * pairs * problem.batch * problem.num_q_heads
+
+
+def f32_products(problem: Problem) -> str:
+    """float32 "highest"'s scheme for this call (_specs.F32_PRODUCTS): the one
+    set by set_f32_highest, else fp16 pairs from _specs.F32_PAIRS_MIN_FLOPS of
+    visible products up and split TF32 below."""
+    if _specs.F32_HIGHEST is not None:
+        return _specs.F32_HIGHEST
+    return "f16x2" if visible_flops(problem) >= _specs.F32_PAIRS_MIN_FLOPS else "tf32x3"
+
+
 @functools.lru_cache(maxsize=4096)
 def plan_tiled(problem: Problem, layout: tuple, arch: _specs.Arch) -> Launch:
-    spec = _specs.tiled_any_spec(problem.dtype, problem.head_dim, problem.causal, problem.precision, arch)
+    products = f32_products(problem) if problem.dtype == "float32" else None
+    spec = _specs.tiled_any_spec(problem.dtype, problem.head_dim, problem.causal, problem.precision, arch, products)
     launch = _prefill_launch(problem, layout, problem.spec(spec))
     if spec.source == "tiled_f16x2.cu":
         return F16x2Launch.of(launch, spec)
@@ -348,13 +372,14 @@ class F16x2Launch(Launch):
                             seq_params=self.problem.seq_params())  # fmt: skip
 
 
-def set_f32_highest(products: str) -> str:
+def set_f32_highest(products: str | None) -> str | None:
     """Make float32 calls with precision="highest" run the tiled kernel's scheme
-    ``products`` (_specs.F32_PRODUCTS) from now on, in this process; returns the
-    scheme they ran before. For the tests and benchmarks that run both schemes:
-    the plans and repeat-call entries made under the old one are forgotten."""
-    if products not in _specs.F32_PRODUCTS:
-        raise ValueError(f"products: expected one of {_specs.F32_PRODUCTS}, got {products!r}")
+    ``products`` (_specs.F32_PRODUCTS) from now on, in this process, whatever
+    their size (None: the default, by size: f32_products); returns the setting
+    before. For the tests and benchmarks that run both schemes: the plans and
+    repeat-call entries made under the old one are forgotten."""
+    if products is not None and products not in _specs.F32_PRODUCTS:
+        raise ValueError(f"products: expected one of {_specs.F32_PRODUCTS} or None, got {products!r}")
     from . import _fast
 
     old, _specs.F32_HIGHEST = _specs.F32_HIGHEST, products

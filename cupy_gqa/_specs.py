@@ -315,12 +315,17 @@ def tiled_f32_smem(head_dim: int, block_m: int, block_n: int, presplit: int) -> 
 #   "tf32x3"  split TF32 (kernels/tiled_tf32.cu), at TF32's rate;
 #   "f16x2"   fp16 pairs (kernels/tiled_f16x2.cu), at fp16's rate (twice TF32's),
 #             each tile scaled by a power of two into fp16's range.
-# F32_HIGHEST is the one the calls take: fp16 pairs, 1.85 times split TF32's
-# speed at F1 on the H200 (benchmarks/NOTES_hopper.md), where their table has the
-# head dim and the tile fits; split TF32 elsewhere (head dim 256, 99 KB GPUs at
-# 128). The other is compiled and tested beside it (benchmarks/dev/tf32_ab.py).
-F32_HIGHEST = "f16x2"
+# The calls take fp16 pairs, 1.85 times split TF32's speed at F1 on the H200
+# (benchmarks/NOTES_hopper.md), where their table has the head dim and the tile
+# fits and the call has F32_PAIRS_MIN_FLOPS of visible products or more; split
+# TF32 elsewhere (head dim 256, 99 KB GPUs at 128, and small calls, where the
+# pairs' two extra launches cost more than their rate saves: about 12 us against
+# 7.4 us saved per GFLOP at F2, benchmarks/NOTES_hopper.md). F32_HIGHEST, when
+# set (_plan.set_f32_highest: the tests and benchmarks that run both), makes
+# every call take that scheme. Both are compiled and tested (dev/tf32_ab.py).
+F32_HIGHEST: str | None = None
 F32_PRODUCTS = ("tf32x3", "f16x2")
+F32_PAIRS_MIN_FLOPS = 2e9
 # head_dim -> (BLOCK_M, BLOCK_N, NUM_WARPS) of kernels/tiled_f16x2.cu: fp16 pairs
 # of a Q tile and two stages of K and V pairs (made once per call, in a workspace,
 # by its first two kernels); two CTAs per SM on the 227 KB GPUs. Not at head dim
@@ -395,11 +400,12 @@ def is_f16x2_prep(spec: Spec) -> bool:
 @functools.lru_cache(maxsize=None)
 def tiled_f32_spec(head_dim: int, causal: bool, precision: str, arch: Arch, products: str | None = None) -> Spec | None:
     """The float32 tiled kernel for one (head_dim, causal, precision) on ``arch``:
-    for "highest", the scheme ``products`` (F32_PRODUCTS; default F32_HIGHEST);
-    fp16 pairs where their table has the head dim and the tile fits, else split
+    for "highest", the scheme ``products`` (F32_PRODUCTS; default F32_HIGHEST, or
+    where that is unset the pairs): fp16 pairs where their table has the head dim
+    and the tile fits, else split
     TF32's tile and PRESPLIT mode, with the mode lowered until it fits the
     architecture's shared memory; None where nothing fits or without sm_80."""
-    if precision == "highest" and (products or F32_HIGHEST) == "f16x2":
+    if precision == "highest" and (products or F32_HIGHEST or "f16x2") == "f16x2":
         spec = tiled_f16x2_spec(head_dim, causal, arch)
         if spec is not None:
             return spec
@@ -426,12 +432,13 @@ def tiled_f32_spec(head_dim: int, causal: bool, precision: str, arch: Arch, prod
     )
 
 
-def tiled_any_spec(dtype: str, head_dim: int, causal: bool, precision: str, arch: Arch) -> Spec | None:
-    """The tiled kernel (fp16 / bf16 or float32) for a call on ``arch``, or None."""
+def tiled_any_spec(dtype: str, head_dim: int, causal: bool, precision: str, arch: Arch, products: str | None = None) -> Spec | None:
+    """The tiled kernel (fp16 / bf16 or float32) for a call on ``arch``, or None;
+    ``products``: float32 "highest"'s scheme (tiled_f32_spec)."""
     if head_dim not in tiled_head_dims(dtype):
         return None
     if dtype == "float32":
-        return tiled_f32_spec(head_dim, causal, precision, arch)
+        return tiled_f32_spec(head_dim, causal, precision, arch, products)
     return tiled_spec(dtype, head_dim, causal, arch)
 
 

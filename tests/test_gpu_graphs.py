@@ -32,8 +32,10 @@ CASES = {
     "decode_split_f32": ("decode", (1, 1, 3000, 4, 1, 64), "float32", True),
     "auto_decode_split": ("auto", (2, 1, 2048, 16, 1, 64), "float16", "cluster"),
     "decode_cluster": ("decode", (4, 1, 4096, 16, 4, 128), "bfloat16", "cluster"),
-    # float32 "highest": with fp16 pairs (_specs.F32_HIGHEST "f16x2") K and V become pairs in a workspace first
+    # float32 "highest" on fp16 pairs (at this size only when chosen: _scheme): K and V become pairs in a workspace first
     "tiled_f32": ("tiled", (2, 96, 200, 8, 2, 64), "float32", "pairs"),
+    # the same call by default: under _specs.F32_PAIRS_MIN_FLOPS, split TF32 (no workspace)
+    "tiled_f32_small": ("tiled", (2, 96, 200, 8, 2, 64), "float32", "f32"),
 }
 VARIANTS = ["plain", "out", "return_lse", "seqlens_k", "workspace", "first_call"]
 
@@ -46,8 +48,22 @@ def _skip_unsupported(kernel, dtype):
         pytest.skip("tensor-core kernels: compute capability 8.0 or newer")
 
 
+@pytest.fixture(autouse=True)
+def _scheme(request):
+    """The "pairs" case runs fp16 pairs at its size (calls take them from
+    _specs.F32_PAIRS_MIN_FLOPS up), unless CUPY_GQA_TEST_F32_PRODUCTS set a scheme."""
+    callspec = getattr(request.node, "callspec", None)
+    case = callspec.params.get("case") if callspec is not None else None
+    if case in CASES and CASES[case][3] == "pairs" and _specs.F32_HIGHEST is None:
+        old = _plan.set_f32_highest("f16x2")
+        yield
+        _plan.set_f32_highest(old)
+    else:
+        yield
+
+
 def _needs_workspace(split):
-    if split == "pairs":
+    if split in ("pairs", "f32"):  # pairs where they were set; at these sizes the default is split TF32
         return _specs.F32_HIGHEST == "f16x2" and int(cupy.cuda.Device().compute_capability) >= 80
     return split is True or (split == "cluster" and int(cupy.cuda.Device().compute_capability) < 90)
 

@@ -132,23 +132,25 @@ def test_float32_tiled_plan_follows_precision(precision, split):
     (128, "sm_86", "tiled_tf32_attention<128, 64, 16, 4, true, true, 1, 84480>"),  # the pairs' tile is over 99 KB
 ])  # fmt: skip
 def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
-    """With fp16 pairs chosen (the default), "highest" runs them where their table
-    has the head dim and the tile fits; elsewhere split TF32. "tf32" never changes."""
-    layout = ((2, 64, 8, head_dim), (64 * 8 * head_dim * 4, 8 * head_dim * 4, head_dim * 4, 4), 4)
+    """A call big enough for fp16 pairs (the default from F32_PAIRS_MIN_FLOPS up)
+    runs them where their table has the head dim and the tile fits; elsewhere
+    split TF32. "tf32" never changes."""
+    layout = ((2, 2048, 8, head_dim), (2048 * 8 * head_dim * 4, 8 * head_dim * 4, head_dim * 4, 4), 4)
     from cupy_gqa import _fast
 
-    assert _specs.F32_HIGHEST == "f16x2"
-    problem = _plan.Problem(2, 64, 64, 8, 2, head_dim, "float32", True, 0.1, "highest")
+    assert _specs.F32_HIGHEST is None
+    problem = _plan.Problem(2, 2048, 2048, 8, 2, head_dim, "float32", True, 0.1, "highest")
+    assert _plan.visible_flops(problem) >= _specs.F32_PAIRS_MIN_FLOPS
     plan = _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS[arch])
     assert plan.spec.name == expected
-    if "f16x2" in expected:  # its pairs of K and V: 2 x 2 (batch, KV head) x ceil(64 / block_n) tiles
+    if "f16x2" in expected:  # its pairs of K and V: 2 x 2 (batch, KV head) x ceil(2048 / block_n) tiles
         block_n = plan.spec.block_n
-        tiles = 2 * 2 * -(-64 // block_n)
+        tiles = 2 * 2 * -(-2048 // block_n)
         assert [s.name for s in plan.prep] == [f"f16x2_v_exponents<{head_dim}, {block_n}>", f"f16x2_kv_pairs<{head_dim}, {block_n}>"]
         assert plan.workspace_bytes == tiles * (4 * block_n * head_dim * 2 + 12)
     else:
         assert plan.workspace_bytes == 0
-    tf32 = _plan.Problem(2, 64, 64, 8, 2, head_dim, "float32", True, 0.1, "tf32")
+    tf32 = _plan.Problem(2, 2048, 2048, 8, 2, head_dim, "float32", True, 0.1, "tf32")
     assert _plan.plan_tiled(tf32, (layout,) * 4, _specs.ARCHS[arch]).spec.source == "tiled_tf32.cu"
     # split TF32 chosen: the plans and repeat-call entries made before are forgotten
     _fast.remember(("a repeat call's signature",), object())
@@ -161,6 +163,36 @@ def test_float32_highest_takes_the_chosen_products(head_dim, arch, expected):
     assert _plan.plan_tiled(problem, (layout,) * 4, _specs.ARCHS[arch]).spec.name == expected
     with pytest.raises(ValueError, match="products: expected one of"):
         _plan.set_f32_highest("fp16")
+
+
+@pytest.mark.parametrize("shape, causal, pairs", [
+    ((2, 80, 80, 8, 2, 32), True, False),  # the demo's call: 6.6 MFLOP
+    ((1, 1024, 1024, 8, 2, 64), True, False),  # 1.07 GFLOP
+    ((1, 1024, 1024, 16, 2, 64), True, True),  # 2.15 GFLOP
+    ((1, 1000, 1000, 8, 8, 128), False, True),  # 4.1 GFLOP, every pair
+    ((4, 1024, 1024, 32, 8, 64), True, True),  # F2
+    ((2, 4000, 90, 8, 2, 128), True, False),  # only the last 90 rows see keys (4095 pairs a head): 34 MFLOP
+])  # fmt: skip
+def test_float32_highest_takes_pairs_from_their_minimum_work(shape, causal, pairs):
+    """By default "highest" takes fp16 pairs only on calls of F32_PAIRS_MIN_FLOPS
+    of visible products or more (their two extra launches cost more than they
+    save below); split TF32 takes the others, without a workspace. A scheme set
+    by set_f32_highest holds at every size."""
+    batch, sq, sk, hq, hkv, d = shape
+    problem = _plan.Problem(batch, sq, sk, hq, hkv, d, "float32", causal, 0.1, "highest")
+    layouts = tuple(((batch, n, h, d), (n * h * d * 4, h * d * 4, d * 4, 4), 4) for n, h in ((sq, hq), (sk, hkv), (sk, hkv), (sq, hq)))
+    rows = np.arange(sq)[:, None]
+    seen = np.ones((sq, sk), bool) if not causal else np.arange(sk)[None, :] <= rows + sk - sq
+    assert _plan.visible_flops(problem) == 4 * d * int(seen.sum()) * batch * hq
+    arch = _specs.ARCHS["sm_90"]
+    plan = _plan.plan_tiled(problem, layouts, arch)
+    assert (plan.spec.source == "tiled_f16x2.cu") == pairs and (plan.workspace_bytes > 0) == pairs
+    old = _plan.set_f32_highest("tf32x3" if pairs else "f16x2")
+    try:
+        assert (_plan.plan_tiled(problem, layouts, arch).spec.source == "tiled_f16x2.cu") != pairs
+    finally:
+        _plan.set_f32_highest(old)
+    assert _plan.plan_tiled(problem, layouts, arch).spec.name == plan.spec.name
 
 
 @pytest.mark.parametrize("kind, dtype, head_dim, arch, dq_kernel, dkdv_kernel", [

@@ -126,7 +126,7 @@ case "$stage" in
       echo "== $name: rc $? in $((SECONDS - t0)) s"; reap
       grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|rc [0-9]" "$out/first_$name.txt" | sort -u | head -12
     }
-    part f32_suite 90 env CUPY_GQA_TEST_F16X2_TILES="${F16X2_TILES:-128:128,32,8;64:64,16,4}" python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_kernels.py \
+    part f32_suite 90 env CUPY_GQA_TEST_F32_PRODUCTS=f16x2 CUPY_GQA_TEST_F16X2_TILES="${F16X2_TILES:-128:128,32,8;64:64,16,4}" python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_kernels.py \
       tests/test_gpu_modifiers.py tests/test_gpu_seq.py tests/test_gpu_graphs.py tests/test_gpu_fuzz.py \
       tests/test_gpu_backward.py tests/test_gpu_interop.py tests/test_gpu_f32_products.py -k "float32 or fp32 or f32"
     part bwd_ws 75 python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
