@@ -84,7 +84,7 @@ def attention(
     kernel : {"auto", "rowwise", "tiled", "hopper", "decode"}
         "rowwise" is one thread (or a small team) per query row with an online
         softmax, and runs every call. "tiled" is the tensor-core kernel for
-        float16, bfloat16 and float32 (split TF32, see ``precision``) with
+        float16, bfloat16 and float32 (fp16 pairs or split TF32, see ``precision``) with
         head_dim 32, 64, 96, 128 or 256, a unit-stride
         head_dim axis, 16-byte aligned rows and softmax_scale > 0. "hopper" is
         the prefill kernel for Hopper GPUs (compute capability 9.0: H100,
@@ -108,9 +108,12 @@ def attention(
         inputs run the NumPy backend and take "auto" only.
     precision : {"highest", "tf32"}, default "highest"
         float32 only (no effect on other dtypes). "highest" is fp32-accurate
-        (relative error around 1e-7 to 1e-6): the tiled kernel multiplies on
-        the TF32 tensor cores with each operand split into two TF32 parts
-        (three products per product); rowwise and decode are plain fp32. "tf32"
+        (relative error around 1e-7 to 1e-6): the tiled kernel writes each
+        operand as a pair of fp16 numbers and sums three fp16 tensor-core
+        products (head_dim 32 to 128, calls of 2 GFLOP of visible products or
+        more; the pairs of k and v take a workspace), or splits each into two
+        TF32 parts, also three products (elsewhere); rowwise and decode are
+        plain fp32. "tf32"
         lets the tiled kernel use one TF32 product: faster, with a relative
         error of about 1e-3 (at most 2e-3 in our tests); calls that the tiled
         kernel doesn't take still run in full fp32.
