@@ -21,6 +21,7 @@ float32 on the same inputs, each with one rounding changed:
               only when a tile's maximum passes it by more than 2^8 (so P can
               reach 2^8 and the largest P is seldom a power of two)
   p16_lazy_sum16  p16_lazy with row sums of the rounded P
+  p16_tiles_sum16  p16_tiles with row sums of the rounded P
   pfp16       P rounded to float16 whatever the input dtype (10 bits, not 7)
 The model whose error meets torch's says which rounding torch's kernels use
 (benchmarks/NOTES.md: errors against torch's). On a GPU each cupy_gqa kernel
@@ -63,21 +64,21 @@ def model(case, q, k, v, variant, batches):
     for bi, b in enumerate(batches):
         for h in range(case.num_kv_heads):
             s, vh = scores(case, q, k, b, h), v[b, :, h].float()
-            if variant in ("p16_tiles", "p16_lazy", "p16_lazy_sum16"):
+            if variant in ("p16_tiles", "p16_lazy", "p16_lazy_sum16", "p16_tiles_sum16"):
                 o = torch.zeros(s.shape[:2] + (case.head_dim,), device=q.device)
                 m = torch.full(s.shape[:2] + (1,), -math.inf, device=q.device)
                 l = torch.zeros(s.shape[:2] + (1,), device=q.device)
                 for n0 in range(0, case.seqlen_k, TILE):
                     st = s[..., n0 : n0 + TILE]
                     m_new = torch.maximum(m, st.amax(-1, keepdim=True))
-                    if variant != "p16_tiles":  # raised only where the tile's max passes it by more than LAZY
+                    if variant.startswith("p16_lazy"):  # raised only where the tile's max passes it by more than LAZY
                         m_new = torch.where(m_new > m + LAZY, m_new, m)
                     ref = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
                     alpha = torch.exp2(m - ref)
                     p = torch.exp2(st - ref)
                     pr = p.to(dt).float()
                     o = o * alpha + pr @ vh[n0 : n0 + TILE]
-                    l = l * alpha + (pr if variant == "p16_lazy_sum16" else p).sum(-1, keepdim=True)
+                    l = l * alpha + (pr if variant.endswith("_sum16") else p).sum(-1, keepdim=True)
                     m = m_new
                 o = o / l
             else:
@@ -101,7 +102,7 @@ def main() -> int:
     args = ap.parse_args()
     ba.DEVICE = args.device
     by_name = {c.name: c for c in (*ba.CASES, *ba.SHAPE_SWEEP)}
-    variants = ["p16", "p16_sum16", "p32", "p16_x2^0.25", "p16_x2^0.5", "p16_x2^0.75", "p16_tiles", "p16_lazy", "p16_lazy_sum16", "pfp16"]
+    variants = ["p16", "p16_sum16", "p32", "p16_x2^0.25", "p16_x2^0.5", "p16_x2^0.75", "p16_tiles", "p16_lazy", "p16_lazy_sum16", "p16_tiles_sum16", "pfp16"]
     print(f"{args.device}  torch {torch.__version__}; relative error against float64, one call per case")
     print(f"{'case':5s} {'impl':18s} rel_err")
     for name in args.cases.split(","):
