@@ -227,7 +227,8 @@ case "$stage" in
     # each patch of benchmarks/dev/pending, applied to a copy of this tree, by the kernels it
     # touches: hopper.cu -- its hopper GPU tests and the sanitizer's hopper group in the copy
     # (at once), then hopper_ab.py (this tree and the copy timed in turn in one process; with
-    # PENDING_CTA_COST=1 also hopper_cta_cost.py in each); decode.cu -- the decode,
+    # PENDING_ERROR_CASES also p_rounding.py's errors in both; with PENDING_CTA_COST=1 also
+    # hopper_cta_cost.py in each); decode.cu -- the decode,
     # per-sequence and graph GPU tests and the sanitizer's decode group in the copy (at once),
     # then p_rounding.py's errors (PENDING_ERROR_CASES) in both, and decode_stages.py --stages 3 in this
     # tree and, with DECODE_STAGES_ARGS, in the copy.
@@ -258,6 +259,14 @@ case "$stage" in
         cases=${PENDING_CASES:-H1,H2,H3,H4,N1,H6}
         timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "$cases" --rounds 3 >"$out/pending_${name}_ab.txt" 2>&1
         reap; cat "$out/pending_${name}_ab.txt"
+        if [ -n "${PENDING_ERROR_CASES:-}" ]; then  # p_rounding.py's errors in both trees (torch's beside them)
+          for t in "$here" "$d"; do
+            (cd "$t" && PYTHONPATH="$t" timeout -s KILL 120 python3 benchmarks/dev/p_rounding.py \
+              --cases "$PENDING_ERROR_CASES" --device cuda) >"$out/pending_${name}_errors_$(basename "$t").txt" 2>&1
+            echo "== p_rounding in $(basename "$t"): rc $?"; reap
+            grep -E "cupy_gqa|torch" "$out/pending_${name}_errors_$(basename "$t").txt" | tail -15
+          done
+        fi
         if [ -n "${PENDING_SOFTCAP:-}" ]; then
           timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "$cases" --rounds 3 \
             --softcap "$PENDING_SOFTCAP" >"$out/pending_${name}_ab_softcap.txt" 2>&1
