@@ -51,6 +51,18 @@ mkdir -p "$out"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 stage=${1:-tests}
 shift || true
+# errors_both DIR CASES PREFIX: p_rounding.py's errors (cupy_gqa's kernels, torch's, the models) on CASES
+# in this tree and in the patched copy DIR, each into $out/PREFIX_<tree>.txt, the kernels' lines printed
+errors_both() {
+  local t
+  for t in "$PWD" "$1"; do
+    (cd "$t" && PYTHONPATH="$t" timeout -s KILL 120 python3 benchmarks/dev/p_rounding.py --cases "$2" --device cuda) \
+      >"$out/$3_$(basename "$t").txt" 2>&1
+    echo "== p_rounding in $(basename "$t"): rc $?"
+    nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
+    grep -E "cupy_gqa|torch" "$out/$3_$(basename "$t").txt" | tail -15
+  done
+}
 echo "$(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) $(git rev-parse --short HEAD 2>/dev/null)"
 case "$stage" in
   tests)
@@ -163,12 +175,7 @@ case "$stage" in
       timeout -s KILL "${AB_S:-200}" python3 benchmarks/dev/hopper_ab.py "$d" --cases "${PENDING_CASES:-H1,H2,H3,H4,N1,H6}" \
         --rounds 3 >"$out/ab_${name}.txt" 2>&1
       echo "== $name: hopper_ab rc $? in $((SECONDS - t0)) s"; reap; tail -12 "$out/ab_${name}.txt"
-      for t in "$here" "$d"; do
-        (cd "$t" && PYTHONPATH="$t" timeout -s KILL 120 python3 benchmarks/dev/p_rounding.py \
-          --cases "${PENDING_ERROR_CASES:-P03,H3,H4}" --device cuda) >"$out/ab_${name}_errors_$(basename "$t").txt" 2>&1
-        echo "== p_rounding in $(basename "$t"): rc $?"; reap
-        grep -vE " model |^cuda" "$out/ab_${name}_errors_$(basename "$t").txt" | tail -12
-      done
+      errors_both "$d" "${PENDING_ERROR_CASES:-P03,H3,H4}" "ab_${name}_errors"
     done ;;
   bwd_sm90)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
@@ -259,14 +266,7 @@ case "$stage" in
         cases=${PENDING_CASES:-H1,H2,H3,H4,N1,H6}
         timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "$cases" --rounds 3 >"$out/pending_${name}_ab.txt" 2>&1
         reap; cat "$out/pending_${name}_ab.txt"
-        if [ -n "${PENDING_ERROR_CASES:-}" ]; then  # p_rounding.py's errors in both trees (torch's beside them)
-          for t in "$here" "$d"; do
-            (cd "$t" && PYTHONPATH="$t" timeout -s KILL 120 python3 benchmarks/dev/p_rounding.py \
-              --cases "$PENDING_ERROR_CASES" --device cuda) >"$out/pending_${name}_errors_$(basename "$t").txt" 2>&1
-            echo "== p_rounding in $(basename "$t"): rc $?"; reap
-            grep -E "cupy_gqa|torch" "$out/pending_${name}_errors_$(basename "$t").txt" | tail -15
-          done
-        fi
+        [ -n "${PENDING_ERROR_CASES:-}" ] && errors_both "$d" "$PENDING_ERROR_CASES" "pending_${name}_errors"
         if [ -n "${PENDING_SOFTCAP:-}" ]; then
           timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "$cases" --rounds 3 \
             --softcap "$PENDING_SOFTCAP" >"$out/pending_${name}_ab_softcap.txt" 2>&1
@@ -292,13 +292,7 @@ case "$stage" in
         grep -E "passed|failed|FAILED" "$out/pending_${name}_tests.txt" | tail -8; cat "$out/pending_${name}_san.txt"
         echo "== decode_stages.py in this tree"
         timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 2>&1 | tail -16; reap
-        echo "== p_rounding.py: one call's errors, cupy_gqa and torch, in this tree and the copy"
-        for t in "$here" "$d"; do
-          (cd "$t" && PYTHONPATH="$t" timeout -s KILL 120 python3 benchmarks/dev/p_rounding.py \
-            --cases "${PENDING_ERROR_CASES:-D1,D2,D06,D16,D24}" --device cuda) 2>&1 | grep -vE " model |^cuda" \
-            | sed "s|^|$(basename "$t"): |"
-          reap
-        done
+        errors_both "$d" "${PENDING_ERROR_CASES:-D1,D2,D06,D16,D24}" "pending_${name}_errors"
         if [ -n "${DECODE_STAGES_ARGS:-}" ]; then
           echo "== decode_stages.py --stages 3 $DECODE_STAGES_ARGS in the copy"
           (cd "$d" && PYTHONPATH="$d" timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 \
