@@ -383,7 +383,6 @@ def set_f32_highest(products: str | None) -> str | None:
     from . import _fast
 
     old, _specs.F32_HIGHEST = _specs.F32_HIGHEST, products
-    _specs.tiled_f32_spec.cache_clear()
     plan_tiled.cache_clear()
     _fast.clear()
     return old

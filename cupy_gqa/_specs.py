@@ -400,12 +400,12 @@ def is_f16x2_prep(spec: Spec) -> bool:
 @functools.lru_cache(maxsize=None)
 def tiled_f32_spec(head_dim: int, causal: bool, precision: str, arch: Arch, products: str | None = None) -> Spec | None:
     """The float32 tiled kernel for one (head_dim, causal, precision) on ``arch``:
-    for "highest", the scheme ``products`` (F32_PRODUCTS; default F32_HIGHEST, or
-    where that is unset the pairs): fp16 pairs where their table has the head dim
-    and the tile fits, else split
+    for "highest", the scheme ``products`` (F32_PRODUCTS; default the pairs: a
+    call's own comes from _plan.f32_products): fp16 pairs where their table has
+    the head dim and the tile fits, else split
     TF32's tile and PRESPLIT mode, with the mode lowered until it fits the
     architecture's shared memory; None where nothing fits or without sm_80."""
-    if precision == "highest" and (products or F32_HIGHEST or "f16x2") == "f16x2":
+    if precision == "highest" and (products or "f16x2") == "f16x2":
         spec = tiled_f16x2_spec(head_dim, causal, arch)
         if spec is not None:
             return spec

@@ -28,6 +28,7 @@ if os.environ.get("CUPY_GQA_TEST_F16X2_TILES"):
         head_dim, tile = item.split(":")
         _specs.TILED_F16X2_TILES[int(head_dim)] = tuple(int(x) for x in tile.split(","))
     _specs.tiled_f16x2_spec.cache_clear()
+    _specs.tiled_f32_spec.cache_clear()
     _specs.specs_for.cache_clear()
     _plan.set_f32_highest(_specs.F32_HIGHEST)  # (forgets the plans made with the table's tiles)
 # CUPY_GQA_TEST_F32_PRODUCTS (one of cupy_gqa._specs.F32_PRODUCTS) runs the
