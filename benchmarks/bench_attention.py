@@ -723,16 +723,28 @@ torch::Tensor seed_design(torch::Tensor q, torch::Tensor k, torch::Tensor v) {
 """
 
 
+# torch builds the seed's extension under a lock file that a build killed midway
+# (a run stopped by a time limit) leaves behind, and every later build then waits
+# for it forever; a build takes about a minute, so a lock older than this is stale
+SEED_LOCK_STALE_S = 300
+
+
 def seed_kernel(torch, q, k, v):
     """A call of the seed's design on (q, k, v): fp32, head_dim <= 32, equal lengths, causal."""
     from torch.utils.cpp_extension import load_inline
 
+    build = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cupy_gqa_bench" / "seed_design"
+    build.mkdir(parents=True, exist_ok=True)
+    lock = build / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > SEED_LOCK_STALE_S:
+        lock.unlink(missing_ok=True)
     module = load_inline(
         name="cupy_gqa_bench_seed_design",
         cpp_sources="torch::Tensor seed_design(torch::Tensor q, torch::Tensor k, torch::Tensor v);",
         cuda_sources=_SEED_CUDA,
         functions=["seed_design"],
         extra_cuda_cflags=["-O3"],
+        build_directory=str(build),
     )
     return lambda: module.seed_design(q.contiguous(), k.contiguous(), v.contiguous())
 
