@@ -8,7 +8,8 @@
 #   benchmarks/dev/device_check.sh prefill      one call for a prefill-kernel change, each part under a time
 #                                               limit: the hopper and other-architecture GPU tests, the
 #                                               sanitizer on hopper, a quick H1-H7/N1 bench, SASS counts
-#   benchmarks/dev/device_check.sh results [..] the canonical runs, each under a limit (seconds in RESULTS_LIMITS):
+#   benchmarks/dev/device_check.sh results [..] the canonical runs, each under a limit (seconds in RESULTS_LIMITS; unbuffered,
+#                                               so a run stopped by its limit leaves its log):
 #                                               bench_attention.py [args], bench_model.py, train_check.py;
 #                                               everything they write is packed in $OUT/results.tgz
 #   benchmarks/dev/device_check.sh profile [..] benchmarks/dev/profile_prefill.py [args] (or $PROFILE_SCRIPT, e.g.
@@ -211,13 +212,13 @@ case "$stage" in
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     read -r lb lm lt <<<"${RESULTS_LIMITS:-330 150 90}"
     t0=$SECONDS
-    timeout -s KILL "$lb" python3 benchmarks/bench_attention.py --out "$out/results" "$@" >"$out/bench.txt" 2>&1
+    timeout -s KILL "$lb" python3 -u benchmarks/bench_attention.py --out "$out/results" "$@" >"$out/bench.txt" 2>&1
     echo "bench rc $? in $((SECONDS - t0)) s"; reap; grep -E "^\| " "$out/results/"*.md 2>/dev/null | grep -vE "rowwise|naive|seed|math|efficient" | cut -c1-150 | head -70
     t0=$SECONDS
-    [ "$lm" -gt 0 ] && timeout -s KILL "$lm" python3 benchmarks/bench_model.py --out "$out/results" >"$out/model.txt" 2>&1
+    [ "$lm" -gt 0 ] && timeout -s KILL "$lm" python3 -u benchmarks/bench_model.py --out "$out/results" >"$out/model.txt" 2>&1
     echo "model rc $? in $((SECONDS - t0)) s"; reap; tail -25 "$out/model.txt"
     t0=$SECONDS
-    [ "$lt" -gt 0 ] && timeout -s KILL "$lt" python3 benchmarks/train_check.py --out "$out/results" >"$out/train.txt" 2>&1
+    [ "$lt" -gt 0 ] && timeout -s KILL "$lt" python3 -u benchmarks/train_check.py --out "$out/results" >"$out/train.txt" 2>&1
     echo "train rc $? in $((SECONDS - t0)) s"; reap; tail -4 "$out/train.txt"
     tar czf "$out/results.tgz" -C "$out" results && rm -rf "$out/results" ;;
   profile)
