@@ -849,3 +849,29 @@ def test_measure_all_leaves_out_what_fails():
     assert [r.impl for r in rows] == ["cupy_gqa[auto]", "torch_cudnn"]
     assert [r.ms for r in rows] == [2.0, 3.0] and all(r.reps == 4 for r in rows)
     assert rows[0].compile_s == pytest.approx(0.5 - 2.0e-3)
+
+
+def test_seed_kernel_clears_only_a_stale_build_lock(tmp_path, monkeypatch):
+    """The seed's extension is built in a folder of its own; a lock that a killed build left
+    there (older than SEED_LOCK_STALE_S) is removed before the build, a fresh one (a build
+    running beside this one) is left for torch to wait on."""
+    cpp_extension = pytest.importorskip("torch.utils.cpp_extension")
+    built = []
+
+    class Module:
+        def seed_design(self, *arrays):
+            return arrays
+
+    monkeypatch.setattr(cpp_extension, "load_inline", lambda **kw: built.append(kw) or Module())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    lock = tmp_path / "cupy_gqa_bench" / "seed_design" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    old = os.stat(lock).st_mtime - bench.SEED_LOCK_STALE_S - 1
+    os.utime(lock, (old, old))
+    bench.seed_kernel(None, None, None, None)
+    assert not lock.exists()
+    assert built[-1]["build_directory"] == str(lock.parent)
+    lock.write_text("")
+    bench.seed_kernel(None, None, None, None)
+    assert lock.exists()
