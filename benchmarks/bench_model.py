@@ -90,6 +90,8 @@ def measure(torch, models: dict, args, device) -> dict:
     def record(key, times, scale=None):
         for name, t in times.items():
             res[name][key] = statistics.median(t) * 1e3 if scale is None else scale / statistics.median(t)
+        # each measure as it comes, so that a run stopped by a time limit still shows what it had
+        print(f"{key}: " + ", ".join(f"{name} {res[name][key]:.3f}" for name in times), flush=True)
 
     with torch.no_grad():
         ids = prompt(torch, args.prefill_batch, args.prefill_len, vocab, device, 1)

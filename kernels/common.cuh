@@ -525,7 +525,11 @@ struct Mods {
         MASK = (FLAGS & MOD_MASK) != 0,
         SCORES = SOFTCAP || ALIBI || SCORE,  // the scores change
         MASKS = WINDOW || MASK,              // keys inside the causal bounds may be masked
+        // softcap is the one score modifier: a row's maximum is the softcap of its raw
+        // maximum (softmax.cuh: frag_softcap)
+        SOFTCAP_ONLY = SOFTCAP && !ALIBI && !SCORE,
     };
+    typedef Mods<FLAGS & ~MOD_SOFTCAP, HALF> NoSoftcap;  // the same masks, no softcap
 };
 typedef Mods<0> NoMods;
 
@@ -608,14 +612,16 @@ __device__ __forceinline__ Row row(const ModParams& mp, const Seq& sq, int t, in
 // ALiBi slope.) The tensor-core prefill kernels keep it in natural units and
 // apply log2(e) inside their exp2 (softmax.cuh: frag_modify).
 template <class M, typename A>
+__device__ __forceinline__ A softcap_nat(A x, const ModParams& mp) {
+    const A cap = (A)mp.softcap;
+    if constexpr (M::FAST_TANH)
+        return cap * fast_tanh(x * (1.f / cap));
+    else
+        return cap * tanh(x / cap);
+}
+template <class M, typename A>
 __device__ __forceinline__ A score_nat(A x, const ModParams& mp, const Seq& sq, int t, int h, float slope, int j) {
-    if (M::SOFTCAP) {
-        const A cap = (A)mp.softcap;
-        if constexpr (M::FAST_TANH)
-            x = cap * fast_tanh(x * (1.f / cap));
-        else
-            x = cap * tanh(x / cap);
-    }
+    if (M::SOFTCAP) x = softcap_nat<M>(x, mp);
     if (M::ALIBI) x -= (A)slope * (A)abs(t + sq.diag - j);
     if (M::SCORE) x = user_score_mod<A>(x, sq.b, h, t, j, sq.seqlen_q, sq.len, mp);
     return x;
@@ -755,6 +761,19 @@ __device__ __forceinline__ void acc_a_operand(const float (&c)[NT][4], int kk, u
     a[1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);              // row g + 8
     a[2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);      // row g,     columns 16 kk + 8 + 2 (lane % 4), + 1
     a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);      // row g + 8
+}
+
+// What acc_a_operand's rounding to T left of the same C fragments, rounded to T
+// in turn (a = that operand): a and this hold the fragments to about twice T's
+// precision.
+template <typename T, int NT>
+__device__ __forceinline__ void acc_a_rest(const float (&c)[NT][4], int kk, const unsigned (&a)[4], unsigned (&r)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const float* x = c[2 * kk + (e >> 1)] + 2 * (e & 1);  // the pair a[e] holds
+        const T* h = reinterpret_cast<const T*>(&a[e]);
+        r[e] = pack2<T>(x[0] - to_acc(h[0]), x[1] - to_acc(h[1]));
+    }
 }
 
 // 2^x in one MUFU.EX2 (ex2.approx.ftz: 2^-inf = 0, NaN stays NaN; 2 ulp).

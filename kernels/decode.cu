@@ -730,6 +730,10 @@ __device__ __forceinline__ void decode_mma_body(
     constexpr int RPP = 32 / CH;                    // key rows a warp copies per pass
     constexpr int PASSES = BN / RPP / ROW_WARPS;    // copy passes of each warp of a stream per tile
     constexpr bool Q_REGS = D <= 128;               // Q fragments in registers (D 256: from smem)
+    // P as two 16-bit terms in P V (P = hi + rounded rest): the rounding of P leaves
+    // the error, which is then the output's own rounding. One more mma per P V mma,
+    // where the tensor cores have room beside the loads: one or two row warps
+    constexpr bool P_PAIR = ROW_WARPS <= 2;
     static_assert(sizeof(T) == 2, "fp16 / bf16 only");
     static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
     static_assert(D % 16 == 0 && CH >= 8 && CH <= 32 && 32 % CH == 0 && BN % 16 == 0 && BN % RPP == 0, "tile shapes");
@@ -979,15 +983,21 @@ __device__ __forceinline__ void decode_mma_body(
         }
         // online softmax (softmax.cuh), lazy rescale
         softmax::frag_update<DECODE_RESCALE_THRESHOLD, false>(s, o, m_run, l_run, 0.f, softmax::FastExp2());
-        // O += P V: the C fragments of S, paired, are the A fragment of P
+        // O += P V: the C fragments of S, paired, are the A fragment of P (P_PAIR: and of
+        // its rest, whose products go first)
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            unsigned pa[4];
+            unsigned pa[4], pr[4];
             acc_a_operand<T>(s, kk, pa);
+            if constexpr (P_PAIR) acc_a_rest<T>(s, kk, pa, pr);
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
                 unsigned vb[4];
                 ldmatrix_x4_trans(vb, sK_st + v_off[dp % 4] + (dp / 4) * 64 * (int)sizeof(T) + kk * 16 * D * (int)sizeof(T));
+                if constexpr (P_PAIR) {
+                    mma_16816<T>(o[2 * dp], pr, vb[0], vb[1]);
+                    mma_16816<T>(o[2 * dp + 1], pr, vb[2], vb[3]);
+                }
                 mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
                 mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
             }

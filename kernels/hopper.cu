@@ -625,6 +625,14 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 }
                 return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2,
                                                                             softmax::FastExp2());
+            } else if constexpr (M::SOFTCAP_ONLY && NWG == 2) {
+                // the softcap with the maxima taken before it (softmax.cuh: frag_softcap; with
+                // three warpgroups and a window, its two paths spilled 8 bytes)
+                float mx[2];
+                const float scale =
+                    softmax::frag_softcap<M, CAUSAL>(s, mx, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
+                return softmax::frag_probabilities_max<RESCALE_THRESHOLD, true>(s, mx, m_run, alpha, rs, scale,
+                                                                                softmax::FastExp2());
             } else {
                 // modifiers (softmax.cuh: frag_modify), then the probabilities
                 const float scale =

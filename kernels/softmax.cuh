@@ -202,6 +202,44 @@ __device__ __forceinline__ float frag_row_max(const float (&s)[NT][4], int hf) {
     return mx;
 }
 
+// frag_modify for a softcap that is the only score modifier (M::SOFTCAP_ONLY), with
+// the rows' maxima of the result in mx: the raw scores are scaled and masked, their
+// maxima taken, then the softcap applied to those and to every visible score. The
+// softcap rule is monotone, so the maxima are those of the capped scores, and the
+// exponentials need not wait for every tanh (the row maximum no longer stands between
+// them). Masked scores stay -inf.
+template <class M, bool CAUSAL, int NT, class Keys>
+__device__ __forceinline__ float frag_softcap(float (&s)[NT][4], float (&mx)[2], int n0, int n, int lane,
+                                              const ModParams& mp, const mods::Seq& sq, const mods::Diag (&row)[2],
+                                              const Keys& keys, float scale_log2) {
+    static_assert(M::SOFTCAP_ONLY, "the softcap is the one score modifier");
+    const float scale = scale_log2 * 0.69314718055994530942f;  // softmax_scale
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
+    const bool mask = M::MASK || !keys.unmasked(n0, n);
+    if (mask) frag_mods<typename M::NoSoftcap, CAUSAL>(s, n0, lane, mp, sq, row, true);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const float raw = frag_row_max(s, hf);
+        mx[hf] = raw == neg_inf<float>() ? raw : mods::softcap_nat<M>(raw, mp);
+    }
+    if (mask) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (s[nt][e] != neg_inf<float>()) s[nt][e] = mods::softcap_nat<M>(s[nt][e], mp);
+    } else {  // (no score was masked: as frag_modify, the softcap of every one)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = mods::softcap_nat<M>(s[nt][e], mp);
+    }
+    return 1.44269504088896340736f;
+}
+
 // Row sum over the quad of the lanes' partial l.
 __device__ __forceinline__ float frag_row_sum(float l) {
     l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -298,15 +336,16 @@ __device__ __forceinline__ void frag_update(float (&s)[NT][4], float (&o)[DT][4]
 // (lazily, LAZY > 0) and turns s into P, returning whether the warp raised its
 // reference, with the factors in alpha and the lane's row sums in rs;
 // frag_rescale then brings O and l along once O is free.
-template <int LAZY, bool SCALE_IN_EXP2, int NT, class Exp2>
-__device__ __forceinline__ bool frag_probabilities(float (&s)[NT][4], float (&m)[2], float (&alpha)[2], float (&rs)[2],
-                                                   float scale, Exp2 exp2) {
+// (row_max(hf): row hf's maximum of s; frag_probabilities_max below takes them given.)
+template <int LAZY, bool SCALE_IN_EXP2, int NT, class RowMax, class Exp2>
+__device__ __forceinline__ bool frag_probabilities_by(float (&s)[NT][4], RowMax row_max, float (&m)[2],
+                                                      float (&alpha)[2], float (&rs)[2], float scale, Exp2 exp2) {
     static_assert(LAZY > 0, "the split update is the lazy one");
     float mxs[2];
     bool grow = false;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-        const float mx = frag_row_max(s, hf);
+        const float mx = row_max(hf);
         mxs[hf] = SCALE_IN_EXP2 ? mx * scale : mx;
         grow |= mxs[hf] > m[hf] + (float)LAZY;
     }
@@ -325,6 +364,17 @@ __device__ __forceinline__ bool frag_probabilities(float (&s)[NT][4], float (&m)
         for (int hf = 0; hf < 2; ++hf) rs[hf] = frag_row_probabilities<SCALE_IN_EXP2>(s, hf, ref(m[hf]), scale, exp2);
     }
     return rescale;
+}
+template <int LAZY, bool SCALE_IN_EXP2, int NT, class Exp2>
+__device__ __forceinline__ bool frag_probabilities(float (&s)[NT][4], float (&m)[2], float (&alpha)[2], float (&rs)[2],
+                                                   float scale, Exp2 exp2) {
+    return frag_probabilities_by<LAZY, SCALE_IN_EXP2>(s, [&](int hf) { return frag_row_max(s, hf); }, m, alpha, rs,
+                                                      scale, exp2);
+}
+template <int LAZY, bool SCALE_IN_EXP2, int NT, class Exp2>
+__device__ __forceinline__ bool frag_probabilities_max(float (&s)[NT][4], const float (&mx)[2], float (&m)[2],
+                                                       float (&alpha)[2], float (&rs)[2], float scale, Exp2 exp2) {
+    return frag_probabilities_by<LAZY, SCALE_IN_EXP2>(s, [&](int hf) { return mx[hf]; }, m, alpha, rs, scale, exp2);
 }
 
 template <int DT>
