@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command that checks and measures this checkout on a GPU machine.
-#   benchmarks/dev/device_check.sh tests [..]   the GPU test suite (pytest -n 16, failures named as they come);
+#   benchmarks/dev/device_check.sh tests [..]   the GPU test suite (pytest -n 16, failures named as they come,
+#                                               then rerun in one process with their tracebacks);
 #                                               test files or pytest arguments replace the default (`tests`
 #                                               but the compile command's all-architecture sweep)
 #   benchmarks/dev/device_check.sh sanitize     tests/sanitize.sh (all four compute-sanitizer tools)
@@ -81,6 +82,14 @@ case "$stage" in
     nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
     grep -E "^=+ .*(passed|failed)" "$out/gpu_tests.txt" | tail -1
     grep -E " FAILED | ERROR " "$out/gpu_tests.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u | head -40
+    # the failures again, one process, with their tracebacks: a suite stopped by its limit prints none
+    failed=$(grep -oE "(FAILED|ERROR) tests/[^ ]+" "$out/gpu_tests.txt" | awk '{print $2}' | sort -u | head -10)
+    if [ -n "$failed" ]; then
+      timeout -s KILL "${RETRY_LIMIT_S:-90}" python3 -m pytest -q -p no:cacheprovider --tb=short $failed \
+        >"$out/gpu_tests_failed.txt" 2>&1
+      nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
+      grep -E "^E |Error|assert|passed|failed" "$out/gpu_tests_failed.txt" | head -40
+    fi
     exit $rc ;;
   sanitize)
     bash tests/sanitize.sh "$@" >"$out/sanitize.txt" 2>&1
