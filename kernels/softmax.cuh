@@ -167,18 +167,23 @@ __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane,
 // row may not fully see (keys.unmasked) or with a mask_mod, the mask. Returns the
 // scale the update applies inside its exp2 (s * scale - ref): log2(e) on the
 // modified scores, scale_log2 on the raw ones.
+// The raw scores of a tile in natural units (softmax_scale * q . k), as the score
+// modifiers take them (scale_log2 = softmax_scale * log2(e)).
+template <int NT>
+__device__ __forceinline__ void frag_to_natural(float (&s)[NT][4], float scale_log2) {
+    const float scale = scale_log2 * 0.69314718055994530942f;  // softmax_scale
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
+}
+
 template <class M, bool CAUSAL, int NT, class Keys>
 __device__ __forceinline__ float frag_modify(float (&s)[NT][4], int n0, int n, int lane, const ModParams& mp,
                                             const mods::Seq& sq, const mods::Diag (&row)[2], const Keys& keys,
                                             float scale_log2) {
     const bool mask = M::MASK || !keys.unmasked(n0, n);
-    if constexpr (M::SCORES) {
-        const float scale = scale_log2 * 0.69314718055994530942f;  // softmax_scale
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
-    }
+    if constexpr (M::SCORES) frag_to_natural(s, scale_log2);
     if (M::SCORES || mask) frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, row, mask);
     return M::SCORES ? 1.44269504088896340736f : scale_log2;
 }
@@ -213,11 +218,7 @@ __device__ __forceinline__ float frag_softcap(float (&s)[NT][4], float (&mx)[2],
                                               const ModParams& mp, const mods::Seq& sq, const mods::Diag (&row)[2],
                                               const Keys& keys, float scale_log2) {
     static_assert(M::SOFTCAP_ONLY, "the softcap is the one score modifier");
-    const float scale = scale_log2 * 0.69314718055994530942f;  // softmax_scale
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
+    frag_to_natural(s, scale_log2);
     const bool mask = M::MASK || !keys.unmasked(n0, n);
     if (mask) frag_mods<typename M::NoSoftcap, CAUSAL>(s, n0, lane, mp, sq, row, true);
 #pragma unroll

@@ -86,9 +86,10 @@ case "$stage" in
     grep -E "^=+ .*(passed|failed)" "$out/gpu_tests.txt" | tail -1
     grep -E " FAILED | ERROR " "$out/gpu_tests.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u | head -40
     # the failures again, one process, with their tracebacks: a suite stopped by its limit prints none
-    failed=$(grep -oE "(FAILED|ERROR) tests/[^ ]+" "$out/gpu_tests.txt" | awk '{print $2}' | sort -u | head -10)
-    if [ -n "$failed" ]; then
-      timeout -s KILL "${RETRY_LIMIT_S:-90}" python3 -m pytest -q -p no:cacheprovider --tb=short $failed \
+    # (an array: the test ids' brackets must not be read as globs)
+    mapfile -t failed < <(grep -oE "(FAILED|ERROR) tests/[^ ]+" "$out/gpu_tests.txt" | awk '{print $2}' | sort -u | head -10)
+    if [ ${#failed[@]} -gt 0 ]; then
+      timeout -s KILL "${RETRY_LIMIT_S:-90}" python3 -m pytest -q -p no:cacheprovider --tb=short "${failed[@]}" \
         >"$out/gpu_tests_failed.txt" 2>&1
       nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
       grep -E "^E |Error|assert|passed|failed" "$out/gpu_tests_failed.txt" | head -40
