@@ -185,8 +185,10 @@ class Launch(_PackedPerDevice):
     def __call__(self, q, k, v, out, lse, seqlens_k=None, workspace=None) -> None:
         # lse and seqlens_k None are passed as null pointers
         stream = current_stream_ptr()
-        work = workspace_address(self, stream, workspace, q, k, v, out, seqlens_k) if self.workspace_bytes else 0
-        self.launch(stream, address(q), address(k), address(v), address(out), address(lse), address(seqlens_k), work)
+        # (held until the launch is queued: see call_workspace)
+        work = call_workspace(self, stream, workspace, q, k, v, out, seqlens_k) if self.workspace_bytes else None
+        self.launch(stream, address(q), address(k), address(v), address(out), address(lse), address(seqlens_k),
+                    address(work))
 
 
 def _layout(*arrays) -> tuple:
@@ -931,18 +933,26 @@ class DecodeLaunch(_PackedPerDevice):
 
     def __call__(self, q, k, v, out, lse, seqlens_k, workspace=None) -> None:
         stream = current_stream_ptr()
-        work = workspace_address(self, stream, workspace, q, k, v, out, seqlens_k) if self.combined else 0
-        self.launch(stream, address(q), address(k), address(v), address(out), address(lse), address(seqlens_k), work)
+        # (held until the launch is queued: see call_workspace)
+        work = call_workspace(self, stream, workspace, q, k, v, out, seqlens_k) if self.combined else None
+        self.launch(stream, address(q), address(k), address(v), address(out), address(lse), address(seqlens_k),
+                    address(work))
 
 
-def workspace_address(plan, stream: int, workspace, q, k, v, out, seqlens_k) -> int:
-    """The address of the workspace of a call of ``plan`` (workspace_bytes > 0):
+def call_workspace(plan, stream: int, workspace, q, k, v, out, seqlens_k):
+    """The workspace of a call of ``plan`` (workspace_bytes > 0), as a CuPy array:
     ``workspace`` a caller's CuPy array (checked here), a function of the byte
     count that returns one (torch's allocator, for torch inputs), or None: then
     it comes from CuPy's memory pool on the current stream and returns to the
-    pool when the call returns (the pool is stream-ordered, so nothing waits),
+    pool when the caller drops it (the pool is stream-ordered, so nothing waits),
     except while the stream is captured into a CUDA graph, which such a buffer
-    would outlive: that raises a ValueError."""
+    would outlive: that raises a ValueError.
+
+    The caller holds it until the launch is queued: a buffer dropped before
+    would go back to the pool while the first launch of a plan still makes its
+    arguments, and an array made there (a user modifier's buffers, copied to
+    the device once and kept) could take the same memory, which the kernels
+    then write their partial results over."""
     if workspace is None:
         import cupy
 
@@ -953,7 +963,7 @@ def workspace_address(plan, stream: int, workspace, q, k, v, out, seqlens_k) -> 
         workspace = workspace(plan.workspace_bytes)
     else:
         check_workspace(workspace, plan.workspace_bytes, {"q": q, "k": k, "v": v, "out": out, "seqlens_k": seqlens_k})
-    return address(workspace)
+    return workspace
 
 
 def workspace_capture_message(plan) -> str:

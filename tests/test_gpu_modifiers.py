@@ -70,6 +70,27 @@ def test_gpu_modifier_matches_reference(name, shape, dtype):
         _run(kernel, dims, dtype, _mods(name, dims[0], dims[3]))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_gpu_user_buffers_made_at_a_split_launch_keep_their_values(dtype):
+    """A score_mod's buffers go to the device at the first launch of its plan, while a
+    split decode call holds its workspace from CuPy's pool: the two never share memory
+    (the partial results written over the buffer read as a zero bias). A pool of its
+    own, so that the workspace's freed block would be the one the buffer takes."""
+    dims = DECODE["decode"]
+    kw = _mods("all", dims[0], dims[3])
+    mod = kw["score_mod"]
+    q, k, v = (cupy.asarray(x) for x in random_qkv(*dims, dtype, seed=11))
+    dev_kw = {n: cupy.asarray(x) if isinstance(x, np.ndarray) else x for n, x in kw.items()}
+    if cupy_gqa.workspace_size(q, k, v, kernel="decode", **dev_kw) == 0:
+        pytest.skip("decode does not split this call on this device")
+    pool = cupy.cuda.MemoryPool()
+    with cupy.cuda.using_allocator(pool.malloc):
+        _run("decode", dims, dtype, kw)  # against the reference
+        bias = mod.device_buffers(cupy.cuda.Device().id)[0]
+        assert np.array_equal(cupy.asnumpy(bias), mod.host_buffer("bias")), "the buffer was written over"
+    _run("decode", dims, dtype, kw)  # and from the default pool, the buffer already made
+
+
 @pytest.mark.parametrize("name", ["window", "window_noncausal", "sinks", "alibi_batch", "all", "all_noncausal"])
 @pytest.mark.parametrize("shape", ["prefill_gqa", "decode"])
 def test_gpu_modifier_with_seqlens_k(name, shape):
