@@ -161,12 +161,6 @@ __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane,
         }
 }
 
-// The modifiers' step of a tensor-core kernel on the raw scores of the key tile
-// [n0, n0 + n), before its softmax update: scores to natural units first when the
-// score modifiers change them, then the score modifiers and, on a tile that some
-// row may not fully see (keys.unmasked) or with a mask_mod, the mask. Returns the
-// scale the update applies inside its exp2 (s * scale - ref): log2(e) on the
-// modified scores, scale_log2 on the raw ones.
 // The raw scores of a tile in natural units (softmax_scale * q . k), as the score
 // modifiers take them (scale_log2 = softmax_scale * log2(e)).
 template <int NT>
@@ -178,6 +172,12 @@ __device__ __forceinline__ void frag_to_natural(float (&s)[NT][4], float scale_l
         for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
 }
 
+// The modifiers' step of a tensor-core kernel on the raw scores of the key tile
+// [n0, n0 + n), before its softmax update: scores to natural units first when the
+// score modifiers change them, then the score modifiers and, on a tile that some
+// row may not fully see (keys.unmasked) or with a mask_mod, the mask. Returns the
+// scale the update applies inside its exp2 (s * scale - ref): log2(e) on the
+// modified scores, scale_log2 on the raw ones.
 template <class M, bool CAUSAL, int NT, class Keys>
 __device__ __forceinline__ float frag_modify(float (&s)[NT][4], int n0, int n, int lane, const ModParams& mp,
                                             const mods::Seq& sq, const mods::Diag (&row)[2], const Keys& keys,
