@@ -88,6 +88,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_runtest_logreport(report):
+    """With CUPY_GQA_FAILURE_LOG set, each failure's report is appended to that file as it
+    comes (with pytest-xdist, by the controller): a run stopped by a time limit keeps the
+    tracebacks that pytest would only have printed at its end."""
+    path = os.environ.get("CUPY_GQA_FAILURE_LOG")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as f:
+            f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+
+
 def random_qkv(batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, dtype, seed=0, scale=1.0):
     """Random normal NumPy q, k, v (never zeros), rounded to ``dtype``."""
     rng = np.random.default_rng(seed)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command that checks and measures this checkout on a GPU machine.
 #   benchmarks/dev/device_check.sh tests [..]   the GPU test suite (pytest -n 16, failures named as they come,
-#                                               then rerun in one process with their tracebacks);
+#                                               their tracebacks kept as they come, then the failed tests
+#                                               rerun in one process);
 #                                               test files or pytest arguments replace the default (`tests`
 #                                               but the compile command's all-architecture sweep)
 #   benchmarks/dev/device_check.sh sanitize     tests/sanitize.sh (all four compute-sanitizer tools)
@@ -79,12 +80,16 @@ case "$stage" in
     if [ $# -eq 0 ]; then
       set -- tests --deselect "tests/test_compile.py::test_compile_command_covers_the_architectures_table"
     fi
-    timeout -s KILL "${TESTS_LIMIT_S:-420}" python3 -m pytest -v -n "${TESTS_WORKERS:-16}" -p no:cacheprovider -rf "$@" \
-      >"$out/gpu_tests.txt" 2>&1
+    # each failure's traceback goes to gpu_tests_failures.txt as it comes (tests/conftest.py):
+    # a failure that only shows beside the other workers' load keeps its message
+    rm -f "$out/gpu_tests_failures.txt"
+    CUPY_GQA_FAILURE_LOG="$out/gpu_tests_failures.txt" timeout -s KILL "${TESTS_LIMIT_S:-420}" \
+      python3 -m pytest -v -n "${TESTS_WORKERS:-16}" -p no:cacheprovider -rf "$@" >"$out/gpu_tests.txt" 2>&1
     rc=$?
     nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
     grep -E "^=+ .*(passed|failed)" "$out/gpu_tests.txt" | tail -1
     grep -E " FAILED | ERROR " "$out/gpu_tests.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u | head -40
+    [ -s "$out/gpu_tests_failures.txt" ] && grep -E "^=== |^E " "$out/gpu_tests_failures.txt" | head -40
     # the failures again, one process, with their tracebacks: a suite stopped by its limit prints none
     # (an array: the test ids' brackets must not be read as globs)
     mapfile -t failed < <(grep -oE "(FAILED|ERROR) tests/[^ ]+" "$out/gpu_tests.txt" | awk '{print $2}' | sort -u | head -10)
