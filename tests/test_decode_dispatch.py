@@ -270,38 +270,3 @@ def test_padded_head_dim_is_modelled_as_its_kernel():
             assert _plan.decode_seconds(a, sa, ns, *H200) >= 0.99 * _plan.decode_seconds(b, sa, ns, *H200) * hd / padded
     assert choose(problem(8, 1, 4096, 32, 32, head_dim=96)).kernel == "decode"  # Phi-3-mini's decode step
 
-
-def test_the_workspace_is_held_until_the_launch_is_queued(monkeypatch):
-    """A split call's workspace (here from a caller's allocator, as torch's) is
-    alive when the plan's launch is queued: dropped before, CuPy's pool could give
-    its memory to an array made while the first launch makes its arguments (a user
-    modifier's buffers, kept on the device), and the kernels would then write their
-    partial results over that array."""
-    import types
-    import weakref
-
-    p = problem(1, 1, 32768, 32, 32, head_dim=96)
-    layout = tuple((((1, 1, 32, 96)), (6144, 6144, 192, 2), 2) for _ in range(4))
-    plan = _plan._decode_plan(p, layout, _specs.decode_spec("bfloat16", 96, 16, H200[1]), 3)
-    assert plan.combined
-
-    class Buffer:  # a device array as the plan sees it: its address
-        def __init__(self, ptr):
-            self.data = types.SimpleNamespace(ptr=ptr)
-
-    made, seen = [], []
-
-    def allocate(nbytes):
-        b = Buffer(0x7000_0000)
-        made.append((weakref.ref(b), nbytes))
-        return b
-
-    def launch(self, stream, q, k, v, out, lse, seqlens_k, workspace, seq=()):
-        seen.append((made[0][0]() is not None, workspace))
-
-    monkeypatch.setattr(_plan, "current_stream_ptr", lambda: 0)
-    monkeypatch.setattr(_plan.DecodeLaunch, "launch", launch)
-    q, k, v, out = (Buffer(0x1000_0000 * (i + 1)) for i in range(4))
-    plan(q, k, v, out, None, None, allocate)
-    assert [n for _, n in made] == [plan.workspace_bytes]
-    assert seen == [(True, 0x7000_0000)], "the workspace was dropped before the launch"

@@ -778,3 +778,51 @@ def test_packed_launch_launches_a_dependent_kernel_through_launch_ex(monkeypatch
     packed(99, 1, 2, 3, 4, 5, 0)
     assert [(a[0], a[1], a[8]) for a in plain] == [(11, 5, 99)]
     assert dependent == [((3, 1, 1), 22, 99)]
+
+
+def _split_decode_plan():
+    """A decode plan whose 3 key ranges go through the workspace and the combine."""
+    p = _plan.Problem(1, 1, 32768, 32, 32, 96, "bfloat16", True, 96**-0.5, "highest")
+    layout = tuple(((1, 1, 32, 96), (6144, 6144, 192, 2), 2) for _ in range(4))
+    return _plan._decode_plan(p, layout, _specs.decode_spec("bfloat16", 96, 16, _specs.ARCHS["sm_90"]), 3)
+
+
+def _f16x2_plan():
+    """A float32 plan on fp16 pairs, whose K and V pairs go in the workspace."""
+    p = _plan.Problem(2, 2048, 2048, 8, 2, 64, "float32", True, 0.1, "highest")
+    layout = ((2, 2048, 8, 64), (2048 * 8 * 64 * 4, 8 * 64 * 4, 64 * 4, 4), 4)
+    return _plan.plan_tiled(p, (layout,) * 4, _specs.ARCHS["sm_80"])
+
+
+@pytest.mark.parametrize("make", [_split_decode_plan, _f16x2_plan])
+def test_the_workspace_is_held_until_the_launch_is_queued(make, monkeypatch):
+    """A call's workspace (here from a caller's allocator, as torch's) is alive when
+    the plan's launch is queued: dropped before, CuPy's pool could give its memory to
+    an array made while the first launch makes its arguments (a user modifier's
+    buffers, kept on the device), and the kernels would then write over that array."""
+    import types
+    import weakref
+
+    plan = make()
+    assert plan.workspace_bytes > 0
+
+    class Buffer:  # a device array as the plan sees it: its address
+        def __init__(self, ptr):
+            self.data = types.SimpleNamespace(ptr=ptr)
+
+    made, seen = [], []
+
+    def allocate(nbytes):
+        b = Buffer(0x7000_0000)
+        made.append((weakref.ref(b), nbytes))
+        return b
+
+    def launch(self, stream, q, k, v, out, lse, seqlens_k, workspace, seq=()):
+        seen.append((made[0][0]() is not None, workspace))
+
+    monkeypatch.setattr(_plan, "current_stream_ptr", lambda: 0)
+    monkeypatch.setattr(type(plan), "launch", launch)
+    q, k, v, out = (Buffer(0x1000_0000 * (i + 1)) for i in range(4))
+    plan(q, k, v, out, None, None, allocate)
+    assert [n for _, n in made] == [plan.workspace_bytes]
+    assert seen == [(True, 0x7000_0000)], "the workspace was dropped before the launch"
