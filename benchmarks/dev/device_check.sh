@@ -48,7 +48,9 @@
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
 #                                               PENDING_ONLY in a copy of this tree: hopper_ab.py (this tree
-#                                               against the copy) and p_rounding.py's errors in both trees
+#                                               against the copy; with PENDING_SOFTCAP also with that softcap)
+#                                               and p_rounding.py's errors in both trees (PENDING_ERROR_CASES,
+#                                               none: skipped)
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -194,7 +196,13 @@ case "$stage" in
       timeout -s KILL "${AB_S:-200}" python3 benchmarks/dev/hopper_ab.py "$d" --cases "${PENDING_CASES:-H1,H2,H3,H4,N1,H6}" \
         --rounds 3 >"$out/ab_${name}.txt" 2>&1
       echo "== $name: hopper_ab rc $? in $((SECONDS - t0)) s"; reap; tail -12 "$out/ab_${name}.txt"
-      errors_both "$d" "${PENDING_ERROR_CASES:-P03,H3,H4}" "ab_${name}_errors"
+      if [ -n "${PENDING_SOFTCAP:-}" ]; then  # both trees again with that softcap
+        t0=$SECONDS
+        timeout -s KILL "${AB_S:-200}" python3 benchmarks/dev/hopper_ab.py "$d" --cases "${PENDING_CASES:-H1,H2,H3,H4,N1,H6}" \
+          --rounds 3 --softcap "$PENDING_SOFTCAP" >"$out/ab_${name}_softcap.txt" 2>&1
+        echo "== $name: hopper_ab softcap $PENDING_SOFTCAP rc $? in $((SECONDS - t0)) s"; reap; tail -12 "$out/ab_${name}_softcap.txt"
+      fi
+      [ "${PENDING_ERROR_CASES:-}" != none ] && errors_both "$d" "${PENDING_ERROR_CASES:-P03,H3,H4}" "ab_${name}_errors"
     done ;;
   bwd_sm90)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
