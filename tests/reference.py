@@ -58,13 +58,62 @@ def _buffers(mod):
     return out
 
 
+def _modified_row(q_row, k_rows, b, t, n, seqlen_q, scale, causal, window, softcap, sinks, alibi_slopes, score_mod,
+                  mask_mod):  # fmt: skip
+    """Row t of sequence b (n keys; q_row (Hq, D), k_rows (n, Hq, D)) by the definitions:
+    x = scale * q . k; softcap: x = c tanh(x / c); ALiBi: x -= slope[b, h] |t + d - j|;
+    score_mod; then key j is seen when j < len, (causal) j <= t + d, (window) t + d - left
+    <= j <= t + d + right (-1: unbounded; causal caps right at 0) and mask_mod; the sink
+    adds exp(sink[h]) to the denominator (d = len - seqlen_q). Returns p (Hq, n), the
+    probabilities (0 where a key is not seen, or the row sees nothing), p_sink (Hq,), lse
+    (Hq,) (-inf where the row sees nothing) and d x / d (scale q . k) (the softcap's slope)."""
+    num_q_heads = q_row.shape[0]
+    d = n - seqlen_q
+    j = np.arange(n)[None, :]
+    heads = np.arange(num_q_heads)[:, None]
+    left, right = (-1, -1) if window is None else window
+    x = np.einsum("hd,jhd->hj", q_row, k_rows) * scale  # (Hq, n)
+    slope = np.ones_like(x)
+    if softcap is not None:
+        x = softcap * np.tanh(x / softcap)
+        slope = 1 - (x / softcap) ** 2
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes, dtype=np.float64)
+        slopes = slopes if slopes.ndim == 1 else slopes[b]
+        x = x - slopes[:, None] * np.abs(t + d - j)
+    if score_mod is not None:
+        x = np.broadcast_to(score_mod.numpy(score=x, b=b, h=heads, q_idx=t, kv_idx=j, seqlen_q=seqlen_q, seqlen_k=n,
+                                            **_buffers(score_mod)), x.shape).astype(np.float64)  # fmt: skip
+    seen = np.ones((num_q_heads, n), dtype=bool)
+    if causal:
+        seen &= j <= t + d
+    if left >= 0:
+        seen &= j >= t + d - left
+    if right >= 0 and not causal:
+        seen &= j <= t + d + right
+    if mask_mod is not None:
+        seen &= np.broadcast_to(np.asarray(mask_mod.numpy(b=b, h=heads, q_idx=t, kv_idx=j, seqlen_q=seqlen_q, seqlen_k=n,
+                                                          **_buffers(mask_mod)), dtype=bool), seen.shape)  # fmt: skip
+    x = np.where(seen, x, -np.inf)
+    sink = None if sinks is None else np.asarray(sinks, dtype=np.float64)
+    mx = x.max(axis=-1, initial=-np.inf)
+    if sink is not None:
+        mx = np.maximum(mx, sink)
+    mx_ref = np.where(np.isneginf(mx), 0, mx)
+    e = np.where(seen, np.exp(x - mx_ref[:, None]), 0)
+    e_sink = np.zeros(num_q_heads) if sink is None else np.exp(sink - mx_ref)
+    total = e.sum(axis=-1) + e_sink
+    ok = total > 0
+    safe = np.where(ok, total, 1)
+    p = np.where(ok[:, None], e / safe[:, None], 0)
+    p_sink = np.where(ok, e_sink / safe, 0)
+    lse = np.where(ok, np.log(safe) + mx_ref, -np.inf)
+    return p, p_sink, lse, slope
+
+
 def _reference_with_modifiers(q, k, v, causal, softmax_scale, seqlens_k, window, softcap, sinks, alibi_slopes,
                               score_mod, mask_mod):  # fmt: skip
-    """Row by row, from the definitions: x = scale * q . k; softcap: x = c tanh(x / c);
-    ALiBi: x -= slope[b, h] |t + d - j|; score_mod; then key j is seen when
-    j < len, (causal) j <= t + d, (window) t + d - left <= j <= t + d + right
-    (-1: unbounded; causal caps right at 0) and mask_mod; the sink adds
-    exp(sink[h]) to the denominator (d = len - seqlen_q)."""
+    """Row by row, from the definitions (_modified_row)."""
     q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
@@ -72,54 +121,29 @@ def _reference_with_modifiers(q, k, v, causal, softmax_scale, seqlens_k, window,
     k = np.repeat(k, group_size, axis=2)
     v = np.repeat(v, group_size, axis=2)
     scale = 1.0 / np.sqrt(head_dim) if softmax_scale is None else softmax_scale
-    left, right = (-1, -1) if window is None else window
     out = np.zeros((batch, seqlen_q, num_q_heads, head_dim))
     lse = np.full((batch, num_q_heads, seqlen_q), -np.inf)
-    heads = np.arange(num_q_heads)[:, None]
     for b in range(batch):
         n = seqlen_k if seqlens_k is None else int(seqlens_k[b])
-        d = n - seqlen_q
-        j = np.arange(n)[None, :]
         for t in range(seqlen_q):
-            x = np.einsum("hd,jhd->hj", q[b, t], k[b, :n]) * scale  # (Hq, n)
-            if softcap is not None:
-                x = softcap * np.tanh(x / softcap)
-            if alibi_slopes is not None:
-                slopes = np.asarray(alibi_slopes, dtype=np.float64)
-                slopes = slopes if slopes.ndim == 1 else slopes[b]
-                x = x - slopes[:, None] * np.abs(t + d - j)
-            if score_mod is not None:
-                x = np.broadcast_to(score_mod.numpy(score=x, b=b, h=heads, q_idx=t, kv_idx=j, seqlen_q=seqlen_q,
-                                                    seqlen_k=n, **_buffers(score_mod)), x.shape).astype(np.float64)  # fmt: skip
-            seen = np.ones((num_q_heads, n), dtype=bool)
-            if causal:
-                seen &= j <= t + d
-            if left >= 0:
-                seen &= j >= t + d - left
-            if right >= 0 and not causal:
-                seen &= j <= t + d + right
-            if mask_mod is not None:
-                seen &= np.broadcast_to(np.asarray(mask_mod.numpy(b=b, h=heads, q_idx=t, kv_idx=j, seqlen_q=seqlen_q,
-                                                                  seqlen_k=n, **_buffers(mask_mod)), dtype=bool), seen.shape)  # fmt: skip
-            x = np.where(seen, x, -np.inf)
-            sink = None if sinks is None else np.asarray(sinks, dtype=np.float64)
-            mx = x.max(axis=-1, initial=-np.inf)
-            if sink is not None:
-                mx = np.maximum(mx, sink)
-            mx_ref = np.where(np.isneginf(mx), 0, mx)
-            e = np.where(seen, np.exp(x - mx_ref[:, None]), 0)
-            total = e.sum(axis=-1) + (0 if sink is None else np.exp(sink - mx_ref))
-            ok = total > 0
-            pv = np.einsum("hj,jhd->hd", e, v[b, :n])
-            out[b, t] = np.where(ok[:, None], pv / np.where(ok, total, 1)[:, None], 0)
-            lse[b, :, t] = np.where(ok, np.log(np.where(ok, total, 1)) + mx_ref, -np.inf)
+            p, _, lse[b, :, t], _ = _modified_row(q[b, t], k[b, :n], b, t, n, seqlen_q, scale, causal, window, softcap,
+                                                  sinks, alibi_slopes, score_mod, mask_mod)  # fmt: skip
+            out[b, t] = np.einsum("hj,jhd->hd", p, v[b, :n])
     return out, lse
 
 
-def reference_attention_backward(dout, q, k, v, *, causal=True, softmax_scale=None, seqlens_k=None):
-    """(dq, dk, dv) in float64: the gradients of reference_attention's out for
-    the upstream gradient dout, from the definition (softmax Jacobian written
-    out per row), KV heads repeated and their gradients summed back."""
+def reference_attention_backward(dout, q, k, v, *, causal=True, softmax_scale=None, seqlens_k=None, window=None,
+                                 softcap=None, sinks=None, alibi_slopes=None, mask_mod=None):  # fmt: skip
+    """(dq, dk, dv) in float64: the gradients of reference_attention's out for the
+    upstream gradient dout, from the definition, row by row (_modified_row): with p
+    the probabilities and out = p v, d x = p (v . dout - out . dout) (the softmax
+    Jacobian, diag(p) - p p^T, applied), d (scale q . k) = d x times the softcap's
+    slope 1 - (x_c / c)^2; KV heads repeated and their gradients summed back.
+
+    Modifiers as reference_attention takes them (window, softcap, sinks,
+    alibi_slopes, mask_mod); with sinks it returns (dq, dk, dv, dsinks), the sink
+    (whose value is 0) taking d sink = -p_sink (out . dout). A score_mod has no
+    gradient here: it would need its derivative."""
     dout, q, k, v = (np.asarray(x).astype(np.float64) for x in (dout, q, k, v))
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
@@ -128,26 +152,26 @@ def reference_attention_backward(dout, q, k, v, *, causal=True, softmax_scale=No
     dq = np.zeros_like(q)
     dk = np.zeros((batch, seqlen_k, num_q_heads, head_dim))
     dv = np.zeros((batch, seqlen_k, num_q_heads, head_dim))
+    dsinks = np.zeros(num_q_heads)
     for b in range(batch):
-        n_b = seqlen_k if seqlens_k is None else int(seqlens_k[b])
-        for h in range(num_q_heads):
-            kh, vh = k[b, :n_b, h // group_size], v[b, :n_b, h // group_size]
-            for t in range(seqlen_q):
-                n = min(n_b, t + n_b - seqlen_q + 1) if causal else n_b
-                if n <= 0:
-                    continue  # sees no key: out is 0 whatever q, k, v are
-                s = kh[:n] @ q[b, t, h] * scale
-                p = np.exp(s - s.max())
-                p /= p.sum()
-                dp = vh[:n] @ dout[b, t, h]  # d loss / d p_j
-                ds = p * (dp - p @ dp)  # softmax Jacobian: diag(p) - p p^T
-                dq[b, t, h] = scale * ds @ kh[:n]
-                dk[b, :n, h] += scale * np.outer(ds, q[b, t, h])
-                dv[b, :n, h] += np.outer(p, dout[b, t, h])
+        n = seqlen_k if seqlens_k is None else int(seqlens_k[b])
+        kb = np.repeat(k[b, :n], group_size, axis=1)  # (n, Hq, D): query head h reads KV head h // group_size
+        vb = np.repeat(v[b, :n], group_size, axis=1)
+        for t in range(seqlen_q):
+            p, p_sink, _, slope = _modified_row(q[b, t], kb, b, t, n, seqlen_q, scale, causal, window, softcap, sinks,
+                                                alibi_slopes, None, mask_mod)  # fmt: skip
+            out = np.einsum("hj,jhd->hd", p, vb)
+            dp = np.einsum("jhd,hd->hj", vb, dout[b, t])  # d loss / d p_j
+            od = np.einsum("hd,hd->h", out, dout[b, t])  # out . dout = sum_j p_j dp_j
+            dx0 = p * (dp - od[:, None]) * slope
+            dq[b, t] += scale * np.einsum("hj,jhd->hd", dx0, kb)
+            dk[b, :n] += scale * np.einsum("hj,hd->jhd", dx0, q[b, t])
+            dv[b, :n] += np.einsum("hj,hd->jhd", p, dout[b, t])
+            dsinks -= p_sink * od
     # query head h reads KV head h // group_size: sum the group's gradients
     dk = dk.reshape(batch, seqlen_k, num_kv_heads, group_size, head_dim).sum(axis=3)
     dv = dv.reshape(batch, seqlen_k, num_kv_heads, group_size, head_dim).sum(axis=3)
-    return dq, dk, dv
+    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
 def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=True, softmax_scale=None):

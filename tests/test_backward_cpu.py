@@ -32,6 +32,54 @@ def test_reference_gradients_match_finite_differences(causal, seqlen_q, seqlen_k
             assert abs((up - down) / (2 * eps) - g[idx]) < 1e-6, idx
 
 
+_MOD_CASES = {
+    "window": dict(window=(2, 0)),
+    "window_noncausal": dict(window=(1, 2), causal=False),
+    "softcap": dict(softcap=0.7),
+    "sinks": dict(sinks="sinks"),
+    "alibi": dict(alibi_slopes="slopes"),
+    "alibi_batch": dict(alibi_slopes="batch_slopes"),
+    "mask_mod": dict(mask_mod="mask"),
+    "all": dict(window=(3, 0), softcap=0.7, sinks="sinks", alibi_slopes="slopes", mask_mod="mask"),
+    "all_noncausal": dict(window=(2, 1), softcap=0.7, sinks="sinks", alibi_slopes="batch_slopes", mask_mod="mask",
+                          causal=False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("seqlens_k", [None, [5, 2]])
+@pytest.mark.parametrize("name", list(_MOD_CASES))
+def test_reference_gradients_with_modifiers_match_finite_differences(name, seqlens_k):
+    """The reference's gradients with the built-in modifiers (and a mask_mod) are those
+    of its forward, the sinks' included (central differences, float64): the rule that
+    a backward pass with modifiers will be checked against."""
+    from test_modifiers import even_heads_odd_keys_mod
+
+    rng = np.random.default_rng(len(name))
+    q, k, v = random_qkv(2, 4, 6, 4, 2, 3, "float64", seed=len(name))
+    q, k = q * 2, k * 2  # scores of a few units: the softcap bends them
+    made = {"sinks": rng.standard_normal(4), "slopes": 2.0 ** -np.arange(1, 5),
+            "batch_slopes": np.stack([2.0 ** -np.arange(1, 5), 3.0 ** -np.arange(1, 5)]),
+            "mask": even_heads_odd_keys_mod()}  # fmt: skip
+    kw = {n: made[x] if isinstance(x, str) else x for n, x in _MOD_CASES[name].items()}
+    kw["seqlens_k"] = seqlens_k
+    dout = rng.standard_normal(q.shape)
+    grads = reference_attention_backward(dout, q, k, v, **kw)
+    inputs = [q, k, v] + ([kw["sinks"]] if "sinks" in kw else [])
+    assert len(grads) == len(inputs)
+    eps = 1e-6
+    for x, g in zip(inputs, grads):
+        for idx in np.ndindex(x.shape):
+            old = x[idx]
+            x[idx] = old + eps
+            up = _loss(q, k, v, dout, **kw)
+            x[idx] = old - eps
+            down = _loss(q, k, v, dout, **kw)
+            x[idx] = old
+            assert abs((up - down) / (2 * eps) - g[idx]) < 1e-6, (name, idx)
+    if seqlens_k is not None:  # keys past a sequence's length get nothing
+        assert not grads[1][1, seqlens_k[1]:].any() and not grads[2][1, seqlens_k[1]:].any()
+
+
 def _backward(dout, q, k, v, *, causal=True, softmax_scale=None, seqlens_k=None):
     scale = 1.0 / np.sqrt(q.shape[3]) if softmax_scale is None else softmax_scale
     out = np.full(q.shape, np.nan, dtype=q.dtype)
