@@ -153,6 +153,15 @@ class _PackedPerDevice:
             packed = packs[device] = self._pack(device)
         return packed
 
+    def __call__(self, q, k, v, out, lse, seqlens_k=None, workspace=None) -> None:
+        """Launch on CuPy arrays on CuPy's current stream (lse and seqlens_k None: null
+        pointers), with the plan's workspace (workspace_bytes) where it takes one, held
+        until the launch is queued (call_workspace)."""
+        stream = current_stream_ptr()
+        work = call_workspace(self, stream, workspace, q, k, v, out, seqlens_k) if self.workspace_bytes else None
+        self.launch(stream, address(q), address(k), address(v), address(out), address(lse), address(seqlens_k),
+                    address(work))
+
 
 @dataclass(frozen=True, eq=False)
 class Launch(_PackedPerDevice):
@@ -181,14 +190,6 @@ class Launch(_PackedPerDevice):
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
                seq: tuple = ()) -> None:
         self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace, seq=seq)
-
-    def __call__(self, q, k, v, out, lse, seqlens_k=None, workspace=None) -> None:
-        # lse and seqlens_k None are passed as null pointers
-        stream = current_stream_ptr()
-        # (held until the launch is queued: see call_workspace)
-        work = call_workspace(self, stream, workspace, q, k, v, out, seqlens_k) if self.workspace_bytes else None
-        self.launch(stream, address(q), address(k), address(v), address(out), address(lse), address(seqlens_k),
-                    address(work))
 
 
 def _layout(*arrays) -> tuple:
@@ -930,13 +931,6 @@ class DecodeLaunch(_PackedPerDevice):
 
     def workspace_message(self) -> str:
         return f"this call splits the keys into {self.num_splits} ranges and needs a float32 workspace of {self.workspace_bytes} bytes"
-
-    def __call__(self, q, k, v, out, lse, seqlens_k, workspace=None) -> None:
-        stream = current_stream_ptr()
-        # (held until the launch is queued: see call_workspace)
-        work = call_workspace(self, stream, workspace, q, k, v, out, seqlens_k) if self.combined else None
-        self.launch(stream, address(q), address(k), address(v), address(out), address(lse), address(seqlens_k),
-                    address(work))
 
 
 def call_workspace(plan, stream: int, workspace, q, k, v, out, seqlens_k):

@@ -269,4 +269,3 @@ def test_padded_head_dim_is_modelled_as_its_kernel():
             sa = _specs.decode_spec("bfloat16", hd, 16, arch)
             assert _plan.decode_seconds(a, sa, ns, *H200) >= 0.99 * _plan.decode_seconds(b, sa, ns, *H200) * hd / padded
     assert choose(problem(8, 1, 4096, 32, 32, head_dim=96)).kernel == "decode"  # Phi-3-mini's decode step
-
