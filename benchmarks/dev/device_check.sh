@@ -23,7 +23,9 @@
 #   benchmarks/dev/device_check.sh backward     one call for the backward pass: its GPU tests, the sanitizer
 #                                               on its kernels, a quick G1-G3 bench and the training check
 #   benchmarks/dev/device_check.sh pending      each patch of benchmarks/dev/pending in a copy of this tree, by
-#                                               the kernels it touches: hopper's GPU tests, hopper_ab.py (this
+#                                               what it touches: a per-sequence feature (tests/test_gpu_seq.py):
+#                                               those GPU tests and the sanitizer's per-sequence groups, nothing
+#                                               else; kernels: hopper's GPU tests, hopper_ab.py (this
 #                                               tree against the copy, in one process) and hopper_cta_cost.py;
 #                                               decode's GPU tests, its sanitizer group, decode_stages.py in each
 #   benchmarks/dev/device_check.sh seq          one call for the per-sequence calls (varlen, paged, left
@@ -288,6 +290,21 @@ case "$stage" in
       cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
       if ! (cd "$d" && patch -p1 -s <"$here/$patch"); then echo "$name: does not apply"; continue; fi
       t0=$SECONDS
+      if grep -q "^diff --git a/tests/test_gpu_seq.py" "$patch"; then
+        # a feature of the per-sequence calls: their GPU tests with the modifiers' and the graphs', and
+        # the sanitizer's per-sequence groups, in the copy (at once); no timings
+        (cd "$d" && export PYTHONPATH="$d" && CUPY_GQA_FAILURE_LOG="$out/pending_${name}_failures.txt" \
+          timeout -s KILL "${PENDING_TESTS_S:-240}" python3 -m pytest -q -n 12 -p no:cacheprovider -rf \
+          tests/test_gpu_seq.py tests/test_gpu_modifiers.py tests/test_gpu_graphs.py) >"$out/pending_${name}_tests.txt" 2>&1 &
+        (cd "$d" && PYTHONPATH="$d" SANITIZE_GROUPS="hopper:seq tiled:seq|rowwise:seq decode:seq" \
+          timeout -s KILL "${PENDING_TESTS_S:-240}" bash benchmarks/dev/sanitize_parallel.sh "$out/pending_${name}_san") \
+          >"$out/pending_${name}_san.txt" 2>&1 &
+        wait
+        echo "$name: per-sequence tests and sanitizer in $((SECONDS - t0)) s"; reap
+        grep -E "passed|failed|FAILED" "$out/pending_${name}_tests.txt" | sort -u | tail -12; cat "$out/pending_${name}_san.txt"
+        [ -s "$out/pending_${name}_failures.txt" ] && grep -E "^=== |^E " "$out/pending_${name}_failures.txt" | head -30
+        continue
+      fi
       if grep -q "^diff --git a/kernels/hopper.cu" "$patch"; then
         (cd "$d" && export PYTHONPATH="$d" && timeout -s KILL "${PENDING_TESTS_S:-240}" python3 -m pytest -q -n 12 -p no:cacheprovider \
           -rf tests/test_gpu_kernels.py tests/test_gpu_seq.py tests/test_gpu_modifiers.py tests/test_gpu_graphs.py \
