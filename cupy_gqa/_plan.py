@@ -697,12 +697,13 @@ DECODE_TIE = 0.02
 DECODE_CLUSTER_MARGIN_S = 2e-6
 
 
-def decode_combine_lanes(num_splits: int) -> int:
+def decode_combine_lanes(num_splits):
     """Lanes of the combine kernel per output quad (kernels/decode.cu: combine_lanes):
-    at most DECODE_COMBINE_UNROLL splits a lane, up to DECODE_MAX_SPLITS."""
-    if num_splits > 64:
-        return 32
-    return 16 if num_splits > 32 else 8 if num_splits >= 8 else 4 if num_splits >= 4 else 2 if num_splits >= 2 else 1
+    at most DECODE_COMBINE_UNROLL splits a lane, up to DECODE_MAX_SPLITS. An int,
+    or an array of them for an array of split counts."""
+    ns = np.asarray(num_splits)
+    lanes = np.where(ns > 64, 32, np.where(ns > 32, 16, np.where(ns >= 8, 8, np.where(ns >= 4, 4, np.where(ns >= 2, 2, 1)))))
+    return int(lanes) if lanes.ndim == 0 else lanes
 
 
 def decode_bytes_in_flight(spec: _specs.Spec) -> int:
@@ -723,13 +724,19 @@ def decode_cluster(problem: Problem, spec: _specs.Spec, num_splits: int, arch: _
     as clusters that merge their own splits (_specs.DECODE_CLUSTERS: the
     tensor-core kernel without modifiers on contiguous K/V, on an
     architecture with clusters), rather than with a workspace and the combine."""
-    return (arch.clusters and spec.sm80 and num_splits in _specs.DECODE_CLUSTERS and problem.mods is None
-            and problem.seq is None)
+    return bool(decode_clusters(problem, (spec,), np.array([num_splits]), arch)[0, 0])
+
+
+def decode_clusters(problem: Problem, specs: tuple, num_splits: np.ndarray, arch: _specs.Arch) -> np.ndarray:
+    """decode_cluster of every decode kernel of ``specs`` (rows) at every split
+    count of ``num_splits`` (columns)."""
+    can = [[arch.clusters and spec.sm80 and problem.mods is None and problem.seq is None] for spec in specs]
+    return np.array(can, dtype=bool) & (np.asarray(num_splits)[:, None] == _specs.DECODE_CLUSTERS).any(-1)
 
 
 def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: int, arch: _specs.Arch) -> float:
     """The cost model's time of decode kernel ``spec`` with ``num_splits`` key
-    ranges (and the combine), on ``sms`` SMs of ``arch``.
+    ranges (and the combine), on ``sms`` SMs of ``arch`` (decode_times).
 
     n CTAs = batch * num_kv_heads * row_blocks * num_splits; the busiest SM
     runs c = ceil(n / sms) of them, decode_ctas_per_sm at a time; each streams
@@ -741,35 +748,52 @@ def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: in
     plus, split, the combine: DECODE_COMBINE_FIXED_S, its round trips,
     DECODE_SPLIT_S a split, and the partials' bytes (written and read) at the
     HBM rate; or, split into clusters (decode_cluster), DECODE_CLUSTER_MERGE_S."""
+    return float(decode_times(problem, (spec,), np.array([num_splits]), sms, arch)[0, 0])
+
+
+@functools.lru_cache(maxsize=256)
+def _decode_columns(specs: tuple, arch: _specs.Arch) -> tuple:
+    """decode_times' values of each kernel of ``specs``, a column each: block_m,
+    decode_ctas_per_sm, decode_bytes_in_flight, head_dim, sm80."""
+    rows = [(s.block_m, _specs.decode_ctas_per_sm(s, arch), decode_bytes_in_flight(s), s.head_dim, s.sm80) for s in specs]
+    return tuple(np.array(column)[:, None] for column in zip(*rows))
+
+
+def decode_times(problem: Problem, specs: tuple, num_splits: np.ndarray, sms: int, arch: _specs.Arch) -> np.ndarray:
+    """decode_seconds of every decode kernel of ``specs`` (rows) at every split
+    count of ``num_splits`` (columns), at once: decode_dispatch's table, the
+    same operations in the same order as one at a time (so the same floats)."""
+    ceil = lambda x: np.ceil(x).astype(np.int64)  # noqa: E731  (of a true division, as math.ceil)
+    ns = np.asarray(num_splits, dtype=np.int64)[None, :]
     rows = problem.seqlen_q * problem.group_size
-    row_blocks = math.ceil(rows / spec.block_m)
+    block_m, ctas_per_sm, in_flight, head_dim, sm80 = _decode_columns(specs, arch)
+    row_blocks = ceil(rows / block_m)
     key_bytes = 2 * problem.head_dim * _specs.ITEMSIZE[problem.dtype]  # K and V of one key
-    n = problem.batch * problem.num_kv_heads * row_blocks * num_splits
-    c = math.ceil(n / sms)
-    resident = min(c, _specs.decode_ctas_per_sm(spec, arch))
-    waves = math.ceil(c / resident)
+    n = problem.batch * problem.num_kv_heads * row_blocks * ns
+    c = ceil(n / sms)
+    resident = np.minimum(c, ctas_per_sm)
+    waves = ceil(c / resident)
     tile = _specs.DECODE_MMA_BN
-    keys = min(problem.seqlen_k, math.ceil(math.ceil(problem.seqlen_k / num_splits) / tile) * tile)
-    rate = decode_bytes_in_flight(spec) / DECODE_LATENCY_S
-    flops = 4 * spec.block_m * spec.head_dim * keys  # (padded columns computed too)
-    per_sm = DECODE_MMA_FLOPS_PER_SM if spec.sm80 else DECODE_FFMA_FLOPS_PER_SM
+    keys = np.minimum(problem.seqlen_k, ceil(ceil(problem.seqlen_k / ns) / tile) * tile)
+    rate = in_flight / DECODE_LATENCY_S
+    flops = 4 * block_m * head_dim * keys  # (padded columns computed too)
+    per_sm = np.where(sm80, DECODE_MMA_FLOPS_PER_SM, DECODE_FFMA_FLOPS_PER_SM)
     # (tensor cores) the tiles of each key stream, in sequence
-    streams = _specs.DECODE_MMA_WARPS // (spec.block_m // 16) if spec.sm80 else 0
-    issue = waves * math.ceil(math.ceil(keys / tile) / streams) * DECODE_TILE_S if streams else 0.0
+    streams = np.where(sm80, _specs.DECODE_MMA_WARPS // np.maximum(block_m // 16, 1), 0)
+    issue = np.where(streams > 0, waves * ceil(ceil(keys / tile) / np.maximum(streams, 1)) * DECODE_TILE_S, 0.0)
     # (a padded head dim streams as many keys in flight as its kernel's: its bytes are fewer, not its keys)
-    slot_bytes = 2 * spec.head_dim * _specs.ITEMSIZE[problem.dtype]
-    t_sm = waves * DECODE_CTA_FIXED_S + max(c * keys * slot_bytes / (resident * rate), c * flops / per_sm, issue)
+    slot_bytes = 2 * head_dim * _specs.ITEMSIZE[problem.dtype]
+    t_sm = waves * DECODE_CTA_FIXED_S + np.maximum(
+        np.maximum(c * keys * slot_bytes / (resident * rate), c * flops / per_sm), issue)
     kv_bytes = problem.batch * problem.num_kv_heads * problem.seqlen_k * key_bytes
-    t = max(t_sm, kv_bytes / DECODE_HBM_BYTES_PER_S, row_blocks * kv_bytes / DECODE_L2_BYTES_PER_S)
-    if num_splits > 1 and decode_cluster(problem, spec, num_splits, arch):
-        t += DECODE_CLUSTER_MERGE_S
-    elif num_splits > 1:
-        partials = problem.batch * problem.num_q_heads * problem.seqlen_q * num_splits * (problem.head_dim + 1) * 4
-        per_lane = math.ceil(num_splits / decode_combine_lanes(num_splits))
-        t += DECODE_COMBINE_FIXED_S + 2 * math.ceil(per_lane / DECODE_COMBINE_UNROLL) * DECODE_COMBINE_ROUND_S
-        t += num_splits * DECODE_SPLIT_S
-        t += 2 * partials / DECODE_HBM_BYTES_PER_S
-    return t
+    t = np.maximum(np.maximum(t_sm, kv_bytes / DECODE_HBM_BYTES_PER_S), row_blocks * kv_bytes / DECODE_L2_BYTES_PER_S)
+    partials = problem.batch * problem.num_q_heads * problem.seqlen_q * ns * (problem.head_dim + 1) * 4
+    per_lane = ceil(ns / decode_combine_lanes(ns))
+    combined = t + (DECODE_COMBINE_FIXED_S + 2 * ceil(per_lane / DECODE_COMBINE_UNROLL) * DECODE_COMBINE_ROUND_S)
+    combined = combined + ns * DECODE_SPLIT_S
+    combined = combined + 2 * partials / DECODE_HBM_BYTES_PER_S
+    clusters = decode_clusters(problem, specs, ns[0], arch)
+    return np.where(clusters, t + DECODE_CLUSTER_MERGE_S, np.where(ns > 1, combined, t))
 
 
 def prefill_seconds(problem: Problem, sms: int) -> float:
@@ -829,22 +853,26 @@ def decode_dispatch(problem: Problem, sms: int, arch: _specs.Arch) -> DecodeChoi
         return DecodeChoice("prefill", 0, 1, inf, prefill)
     rows = problem.seqlen_q * problem.group_size
     most = max(1, min(DECODE_MAX_SPLITS, problem.seqlen_k // DECODE_MIN_SPLIT_KEYS))
-    timed = []  # (CTAs, block_m, splits, seconds, in clusters)
-    for spec in specs:
-        base = problem.batch * problem.num_kv_heads * math.ceil(rows / spec.block_m)
-        for splits in range(1, most + 1):
-            if base * splits > MAX_GRID_X:
-                break
-            t = decode_seconds(problem, spec, splits, sms, arch)
-            timed.append((base * splits, spec.block_m, splits, t, decode_cluster(problem, spec, splits, arch)))
-    if not timed:  # too many rows for one grid: the launch raises
+    # every kernel (rows) at every split count (columns) that fits a grid of MAX_GRID_X CTAs
+    splits = np.arange(1, most + 1)
+    block_ms = np.array([[spec.block_m] for spec in specs])
+    ctas = problem.batch * problem.num_kv_heads * -(-rows // block_ms) * splits
+    fits = ctas <= MAX_GRID_X
+    if not fits.any():  # too many rows for one grid: the launch raises
         return DecodeChoice("prefill", specs[0].block_m, 1, inf, prefill)
-    best = min(x[3] for x in timed)
-    _, block_m, splits, t, clustered = min(x for x in timed if x[3] <= best * (1 + DECODE_TIE))
-    near = [x for x in timed if x[4] and x[3] <= best + DECODE_CLUSTER_MARGIN_S]
-    if splits > 1 and not clustered and near:
-        _, block_m, splits, t, _ = min(near, key=lambda x: (x[3], x[0], x[1]))
-    return DecodeChoice("decode" if t <= prefill else "prefill", block_m, splits, t, prefill)
+    seconds = decode_times(problem, specs, splits, sms, arch)
+    clustered = decode_clusters(problem, specs, splits, arch)
+    ctas, seconds, clustered = ctas[fits], seconds[fits], clustered[fits]
+    block_ms, splits = np.broadcast_to(block_ms, fits.shape)[fits], np.broadcast_to(splits, fits.shape)[fits]
+    best = seconds.min()
+    # the ties' least (CTAs, block_m, splits, seconds, in clusters), in that order
+    tied = np.flatnonzero(seconds <= best * (1 + DECODE_TIE))
+    i = tied[np.lexsort((clustered[tied], seconds[tied], splits[tied], block_ms[tied], ctas[tied]))[0]]
+    near = np.flatnonzero(clustered & (seconds <= best + DECODE_CLUSTER_MARGIN_S))
+    if splits[i] > 1 and not clustered[i] and near.size:  # the fastest of them, then fewest CTAs, smaller block
+        i = near[np.lexsort((block_ms[near], ctas[near], seconds[near]))[0]]
+    t = float(seconds[i])
+    return DecodeChoice("decode" if t <= prefill else "prefill", int(block_ms[i]), int(splits[i]), t, prefill)
 
 
 def _stream_is_capturing(stream: int) -> bool:

@@ -269,3 +269,44 @@ def test_padded_head_dim_is_modelled_as_its_kernel():
             sa = _specs.decode_spec("bfloat16", hd, 16, arch)
             assert _plan.decode_seconds(a, sa, ns, *H200) >= 0.99 * _plan.decode_seconds(b, sa, ns, *H200) * hd / padded
     assert choose(problem(8, 1, 4096, 32, 32, head_dim=96)).kernel == "decode"  # Phi-3-mini's decode step
+
+
+def _choice_one_at_a_time(p, sms, arch):
+    """decode_dispatch's rule, literally: every kernel at every split count timed alone
+    (decode_seconds), the ties' fewest CTAs (then the smaller block, fewer splits), and
+    a split in clusters near the best in place of one through the combine."""
+    specs = _specs.decode_specs(p.dtype, p.head_dim, arch)
+    most = max(1, min(_plan.DECODE_MAX_SPLITS, p.seqlen_k // _plan.DECODE_MIN_SPLIT_KEYS))
+    timed = []
+    for spec in specs:
+        base = p.batch * p.num_kv_heads * math.ceil(p.seqlen_q * p.group_size / spec.block_m)
+        for splits in range(1, most + 1):
+            if base * splits <= _plan.MAX_GRID_X:
+                t = _plan.decode_seconds(p, spec, splits, sms, arch)
+                timed.append((base * splits, spec.block_m, splits, t, _plan.decode_cluster(p, spec, splits, arch)))
+    best = min(x[3] for x in timed)
+    _, block_m, splits, t, clustered = min(x for x in timed if x[3] <= best * (1 + _plan.DECODE_TIE))
+    near = [x for x in timed if x[4] and x[3] <= best + _plan.DECODE_CLUSTER_MARGIN_S]
+    if splits > 1 and not clustered and near:
+        _, block_m, splits, t, _ = min(near, key=lambda x: (x[3], x[0], x[1]))
+    return block_m, splits, t
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dispatch_times_every_split_at_once_as_one_at_a_time(seed):
+    """decode_dispatch times the whole table at once (decode_times) and picks from it as the
+    rule says, one choice at a time (the same floats: same operations, same order), on random
+    shapes, architectures and SM counts."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(60):
+        hkv, g = rng.choice([1, 2, 8]), rng.choice([1, 3, 4, 8, 32])
+        dtype = rng.choice(["bfloat16", "float16", "float32"])
+        p = problem(rng.choice([1, 2, 16, 64]), rng.choice([1, 2, 5, 16]), rng.choice([1, 300, 2048, 5000, 40000, 131072]),
+                    hkv * g, hkv, rng.choice([64, 80, 128, 256]), dtype)
+        sms, arch = rng.choice([H200, (108, _specs.ARCHS["sm_80"])])
+        c = choose(p, sms, arch)
+        if c.decode_s == float("inf"):
+            continue
+        assert (c.block_m, c.num_splits, c.decode_s) == _choice_one_at_a_time(p, sms, arch), p
