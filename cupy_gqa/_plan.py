@@ -697,13 +697,21 @@ DECODE_TIE = 0.02
 DECODE_CLUSTER_MARGIN_S = 2e-6
 
 
+def _combine_lanes(num_splits: int) -> int:
+    return 32 if num_splits > 64 else 16 if num_splits > 32 else 8 if num_splits >= 8 else 4 if num_splits >= 4 else 2 if num_splits >= 2 else 1
+
+
+# by split count, 0 to DECODE_MAX_SPLITS: the combine's lanes, and whether clusters can take the splits
+_COMBINE_LANES = np.array([_combine_lanes(n) for n in range(DECODE_MAX_SPLITS + 1)])
+_CLUSTER_SPLITS = np.array([n in _specs.DECODE_CLUSTERS for n in range(DECODE_MAX_SPLITS + 1)])
+
+
 def decode_combine_lanes(num_splits):
     """Lanes of the combine kernel per output quad (kernels/decode.cu: combine_lanes):
     at most DECODE_COMBINE_UNROLL splits a lane, up to DECODE_MAX_SPLITS. An int,
     or an array of them for an array of split counts."""
-    ns = np.asarray(num_splits)
-    lanes = np.where(ns > 64, 32, np.where(ns > 32, 16, np.where(ns >= 8, 8, np.where(ns >= 4, 4, np.where(ns >= 2, 2, 1)))))
-    return int(lanes) if lanes.ndim == 0 else lanes
+    lanes = _COMBINE_LANES[np.minimum(num_splits, DECODE_MAX_SPLITS)]  # (past it: the table's last, 32)
+    return int(lanes) if np.ndim(lanes) == 0 else lanes
 
 
 def decode_bytes_in_flight(spec: _specs.Spec) -> int:
@@ -731,7 +739,7 @@ def decode_clusters(problem: Problem, specs: tuple, num_splits: np.ndarray, arch
     """decode_cluster of every decode kernel of ``specs`` (rows) at every split
     count of ``num_splits`` (columns)."""
     can = [[arch.clusters and spec.sm80 and problem.mods is None and problem.seq is None] for spec in specs]
-    return np.array(can, dtype=bool) & (np.asarray(num_splits)[:, None] == _specs.DECODE_CLUSTERS).any(-1)
+    return np.array(can, dtype=bool) & _CLUSTER_SPLITS[np.minimum(num_splits, DECODE_MAX_SPLITS)]
 
 
 def decode_seconds(problem: Problem, spec: _specs.Spec, num_splits: int, sms: int, arch: _specs.Arch) -> float:
