@@ -698,7 +698,9 @@ DECODE_CLUSTER_MARGIN_S = 2e-6
 
 
 def _combine_lanes(num_splits: int) -> int:
-    return 32 if num_splits > 64 else 16 if num_splits > 32 else 8 if num_splits >= 8 else 4 if num_splits >= 4 else 2 if num_splits >= 2 else 1
+    if num_splits > 64:
+        return 32
+    return 16 if num_splits > 32 else 8 if num_splits >= 8 else 4 if num_splits >= 4 else 2 if num_splits >= 2 else 1
 
 
 # by split count, 0 to DECODE_MAX_SPLITS: the combine's lanes, and whether clusters can take the splits
@@ -863,7 +865,7 @@ def decode_dispatch(problem: Problem, sms: int, arch: _specs.Arch) -> DecodeChoi
     most = max(1, min(DECODE_MAX_SPLITS, problem.seqlen_k // DECODE_MIN_SPLIT_KEYS))
     # every kernel (rows) at every split count (columns) that fits a grid of MAX_GRID_X CTAs
     splits = np.arange(1, most + 1)
-    block_ms = np.array([[spec.block_m] for spec in specs])
+    block_ms = _decode_columns(specs, arch)[0]
     ctas = problem.batch * problem.num_kv_heads * -(-rows // block_ms) * splits
     fits = ctas <= MAX_GRID_X
     if not fits.any():  # too many rows for one grid: the launch raises
