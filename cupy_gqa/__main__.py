@@ -10,7 +10,7 @@ import numpy as np
 
 from . import __version__, attention
 from ._compile import compile_offline
-from ._specs import ARCHS, seq_check_specs, specs_for
+from ._specs import ARCHS, seq_check_specs, seq_mods_check_specs, specs_for
 
 # The oldest compute capability with a kernel table (_specs.ARCHS): sm_70 and
 # sm_75 run rowwise and float32 decode; the tensor-core kernels need 8.0.
@@ -135,13 +135,15 @@ def arch_issue(arch: str) -> str | None:
 
 def compile_all(arch: str, seq: bool = False) -> int:
     """Compile every specialization of ``arch``'s table with NVRTC (``seq``: their
-    per-sequence instantiations, _specs.seq_check_specs, instead); no GPU needed."""
+    per-sequence instantiations instead, _specs.seq_check_specs, then those with the
+    built-in modifiers, _specs.seq_mods_check_specs); no GPU needed."""
     issue = arch_issue(arch)
     if issue is not None:
         print(f"python -m cupy_gqa compile: {issue}", file=sys.stderr)
         return 2
     failures = 0
-    specs = seq_check_specs(ARCHS[arch]) if seq else specs_for(ARCHS[arch])  # the architecture's own table
+    # the architecture's own table
+    specs = (*seq_check_specs(ARCHS[arch]), *seq_mods_check_specs(ARCHS[arch])) if seq else specs_for(ARCHS[arch])
     print(f"{'kernel':<60} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'stack':>6}")
     for spec in specs:
         report = compile_offline(spec, arch)
@@ -166,7 +168,8 @@ def main(argv=None) -> int:
     known = ", ".join(map(str, KNOWN_ARCHS))
     comp.add_argument("--arch", default="sm_90", help=f"target architecture, sm_XX with XX in {known} (default: sm_90)")
     comp.add_argument("--seq", action="store_true",
-                      help="compile the per-sequence instantiations (varlen, paged, left padding) of the table instead")
+                      help="compile the per-sequence instantiations (varlen, paged, left padding) of the table instead, "
+                           "without and with the built-in modifiers")
     args = parser.parse_args(argv)
     if args.command == "compile":
         return compile_all(args.arch, args.seq)

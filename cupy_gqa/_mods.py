@@ -353,6 +353,7 @@ class CpuModifiers:
     score_buffers: dict | None = None
     mask_fn: object = None
     mask_buffers: dict | None = None
+    batch_offset: int = 0  # the batch index of the call's batch 0 (a per-sequence call's sequence, run alone)
 
     @classmethod
     def of(cls, mods: Modifiers, sinks, alibi) -> "CpuModifiers":
@@ -365,4 +366,4 @@ class CpuModifiers:
         )  # fmt: skip
 
     def slopes(self, b: int) -> np.ndarray:
-        return self.alibi if self.alibi.ndim == 1 else self.alibi[b]
+        return self.alibi if self.alibi.ndim == 1 else self.alibi[self.batch_offset + b]

@@ -50,12 +50,12 @@ class Problem:
         return cls(batch, seqlen_q, k.shape[1], num_q_heads, k.shape[2], head_dim, dtype, causal, softmax_scale, precision, mods)
 
     def spec(self, spec: _specs.Spec) -> _specs.Spec:
-        """``spec``, or its instantiation with this call's modifiers or per-sequence addressing."""
+        """``spec``, or its instantiation with this call's modifiers and per-sequence addressing."""
+        if self.mods is not None:
+            spec = _specs.with_mods(spec, self.mods.flags, self.mods.user_code())
         if self.seq is not None:
-            return _specs.with_seq(spec, self.seq.flags)
-        if self.mods is None:
-            return spec
-        return _specs.with_mods(spec, self.mods.flags, self.mods.user_code())
+            spec = _specs.with_seq(spec, self.seq.flags)
+        return spec
 
     def seq_args(self) -> tuple:
         """The SeqParams argument of the *_seq kernels (none without per-sequence
@@ -337,7 +337,9 @@ class F16x2Launch(Launch):
         tiles = problem.batch * problem.num_kv_heads * ntiles
         if tiles > MAX_GRID_X:
             raise ValueError(f"k: too many key tiles for one launch ({tiles} > {MAX_GRID_X})")
-        prep = tuple(problem.spec(s) if problem.seq is not None else s for s in _specs.f16x2_prep_specs(table_spec))
+        # (the pairs' kernels read K and V alone: the sequences' addressing, no modifiers)
+        prep = tuple(_specs.with_seq(s, problem.seq.flags) if problem.seq is not None else s
+                     for s in _specs.f16x2_prep_specs(table_spec))  # fmt: skip
         return cls(launch.spec, launch.grid, launch.params, problem, prep=prep, ntiles=ntiles)
 
     @property

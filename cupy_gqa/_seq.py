@@ -17,7 +17,7 @@ call.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -173,7 +173,7 @@ def check_cu_seqlens(name: str, host: np.ndarray, total: int, max_seqlen: int, t
 
 
 def attention_seq_cpu(q, k, v, out, lse, *, causal: bool, softmax_scale: float, seq: SeqLayout, cu_seqlens_q=None,
-                      cu_seqlens_k=None, block_table=None, seqlens_k=None, leftpad=None) -> None:  # fmt: skip
+                      cu_seqlens_k=None, block_table=None, seqlens_k=None, leftpad=None, mods=None) -> None:  # fmt: skip
     """The NumPy backend of a per-sequence call: each sequence's queries, keys
     (gathered from its pages for a paged cache) and results are cut out and run
     through cpu.attention_cpu as a batch of one, which writes into views of out
@@ -183,6 +183,8 @@ def attention_seq_cpu(q, k, v, out, lse, *, causal: bool, softmax_scale: float, 
     k, v : (batch, seqlen_k, ...), (num_pages, page_size, ...) when paged, (1, total_k, ...) for varlen;
     lse : (batch, num_q_heads, seqlen_q), (num_q_heads, total_q) for varlen, or None.
     The index arrays are int64 NumPy arrays whose values the caller has checked.
+    mods: _mods.CpuModifiers or None; each sequence runs them as batch b (its
+    index: ALiBi's row of slopes, a user modifier's b).
     """
     from .cpu import attention_cpu
 
@@ -212,7 +214,8 @@ def attention_seq_cpu(q, k, v, out, lse, *, causal: bool, softmax_scale: float, 
             continue
         if ks.shape[1] == 0:  # every row sees no key
             os_[...] = 0
-            if ls is not None:
-                ls[...] = -np.inf
+            if ls is not None:  # lse -inf, or with sinks the sink's
+                ls[...] = -np.inf if mods is None or mods.sinks is None else mods.sinks[None, :, None]
             continue
-        attention_cpu(qs, ks, vs, os_, ls, causal=causal, softmax_scale=softmax_scale)
+        attention_cpu(qs, ks, vs, os_, ls, causal=causal, softmax_scale=softmax_scale,
+                      mods=None if mods is None else replace(mods, batch_offset=b))

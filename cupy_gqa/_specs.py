@@ -148,11 +148,15 @@ def seq_addrs(family: str) -> tuple:
 def with_seq(spec: Spec, addr: int) -> Spec:
     """The instantiation of ``spec``'s kernel with the per-sequence addressing
     ``addr`` (kernels/common.cuh: SEQ_*; kernels/*.cu: ``<name>_seq<..., ADDR>``),
-    or ``spec`` itself for 0."""
+    or ``spec`` itself for 0. A ``spec`` with modifiers (with_mods) becomes
+    ``<name>_seq_mods<..., ADDR, FLAGS>``."""
     if not addr:
         return spec
-    assert addr in seq_addrs(spec.family) and not spec.mods, (spec.family, addr, spec.mods)
+    assert addr in seq_addrs(spec.family), (spec.family, addr)
     kernel, args, spec = _sixteen_rows_per_warp(spec)
+    if spec.mods:
+        base, flags = kernel.removesuffix("_mods"), args[:-1].rsplit(", ", 1)
+        return replace(spec, name=f"{base}_seq_mods<{flags[0]}, {addr}, {flags[1]}>")
     return replace(spec, name=f"{kernel}_seq<{args[:-1]}, {addr}>")
 
 
@@ -173,6 +177,21 @@ def seq_check_specs(arch: "Arch") -> tuple:
 
 # Instantiations with every built-in modifier (FLAGS 15), one per kernel file, for
 # the compile checks (registers, spills; tests/test_compile.py).
+def seq_mods_check_specs(arch: "Arch", flags: int = 15) -> tuple:
+    """Every per-sequence instantiation of ``arch``'s table with the modifiers
+    ``flags`` (``<name>_seq_mods<..., ADDR, FLAGS>``), for the compile checks;
+    the decode combine's takes the sinks alone."""
+    picked: dict[str, Spec] = {}
+    for spec in specs_for(arch):
+        if spec.source == "tiled_tf32.cu" and spec.head_dim not in TILED_F32_SEQ_HEAD_DIMS:
+            continue
+        if spec.family in SEQ_FAMILIES and not is_decode_cluster(spec) and not is_f16x2_prep(spec):
+            for addr in seq_addrs(spec.family):
+                s = with_seq(with_mods(spec, flags), addr)
+                picked.setdefault(s.name, s)
+    return tuple(picked.values())
+
+
 def mods_check_specs(arch: "Arch") -> tuple:
     picked: dict[str, Spec] = {}
     for spec in specs_for(arch):

@@ -211,9 +211,10 @@ def attention(
         seqlen_k), and the causal diagonal stays at the end: query ``t`` sees
         keys ``cache_leftpad[b] <= j <= t + seqlens_k[b] - seqlen_q``. A
         left-padded batch (transformers' layout for batched generation) runs
-        as it is. block_table and cache_leftpad take no modifiers; see
-        README.md "Variable length, paged KV cache, left padding" for their
-        rules (CUDA int32 arrays are read in place, host ones checked).
+        as it is. block_table and cache_leftpad take the modifiers, applied
+        to each sequence's own keys (after cache_leftpad); see README.md
+        "Variable length, paged KV cache, left padding" for their rules (CUDA
+        int32 arrays are read in place, host ones checked).
 
     Returns
     -------
@@ -247,17 +248,17 @@ def attention(
     None then.
     """
     if block_table is not None or cache_leftpad is not None:
-        _seq_no_modifiers("block_table and cache_leftpad", window=window, softcap=softcap, sinks=sinks,
-                          alibi_slopes=alibi_slopes, score_mod=score_mod, mask_mod=mask_mod)  # fmt: skip
-        flags = ("seq", type(causal), causal, type(softmax_scale), softmax_scale, type(return_lse), return_lse, kernel,
-                 precision, layout)  # fmt: skip
-        result = _repeat_seq_call(q, k, v, out, seqlens_k, workspace, flags, (None, None, block_table, cache_leftpad))
-        if result is not None:
-            return result
+        flags = _mod_flags(("seq", type(causal), causal, type(softmax_scale), softmax_scale, type(return_lse), return_lse,
+                            kernel, precision, layout), window, softcap, score_mod, mask_mod)  # fmt: skip
+        if sinks is None and alibi_slopes is None:  # calls with those arrays take the full path every call
+            result = _repeat_seq_call(q, k, v, out, seqlens_k, workspace, flags, (None, None, block_table, cache_leftpad))
+            if result is not None:
+                return result
         return _attention_seq(
             q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out, kernel=kernel,
             precision=precision, layout=layout, workspace=workspace, seqlens_k=seqlens_k, block_table=block_table,
-            cache_leftpad=cache_leftpad, flags=flags,
+            cache_leftpad=cache_leftpad, flags=flags, window=window, softcap=softcap, sinks=sinks,
+            alibi_slopes=alibi_slopes, score_mod=score_mod, mask_mod=mask_mod,
         )  # fmt: skip
     if out is None and _torch_op_call(q, k, v):
         _torch_op_modifiers(q, k, v, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
@@ -273,9 +274,8 @@ def attention(
             "out: expected None when q, k or v requires grad (autograd returns a new tensor), got a tensor; "
             "call it under torch.no_grad() to write into out"
         )
-    flags = (type(causal), causal, type(softmax_scale), softmax_scale, type(return_lse), return_lse, kernel, precision, layout)
-    if window is not None or softcap is not None or score_mod is not None or mask_mod is not None:
-        flags += (type(window), window, type(softcap), softcap, score_mod, mask_mod)
+    flags = _mod_flags((type(causal), causal, type(softmax_scale), softmax_scale, type(return_lse), return_lse, kernel,
+                        precision, layout), window, softcap, score_mod, mask_mod)  # fmt: skip
     found = entry = None
     if sinks is None and alibi_slopes is None:  # calls with those arrays take the full path every call
         try:  # a repeat call of a signature seen before (CuPy arrays, torch CUDA tensors): _fast
@@ -344,6 +344,12 @@ def attention_varlen(
     kernel="auto",
     precision="highest",
     workspace=None,
+    window=None,
+    softcap=None,
+    sinks=None,
+    alibi_slopes=None,
+    score_mod=None,
+    mask_mod=None,
 ):
     """Attention over a batch of sequences of different lengths, packed without
     padding (FlashAttention's ``flash_attn_varlen_func`` convention).
@@ -379,6 +385,12 @@ def attention_varlen(
         As for :func:`attention` (out like q; "auto" runs decode, hopper,
         tiled or rowwise by the same rules, with max_seqlen_q and
         max_seqlen_k as the lengths).
+    window, softcap, sinks, alibi_slopes, score_mod, mask_mod
+        The modifiers, as for :func:`attention`, per sequence: each one's
+        queries and keys are numbered from 0, its diagonal is its own
+        (``len_k(b) - len_q(b)``), and ``b`` (ALiBi's slopes of shape
+        ``(batch, num_q_heads)``, a score_mod's or mask_mod's ``b``) is the
+        sequence's index.
 
     Returns
     -------
@@ -386,18 +398,21 @@ def attention_varlen(
 
     Every index array is read in place when it is a CUDA int32 array, so the
     call can be captured into a CUDA graph and replayed after the lengths
-    change (within max_seqlen_*, which the graph keeps). Modifiers and the
-    backward pass take no varlen calls yet.
+    change (within max_seqlen_*, which the graph keeps). The backward pass
+    takes no varlen calls yet.
     """
-    flags = ("varlen", type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k, type(causal), causal,
-             type(softmax_scale), softmax_scale, type(return_lse), return_lse, kernel, precision)  # fmt: skip
-    result = _repeat_seq_call(q, k, v, out, None, workspace, flags, (cu_seqlens_q, cu_seqlens_k, None, None))
-    if result is not None:
-        return result
+    flags = _mod_flags(("varlen", type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k, type(causal),
+                        causal, type(softmax_scale), softmax_scale, type(return_lse), return_lse, kernel, precision),
+                       window, softcap, score_mod, mask_mod)  # fmt: skip
+    if sinks is None and alibi_slopes is None:  # calls with those arrays take the full path every call
+        result = _repeat_seq_call(q, k, v, out, None, workspace, flags, (cu_seqlens_q, cu_seqlens_k, None, None))
+        if result is not None:
+            return result
     return _attention_seq(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out, kernel=kernel,
         precision=precision, layout="bshd", workspace=workspace,
-        varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), flags=flags,
+        varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), flags=flags, window=window, softcap=softcap,
+        sinks=sinks, alibi_slopes=alibi_slopes, score_mod=score_mod, mask_mod=mask_mod,
     )  # fmt: skip
 
 
@@ -417,10 +432,52 @@ def _repeat_seq_call(q, k, v, out, seqlens_k, workspace, flags: tuple, index: tu
     return entry(q, k, v, out, seqlens_k, workspace, found[1])
 
 
-def _seq_no_modifiers(what: str, **modifiers) -> None:
-    given = [name for name, value in modifiers.items() if value is not None]
-    if given:
-        raise ValueError(f"{given[0]}: expected None with {what} (they take no modifiers yet), got {modifiers[given[0]]!r}")
+def _mod_flags(flags: tuple, window, softcap, score_mod, mask_mod) -> tuple:
+    """A call's repeat-call flags (_fast.signature) with the modifiers that its
+    plan depends on (sinks and alibi_slopes: none, such calls take the full path)."""
+    if window is not None or softcap is not None or score_mod is not None or mask_mod is not None:
+        flags += (type(window), window, type(softcap), softcap, score_mod, mask_mod)
+    return flags
+
+
+def _check_modifiers(frame, causal, seqlen_q: int, seqlen_k: int, batch: int, num_q_heads: int, *, window, softcap,
+                     sinks, alibi_slopes, score_mod, mask_mod) -> tuple:  # fmt: skip
+    """The modifiers' checks, made before anything is allocated: (window, softcap,
+    sinks, alibi_slopes) checked (_mods.check_window's pair or None, the softcap or
+    0, the arrays as _check_mod_array keeps them), and whether there are any."""
+    win = _mods.check_window(window, bool(causal), seqlen_q, seqlen_k)
+    cap = _mods.check_softcap(softcap)
+    _mods.check_user_mod("score_mod", score_mod, _mods.ScoreMod)
+    _mods.check_user_mod("mask_mod", mask_mod, _mods.MaskMod)
+    sinks_a = _check_mod_array("sinks", sinks, frame, ((num_q_heads,),), "(num_q_heads,)")
+    alibi_a = _check_mod_array(
+        "alibi_slopes", alibi_slopes, frame, ((num_q_heads,), (batch, num_q_heads)), "(num_q_heads,) or (batch, num_q_heads)"
+    )
+    if not frame.on_gpu:
+        for mod in (score_mod, mask_mod):
+            if mod is not None:
+                mod.numpy_function()  # CPU inputs run the NumPy twin: it must be there
+    has_mods = win is not None or cap or sinks_a is not None or alibi_a is not None or score_mod or mask_mod
+    return win, cap, sinks_a, alibi_a, bool(has_mods)
+
+
+def _modifiers(frame, checked: tuple, score_mod, mask_mod) -> tuple:
+    """(mods, sinks, alibi_slopes) of a call (inside running_on(frame)): the
+    _mods.Modifiers of its kernels and the two arrays on the backend, or
+    (None, None, None) for a call without modifiers."""
+    win, cap, sinks_a, alibi_a, has_mods = checked
+    if not has_mods:
+        return None, None, None
+    sinks_b = _mod_array_backend("sinks", sinks_a, frame)
+    alibi_b = _mod_array_backend("alibi_slopes", alibi_a, frame)
+    mods = _mods.Modifiers(
+        window=win is not None, window_left=win[0] if win else -1, window_right=win[1] if win else -1,
+        softcap=cap, sinks=sinks_b is not None, alibi=0 if alibi_b is None else alibi_b.ndim,
+        score_mod=score_mod, mask_mod=mask_mod,
+        sinks_ptr=sinks_b.data.ptr if frame.on_gpu and sinks_b is not None else 0,
+        alibi_ptr=alibi_b.data.ptr if frame.on_gpu and alibi_b is not None else 0,
+    )  # fmt: skip
+    return mods, sinks_b, alibi_b
 
 
 def _check_heads(q_shape, k_shape, v_shape, q_axes: str, kv_axes: str, heads: int, dims: int) -> None:
@@ -480,7 +537,8 @@ def _check_options(kernel, precision, layout, causal, return_lse) -> None:
 
 def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, precision, layout, workspace,
                    varlen=None, seqlens_k=None, block_table=None, cache_leftpad=None, plan_only=False,
-                   flags=None):  # fmt: skip
+                   flags=None, window=None, softcap=None, sinks=None, alibi_slopes=None, score_mod=None,
+                   mask_mod=None):  # fmt: skip
     """The per-sequence calls (_seq): attention_varlen (``varlen``: the cu_seqlens
     and max_seqlen arguments) and attention with block_table or cache_leftpad:
     every check, the plan, the launch; then, where the index arrays and
@@ -586,6 +644,9 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
         lse_shape = (batch, num_q_heads, seqlen_q)
         cu_q_c = cu_k_c = None
     softmax_scale = _check_scale(softmax_scale, head_dim)
+    # (varlen: the longest sequences bound the window's reach; ALiBi's batch is the sequences')
+    checked_mods = _check_modifiers(frame, causal, seqlen_q, seqlen_k, batch, num_q_heads, window=window, softcap=softcap,
+                                    sinks=sinks, alibi_slopes=alibi_slopes, score_mod=score_mod, mask_mod=mask_mod)  # fmt: skip
     if kernel != "auto" and not frame.on_gpu:
         raise ValueError(f"kernel: {kernel!r} runs on CUDA arrays; CPU inputs use the NumPy backend, kernel='auto'")
 
@@ -593,6 +654,7 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
         qb, kb, vb, out, outb, wsb = _backend_arrays(q, k, v, out, workspace, frame, dtype)
         if bhsd:
             qb, kb, vb, outb = (a.transpose(_BHSD_TO_BSHD) for a in (qb, kb, vb, outb))
+        mods, sinks_b, alibi_b = _modifiers(frame, checked_mods, score_mod, mask_mod)
         if varlen is not None:  # (1, total, heads, head_dim) views: the kernels' axis 0 has stride 0 (_plan.make_params)
             qb, kb, vb, outb = (a[None] for a in (qb, kb, vb, outb))
         lse = lseb = None
@@ -611,7 +673,7 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
             cu_seqlens_q=addr(cu_qb), cu_seqlens_k=addr(cu_kb), block_table=addr(tableb), leftpad=addr(leftb),
         )  # fmt: skip
         problem = _plan.Problem(batch, seqlen_q, seqlen_k, num_q_heads, kb.shape[2], head_dim, dtype, bool(causal),
-                                softmax_scale, precision if dtype == "float32" else "highest", None, seq)  # fmt: skip
+                                softmax_scale, precision if dtype == "float32" else "highest", mods, seq)  # fmt: skip
         empty = outb.size == 0 or batch == 0
         if plan_only:
             if not frame.on_gpu or empty or seqlen_k == 0:
@@ -623,12 +685,14 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
                 lseb.fill(-np.inf)
         elif seqlen_k == 0:
             outb.fill(0)  # no sequence has a key
-            if lseb is not None:
+            if lseb is not None:  # lse -inf, or with sinks the sink's
                 lseb.fill(-np.inf)
+                if sinks_b is not None:
+                    lseb[...] = sinks_b[:, None] if varlen is not None else sinks_b[None, :, None]
         elif not frame.on_gpu:
             _seq.attention_seq_cpu(qb, kb, vb, outb, lseb, causal=bool(causal), softmax_scale=softmax_scale, seq=seq,
                                    cu_seqlens_q=cu_qb, cu_seqlens_k=cu_kb, block_table=tableb, seqlens_k=lensb,
-                                   leftpad=leftb)  # fmt: skip
+                                   leftpad=leftb, mods=None if mods is None else _mods.CpuModifiers.of(mods, sinks_b, alibi_b))  # fmt: skip
         else:
             family = _plan.choose_kernel(problem, qb, kb, vb, outb) if kernel == "auto" else kernel
             if wsb is not None:
@@ -639,7 +703,9 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
                 ws_arg = None
             plan = _plan.LAUNCH[family](problem, qb, kb, vb, outb, lseb, lensb, checked=kernel == "auto", workspace=ws_arg)
             checked = (lens, cu_q_c, cu_k_c, table, leftpad)
-            if flags is not None and plan is not None and all(c is None or c[0] == "device" for c in checked):
+            # sinks / alibi_slopes: their addresses are in the plan, so every call takes the full path
+            if (flags is not None and plan is not None and all(c is None or c[0] == "device" for c in checked)
+                    and not (mods is not None and mods.per_call)):  # fmt: skip
                 _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, (qb, kb, vb, outb, lensb),
                           out_given="out" in named, return_lse=bool(return_lse), lse_shape=lse_shape, lens=lens,
                           seqlen_k=seqlen_k, index=(cu_q, cu_k, block_table, cache_leftpad) if varlen is not None
@@ -677,19 +743,8 @@ def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, preci
     seqlen_k = k.shape[2 if bhsd else 1]
     softmax_scale = _check_scale(softmax_scale, head_dim)
     lens = _check_seqlens_k(seqlens_k, frame, batch, seqlen_k)
-    win = _mods.check_window(window, bool(causal), seqlen_q, seqlen_k)
-    cap = _mods.check_softcap(softcap)
-    _mods.check_user_mod("score_mod", score_mod, _mods.ScoreMod)
-    _mods.check_user_mod("mask_mod", mask_mod, _mods.MaskMod)
-    sinks_a = _check_mod_array("sinks", sinks, frame, ((num_q_heads,),), "(num_q_heads,)")
-    alibi_a = _check_mod_array(
-        "alibi_slopes", alibi_slopes, frame, ((num_q_heads,), (batch, num_q_heads)), "(num_q_heads,) or (batch, num_q_heads)"
-    )
-    has_mods = win is not None or cap or sinks_a is not None or alibi_a is not None or score_mod or mask_mod
-    if not frame.on_gpu:
-        for mod in (score_mod, mask_mod):
-            if mod is not None:
-                mod.numpy_function()  # CPU inputs run the NumPy twin: it must be there
+    checked_mods = _check_modifiers(frame, causal, seqlen_q, seqlen_k, batch, num_q_heads, window=window, softcap=softcap,
+                                    sinks=sinks, alibi_slopes=alibi_slopes, score_mod=score_mod, mask_mod=mask_mod)  # fmt: skip
     if kernel != "auto" and not frame.on_gpu:
         raise ValueError(f"kernel: {kernel!r} runs on CUDA arrays; CPU inputs use the NumPy backend, kernel='auto'")
 
@@ -697,17 +752,7 @@ def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, preci
         qb, kb, vb, out, outb, wsb = _backend_arrays(q, k, v, out, workspace, frame, dtype)
         if bhsd:  # from here on (batch, seqlen, heads, head_dim): transposed views, nothing copied
             qb, kb, vb, outb = (a.transpose(_BHSD_TO_BSHD) for a in (qb, kb, vb, outb))
-        mods = sinks_b = alibi_b = None
-        if has_mods:
-            sinks_b = _mod_array_backend("sinks", sinks_a, frame)
-            alibi_b = _mod_array_backend("alibi_slopes", alibi_a, frame)
-            mods = _mods.Modifiers(
-                window=win is not None, window_left=win[0] if win else -1, window_right=win[1] if win else -1,
-                softcap=cap, sinks=sinks_b is not None, alibi=0 if alibi_b is None else alibi_b.ndim,
-                score_mod=score_mod, mask_mod=mask_mod,
-                sinks_ptr=sinks_b.data.ptr if frame.on_gpu and sinks_b is not None else 0,
-                alibi_ptr=alibi_b.data.ptr if frame.on_gpu and alibi_b is not None else 0,
-            )  # fmt: skip
+        mods, sinks_b, alibi_b = _modifiers(frame, checked_mods, score_mod, mask_mod)
         problem = _plan.Problem.of(
             qb, kb, dtype=dtype, causal=bool(causal), softmax_scale=softmax_scale, precision=precision, mods=mods
         )
@@ -1136,7 +1181,8 @@ _ATTENTION_DEFAULTS = {
     "block_table": None, "cache_leftpad": None,
 }  # fmt: skip
 _VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
-_VARLEN_KEYWORDS = ("causal", "softmax_scale", "return_lse", "out", "kernel", "precision", "workspace")
+_VARLEN_KEYWORDS = ("causal", "softmax_scale", "return_lse", "out", "kernel", "precision", "workspace", "window",
+                    "softcap", "sinks", "alibi_slopes", "score_mod", "mask_mod")  # fmt: skip
 
 
 def workspace_size(q, k, v, **kwargs) -> int:
@@ -1174,9 +1220,6 @@ def workspace_size(q, k, v, **kwargs) -> int:
         raise TypeError(f"workspace_size: unexpected keyword {unknown[0]!r} (it takes attention's keywords)")
     options = {**_ATTENTION_DEFAULTS, **kwargs}
     if options["block_table"] is not None or options["cache_leftpad"] is not None:
-        for name in ("window", "softcap", "sinks", "alibi_slopes", "score_mod", "mask_mod"):
-            if options.pop(name) is not None:
-                _seq_no_modifiers("block_table and cache_leftpad", **{name: kwargs[name]})
         plan = _attention_seq(q, k, v, **options, plan_only=True)
         return 0 if plan is None else plan.workspace_bytes
     del options["block_table"], options["cache_leftpad"]

@@ -122,13 +122,13 @@ def _attention_cpu_mods(q, k, v, out, lse, *, causal, softmax_scale, seqlens_k, 
                             s = s - slopes[heads][:, None, None] * np.abs(t[:, None] + offset - j[None, :]).astype(acc)
                         if mods.score_fn is not None:
                             s = np.asarray(mods.score_fn(
-                                score=s, b=b, h=h_idx, q_idx=t[None, :, None], kv_idx=j[None, None, :],
+                                score=s, b=b + mods.batch_offset, h=h_idx, q_idx=t[None, :, None], kv_idx=j[None, None, :],
                                 seqlen_q=seqlen_q, seqlen_k=len_b, **mods.score_buffers,
                             ), dtype=acc)  # fmt: skip
                             s = np.broadcast_to(s, (group_size, t1 - t0, j1 - j0))
                     if mods.mask_fn is not None:
                         user = np.asarray(mods.mask_fn(
-                            b=b, h=h_idx, q_idx=t[None, :, None], kv_idx=j[None, None, :], seqlen_q=seqlen_q,
+                            b=b + mods.batch_offset, h=h_idx, q_idx=t[None, :, None], kv_idx=j[None, None, :], seqlen_q=seqlen_q,
                             seqlen_k=len_b, **mods.mask_buffers,
                         ), dtype=bool)  # fmt: skip
                         visible = np.broadcast_to(visible[None] & user, (group_size, t1 - t0, j1 - j0))

@@ -304,14 +304,18 @@ __device__ __forceinline__ PrefillTile<CAUSAL, WINDOW> prefill_tile_seq_at(const
         sqn.len = tile.len;
         return tile;
     } else {
-        static_assert(!WINDOW, "per-sequence addressing takes no modifiers");
         const TileOfBlock t = tile_of_block<CAUSAL>(p, tr.m_tiles, index);
         sqn = sequence_of<ADDR>(p, seqlens_k, sp, t.b);
         const int packed_rows = sqn.seqlen_q(p.seqlen_q) * group;
         const int row0 = t.m_tile * tr.rows;
         const int seqlen_k = max(sqn.len, 0);
-        return {t.b, t.kv_head, row0, group, packed_rows, sqn.len, seqlen_k,
-                KeyRange<CAUSAL>(row0, max(row0, min(row0 + tr.rows, packed_rows) - 1), sqn.seqlen_q(p.seqlen_q), seqlen_k, group)};
+        const int last_row = max(row0, min(row0 + tr.rows, packed_rows) - 1);
+        if constexpr (WINDOW)  // the window's band of the sequence's own keys
+            return {t.b, t.kv_head, row0, group, packed_rows, sqn.len, seqlen_k,
+                    KeyRange<CAUSAL, true>(row0, last_row, sqn.seqlen_q(p.seqlen_q), seqlen_k, group, left, right)};
+        else
+            return {t.b, t.kv_head, row0, group, packed_rows, sqn.len, seqlen_k,
+                    KeyRange<CAUSAL>(row0, last_row, sqn.seqlen_q(p.seqlen_q), seqlen_k, group)};
     }
 }
 template <bool CAUSAL, int BLOCK_M, bool WINDOW, int ADDR>

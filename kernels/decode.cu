@@ -1200,3 +1200,36 @@ __global__ void __launch_bounds__(128) decode_combine_seq(
 {
     decode_combine_body<T, NoMods, ADDR>(out, lse, seqlens_k, p, part_o, part_lse, num_splits, nullptr, &sp);
 }
+
+// The same with per-sequence addressing ADDR and the modifiers FLAGS: ModParams, then SeqParams.
+template <typename T, int HEAD_DIM, int ROWS, int ADDR, int FLAGS>
+__global__ void __launch_bounds__(DECODE_THREADS, ROWS <= 4 ? DECODE_MIN_BLOCKS : 1) decode_attention_seq_mods(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams mp,
+    const SeqParams sp)
+{
+    decode_body<T, HEAD_DIM, ROWS, Mods<FLAGS, sizeof(T) == 2>, ADDR>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
+                                                                      num_splits, mp, &sp);
+}
+
+template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, int ADDR, int FLAGS>
+__global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention_seq_mods(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams mp,
+    const SeqParams sp)
+{
+    decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>, ADDR>(
+        q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits, mp, &sp);
+}
+
+template <typename T, int ADDR, int FLAGS>
+__global__ void __launch_bounds__(128) decode_combine_seq_mods(
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    const float* __restrict__ part_o, const float* __restrict__ part_lse, const int num_splits, const ModParams mp,
+    const SeqParams sp)
+{
+    decode_combine_body<T, Mods<FLAGS, sizeof(T) == 2>, ADDR>(out, lse, seqlens_k, p, part_o, part_lse, num_splits, &mp,
+                                                              &sp);
+}

@@ -833,3 +833,19 @@ hopper_attention_seq(const T* __restrict__ q, const T* __restrict__ k, const T* 
     hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, NoMods, NoModParams, ADDR>(
         q, k, v, out, lse, seqlens_k, p, NoModParams{}, k_map, v_map, q_map, o_map, qo_bulk, tile_counter, &sp);
 }
+
+// The same with per-sequence addressing ADDR and the modifiers FLAGS: ModParams, then SeqParams.
+template <typename T, int HEAD_DIM_PAD, int BLOCK_M, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES, int ADDR,
+          int FLAGS>
+__global__ void __launch_bounds__(BLOCK_M / 64 * 128 + 128, 1)
+hopper_attention_seq_mods(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                          T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k,
+                          const AttnParams p, const ModParams mp, const SeqParams sp,
+                          const __grid_constant__ sm90::TensorMap k_map,
+                          const __grid_constant__ sm90::TensorMap v_map,
+                          const __grid_constant__ sm90::TensorMap q_map,
+                          const __grid_constant__ sm90::TensorMap o_map, const int qo_bulk,
+                          int* __restrict__ tile_counter) {
+    hopper_body<T, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>, ModParams,
+                ADDR>(q, k, v, out, lse, seqlens_k, p, mp, k_map, v_map, q_map, o_map, qo_bulk, tile_counter, &sp);
+}

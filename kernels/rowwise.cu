@@ -366,3 +366,14 @@ __global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention_seq(
     rowwise_body<T, DPAD, TEAM, VEC, KEYS, SMEM_BYTES, NoMods, NoModParams, ADDR>(q, k, v, out, lse, seqlens_k, p,
                                                                                 NoModParams{}, &sp);
 }
+
+// The same with per-sequence addressing ADDR and the modifiers FLAGS.
+template <typename T, int DPAD, int TEAM, bool VEC, int KEYS, int SMEM_BYTES, int ADDR, int FLAGS>
+__global__ void __launch_bounds__(ROWWISE_THREADS, 1) rowwise_attention_seq_mods(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    const ModParams mp, const SeqParams sp)
+{
+    rowwise_body<T, DPAD, TEAM, VEC, KEYS, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>, ModParams, ADDR>(
+        q, k, v, out, lse, seqlens_k, p, mp, &sp);
+}

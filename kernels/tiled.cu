@@ -430,3 +430,17 @@ tiled_attention_seq(
     tiled_body<T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, NoMods, ADDR>(
         q, k, v, out, lse, seqlens_k, p, ModParams{}, &sp);
 }
+
+// The same with per-sequence addressing ADDR and the modifiers FLAGS.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES, int ADDR, int FLAGS>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+tiled_attention_seq_mods(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ out,
+    float* __restrict__ lse,
+    const int* __restrict__ seqlens_k,
+    const AttnParams p, const ModParams mp, const SeqParams sp)
+{
+    tiled_body<T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>, ADDR>(
+        q, k, v, out, lse, seqlens_k, p, mp, &sp);
+}

@@ -553,3 +553,11 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_f16x2_attention_seq(F
     tiled_f16x2_body<HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, NoMods, ADDR>(
         q, out, lse, seqlens_k, p, F16X2_WORKSPACE, ntiles, ModParams{}, &sp);
 }
+
+// The same with per-sequence addressing ADDR and the modifiers FLAGS.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES, int ADDR, int FLAGS>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_f16x2_attention_seq_mods(F16X2_ARGS, const ModParams mp,
+                                                                                     const SeqParams sp) {
+    tiled_f16x2_body<HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, Mods<FLAGS>, ADDR>(
+        q, out, lse, seqlens_k, p, F16X2_WORKSPACE, ntiles, mp, &sp);
+}

@@ -332,3 +332,15 @@ __global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention_seq(
     tiled_tf32_body<HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SPLIT, PRESPLIT, SMEM_BYTES, NoMods, ADDR>(
         q, k, v, out, lse, seqlens_k, p, ModParams{}, &sp);
 }
+
+// The same with per-sequence addressing ADDR and the modifiers FLAGS.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool SPLIT, int PRESPLIT, int SMEM_BYTES,
+          int ADDR, int FLAGS>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1) tiled_tf32_attention_seq_mods(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    float* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
+    const ModParams mp, const SeqParams sp)
+{
+    tiled_tf32_body<HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SPLIT, PRESPLIT, SMEM_BYTES, Mods<FLAGS>, ADDR>(
+        q, k, v, out, lse, seqlens_k, p, mp, &sp);
+}

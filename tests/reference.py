@@ -174,19 +174,45 @@ def reference_attention_backward(dout, q, k, v, *, causal=True, softmax_scale=No
     return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
-def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=True, softmax_scale=None):
+def _sequence_with_modifiers(q, k, v, b, causal, softmax_scale, mods):
+    """(out (Sq, Hq, D), lse (Hq, Sq)) in float64 of one sequence, sequence b of a
+    per-sequence call, with the modifiers ``mods`` (reference_attention's keywords),
+    row by row from the definitions (_modified_row): its own queries and keys
+    numbered from 0, its own diagonal, and b for ALiBi's row of slopes and the
+    user modifiers."""
+    seqlen_q, num_q_heads, head_dim = q.shape
+    n, num_kv_heads = k.shape[0], k.shape[1]
+    group_size = num_q_heads // num_kv_heads
+    k, v = np.repeat(k, group_size, axis=1), np.repeat(v, group_size, axis=1)
+    scale = 1.0 / np.sqrt(head_dim) if softmax_scale is None else softmax_scale
+    out = np.zeros((seqlen_q, num_q_heads, head_dim))
+    lse = np.full((num_q_heads, seqlen_q), -np.inf)
+    for t in range(seqlen_q):
+        p, _, lse[:, t], _ = _modified_row(q[t], k, b, t, n, seqlen_q, scale, causal, mods.get("window"),
+                                           mods.get("softcap"), mods.get("sinks"), mods.get("alibi_slopes"),
+                                           mods.get("score_mod"), mods.get("mask_mod"))  # fmt: skip
+        out[t] = np.einsum("hj,jhd->hd", p, v)
+    return out, lse
+
+
+def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=True, softmax_scale=None, **mods):
     """(out, lse) in float64 of packed sequences: q (total_q, Hq, D), k and v
     (total_k, Hkv, D); sequence b is rows [cu_q[b], cu_q[b + 1]) of q and
     [cu_k[b], cu_k[b + 1]) of k, v, each run through reference_attention on its
-    own. out is (total_q, Hq, D), lse (Hq, total_q); rows of no sequence stay
-    NaN (nothing defines them)."""
+    own (with modifiers, reference_attention's keywords: _sequence_with_modifiers,
+    b the sequence's index). out is (total_q, Hq, D), lse (Hq, total_q); rows of
+    no sequence stay NaN (nothing defines them)."""
     q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
+    mods = {name: value for name, value in mods.items() if value is not None}
     out = np.full(q.shape, np.nan)
     lse = np.full((q.shape[1], q.shape[0]), np.nan)
     for b in range(len(cu_seqlens_q) - 1):
         q0, q1 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
         k0, k1 = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1])
         if q1 == q0:
+            continue
+        if mods:
+            out[q0:q1], lse[:, q0:q1] = _sequence_with_modifiers(q[q0:q1], k[k0:k1], v[k0:k1], b, causal, softmax_scale, mods)
             continue
         if k1 == k0:  # no key: zeros and -inf
             out[q0:q1], lse[:, q0:q1] = 0.0, -np.inf
@@ -197,15 +223,17 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=True, softma
 
 
 def reference_kvcache(q, k_cache, v_cache, *, seqlens_k=None, block_table=None, cache_leftpad=None, causal=True,
-                      softmax_scale=None):  # fmt: skip
+                      softmax_scale=None, **mods):  # fmt: skip
     """(out, lse) in float64 of q (B, Sq, Hq, D) against a KV cache: contiguous
     (B, Sk, Hkv, D), or with block_table (B, max_pages) a pool of pages
     (num_pages, page_size, Hkv, D) where key j of sequence b is row j % page_size
     of page block_table[b, j // page_size]. Sequence b's keys are [cache_leftpad[b]
     (default 0), seqlens_k[b] (default all)), gathered key by key, then
     reference_attention runs on the gathered keys of each sequence alone (so the
-    causal diagonal is at the end of the keys)."""
+    causal diagonal is at the end of the keys); with modifiers
+    (reference_attention's keywords), _sequence_with_modifiers."""
     q, k_cache, v_cache = (np.asarray(x).astype(np.float64) for x in (q, k_cache, v_cache))
+    mods = {name: value for name, value in mods.items() if value is not None}
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     out = np.zeros(q.shape)
     lse = np.full((batch, num_q_heads, seqlen_q), -np.inf)
@@ -220,6 +248,12 @@ def reference_kvcache(q, k_cache, v_cache, *, seqlens_k=None, block_table=None, 
                 page_size = k_cache.shape[1]
                 page = int(block_table[b, j // page_size])
                 rows.append((k_cache[page, j % page_size], v_cache[page, j % page_size]))
+        if mods:
+            shape = (0, *k_cache.shape[2:])
+            ks = np.stack([r[0] for r in rows]) if rows else np.zeros(shape)
+            vs = np.stack([r[1] for r in rows]) if rows else np.zeros(shape)
+            out[b], lse[b] = _sequence_with_modifiers(q[b], ks, vs, b, causal, softmax_scale, mods)
+            continue
         if not rows:
             continue
         ks = np.stack([r[0] for r in rows])[None]

@@ -117,8 +117,9 @@ def modifiers(kernel, failures: int, runs: int) -> tuple[int, int]:
 
 
 def per_sequence(kernel, failures: int, runs: int) -> tuple[int, int]:
-    """The family's per-sequence kernels (*_seq): packed variable lengths, a paged
-    cache in shuffled pages of 16 and 32 keys, left padding; prefill and decode."""
+    """The family's per-sequence kernels (*_seq, and *_seq_mods with all six
+    modifiers): packed variable lengths, a paged cache in shuffled pages of 16 and
+    32 keys, left padding; prefill and decode."""
     rng = np.random.default_rng(5)
     for dtype in ("float16", "bfloat16", "float32"):
         for seqlen_q, head_dim in ((1, 128), (3, 64), (70, 64)):
@@ -129,8 +130,11 @@ def per_sequence(kernel, failures: int, runs: int) -> tuple[int, int]:
             cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
             q = rng.standard_normal((int(cu_q[-1]), 4, head_dim)).astype(dtype)
             k, v = (rng.standard_normal((int(cu_k[-1]), 2, head_dim)).astype(dtype) for _ in range(2))
+            # every call plain and with all six modifiers (the *_seq_mods kernels)
+            mods = modifier_kwargs("all", 4, 4, {"all": (40, 0)}, seed=runs)
             calls.append(("varlen", (q, k, v), {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "max_seqlen_q": max(lens_q),
                                                 "max_seqlen_k": max(lens_k)}, reference_varlen(q, k, v, cu_q, cu_k)[0]))  # fmt: skip
+            calls.append(("varlen mods", (q, k, v), {**calls[-1][2], **mods}, reference_varlen(q, k, v, cu_q, cu_k, **mods)[0]))
             for page in (16, 32):
                 max_pages = 320 // page
                 pool = lambda: rng.standard_normal((4 * max_pages + 3, page, 2, head_dim)).astype(dtype)  # noqa: E731
@@ -141,17 +145,21 @@ def per_sequence(kernel, failures: int, runs: int) -> tuple[int, int]:
                 qb = rng.standard_normal((4, seqlen_q, 4, head_dim)).astype(dtype)
                 ref = reference_kvcache(qb, kc, vc, seqlens_k=seqlens, block_table=table, cache_leftpad=leftpad)[0]
                 calls.append((f"paged {page}", (qb, kc, vc), {"block_table": table, "seqlens_k": seqlens, "cache_leftpad": leftpad}, ref))
+                ref = reference_kvcache(qb, kc, vc, seqlens_k=seqlens, block_table=table, cache_leftpad=leftpad, **mods)[0]
+                calls.append((f"paged {page} mods", (qb, kc, vc), {**calls[-1][2], **mods}, ref))
             for name, arrays, kw, ref in calls:
                 dev = [cupy.asarray(x) for x in arrays]
-                kwd = {n: (cupy.asarray(x) if isinstance(x, np.ndarray) else x) for n, x in kw.items() if x is not None}
+                # (index arrays and lengths on the device; the modifiers' arrays as given)
+                kwd = {n: (cupy.asarray(x) if isinstance(x, np.ndarray) and x.dtype == np.int32 else x)
+                       for n, x in kw.items() if x is not None}  # fmt: skip
                 for call in ("first", "repeat"):  # the full path, then the signature's entry (new index arrays)
                     out = cupy.full(arrays[0].shape, np.nan, dtype=arrays[0].dtype)
                     kwc = {n: (x.copy() if isinstance(x, cupy.ndarray) else x) for n, x in kwd.items()}
                     try:
-                        if name == "varlen":
+                        if name.startswith("varlen"):
                             cupy_gqa.attention_varlen(*dev, kwc.pop("cu_seqlens_q"), kwc.pop("cu_seqlens_k"),
                                                       kwc.pop("max_seqlen_q"), kwc.pop("max_seqlen_k"), out=out,
-                                                      kernel=kernel)  # fmt: skip
+                                                      kernel=kernel, **kwc)  # fmt: skip
                         else:
                             cupy_gqa.attention(*dev, out=out, kernel=kernel, **kwc)
                     except ValueError as e:

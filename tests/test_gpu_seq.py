@@ -372,6 +372,112 @@ def test_graph_paged(kernel, page_size, leftpad):
         assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"graph paged {kernel} page {page_size}")
 
 
+# --- modifiers on per-sequence calls -----------------------------------------------------
+
+
+def _seq_mods(name, batch, hq):
+    from test_seq import seq_mods
+
+    return seq_mods(name, batch, hq)
+
+
+SEQ_MODS = ["window", "window_both_noncausal", "softcap", "sinks", "alibi_batch", "score_mod", "mask_mod", "all",
+            "all_noncausal"]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("name", SEQ_MODS)
+@pytest.mark.parametrize("lens_q,lens_k", [
+    ([1, 1, 3, 1], [1, 300, 0, 129]),        # decode: one key, many, none
+    ([40, 1, 17, 70], [40, 300, 17, 130]),   # prefill, lengths not multiples of a tile
+])  # fmt: skip
+def test_varlen_modifiers(kernel, dtype, name, lens_q, lens_k):
+    """Every modifier on packed sequences, each by its own rules (diagonal, b for
+    ALiBi's rows and the user modifiers), against the float64 reference."""
+    _skip_unsupported(kernel, dtype, max(lens_q))
+    rng = np.random.default_rng(sum(lens_q) + sum(lens_k))
+    q, cu_q = _packed(lens_q, 8, 64, dtype, rng)
+    k, cu_k = _packed(lens_k, 2, 64, dtype, rng)
+    v, _ = _packed(lens_k, 2, 64, dtype, rng)
+    kw, causal = _seq_mods(name, len(lens_q), 8)
+    ref, ref_lse = reference_varlen(q, k, v, cu_q, cu_k, causal=causal, **kw)
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    res, lse = cupy_gqa.attention_varlen(*(cupy.asarray(x) for x in (q, k, v)), cupy.asarray(cu_q), cupy.asarray(cu_k),
+                                         max(lens_q), max(lens_k), out=out, return_lse=True, kernel=kernel,
+                                         causal=causal, **kw)  # fmt: skip
+    assert res is out
+    assert_close(cupy.asnumpy(res), ref, _tolerance(kernel, dtype), f"varlen {name} {kernel} {dtype}")
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("name", SEQ_MODS)
+@pytest.mark.parametrize("addressing", ["paged", "paged_leftpad", "leftpad"])
+@pytest.mark.parametrize("seqlen_q", [1, 24])
+def test_kvcache_modifiers(kernel, name, addressing, seqlen_q):
+    """Every modifier on a paged cache (shuffled pages), a left-padded one and both,
+    decode and chunked prefill, against the float64 reference."""
+    dtype = "bfloat16"
+    paged = addressing.startswith("paged")
+    _skip_unsupported(kernel, dtype, seqlen_q, paged=paged)
+    rng = np.random.default_rng(seqlen_q + len(addressing))
+    seqlens = np.array([0, 1, 32, 90, 200], dtype=np.int32)
+    pad = np.array([0, 1, 5, 0, 150], dtype=np.int32) if addressing.endswith("leftpad") else None
+    if paged:
+        k, v, table = _pool(len(seqlens), 32, 7, 2, 64, dtype, rng)
+        index = {"block_table": cupy.asarray(table)}
+    else:
+        k, v = (rng.standard_normal((len(seqlens), 224, 2, 64)).astype(NP_DTYPES[dtype]) for _ in range(2))
+        table, index = None, {}
+    if pad is not None:
+        index["cache_leftpad"] = cupy.asarray(pad)
+    q = rng.standard_normal((len(seqlens), seqlen_q, 8, 64)).astype(NP_DTYPES[dtype])
+    kw, causal = _seq_mods(name, len(seqlens), 8)
+    ref, ref_lse = reference_kvcache(q, k, v, seqlens_k=seqlens, block_table=table, cache_leftpad=pad, causal=causal, **kw)
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    res, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), seqlens_k=cupy.asarray(seqlens), out=out,
+                                  return_lse=True, kernel=kernel, causal=causal, **index, **kw)  # fmt: skip
+    assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype], f"{addressing} {name} {kernel}")
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_graph_varlen_modifiers(kernel):
+    """A varlen call with a window and a softcap captured into a CUDA graph,
+    replayed after the offsets change in place; then its repeat calls with another
+    window take an entry of their own."""
+    dtype = "float16"
+    _skip_unsupported(kernel, dtype, 8)
+    rng = np.random.default_rng(8)
+    max_q, max_k, total_q, total_k = 8, 700, 24, 1400
+    q = cupy.asarray(rng.standard_normal((total_q, 8, 128)).astype(NP_DTYPES[dtype]))
+    k, v = (cupy.asarray(rng.standard_normal((total_k, 2, 128)).astype(NP_DTYPES[dtype])) for _ in range(2))
+    cu_q, cu_k = cupy.asarray(np.int32([0, 8, 9, 17])), cupy.asarray(np.int32([0, 700, 701, 1400]))
+    out = cupy.empty_like(q)
+    mods = {"window": (100, 0), "softcap": 5.0}
+    args = (q, k, v, cu_q, cu_k, max_q, max_k)
+    kw = {"kernel": kernel, "out": out, **mods}
+    kw["workspace"] = cupy_gqa.workspace(*args[:3], **{n: a for n, a in zip(api._VARLEN_ARGS, args[3:])}, **kw)
+    stream, graph = _capture(lambda: cupy_gqa.attention_varlen(*args, **kw))
+    for offsets_q, offsets_k in (([0, 3, 11, 12], [0, 300, 1000, 1001]), ([0, 8, 16, 24], [0, 1, 100, 800])):
+        with stream:
+            cu_q[...] = cupy.asarray(np.int32(offsets_q))
+            cu_k[...] = cupy.asarray(np.int32(offsets_k))
+            out.fill(np.nan)
+        graph.launch(stream)
+        stream.synchronize()
+        ref, _ = reference_varlen(cupy.asnumpy(q), cupy.asnumpy(k), cupy.asnumpy(v), offsets_q, offsets_k, **mods)
+        rows = offsets_q[-1]  # rows past the last sequence are nobody's
+        assert_close(cupy.asnumpy(out)[:rows], ref[:rows], TOLERANCE[dtype], f"graph varlen modifiers {kernel}")
+    for window in ((100, 0), (3, 0), (100, 0)):  # repeat calls: each window its own entry
+        out.fill(np.nan)
+        cupy_gqa.attention_varlen(*args, **{**kw, "window": window, "workspace": None})
+        ref, _ = reference_varlen(cupy.asnumpy(q), cupy.asnumpy(k), cupy.asnumpy(v), cupy.asnumpy(cu_q),
+                                  cupy.asnumpy(cu_k), window=window, softcap=5.0)  # fmt: skip
+        assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"repeat varlen window {window} {kernel}")
+
+
 # --- repeat calls: the signature's entry with each call's index arrays -------------------
 
 

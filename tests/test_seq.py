@@ -67,6 +67,21 @@ def test_reference_kvcache_reads_pages_and_padding():
 # --- the NumPy backend --------------------------------------------------------
 
 
+# (modifier case of test_modifiers.modifier_kwargs -> window) for the per-sequence calls, whose
+# sequences here are a few to a few hundred keys long
+SEQ_WINDOWS = {"window": (9, 0), "window_both_noncausal": (5, 3), "all": (11, 0), "all_noncausal": (6, 4)}
+SEQ_MODS = ["window", "window_both_noncausal", "softcap", "sinks", "alibi_batch", "score_mod", "mask_mod", "all",
+            "all_noncausal"]
+
+
+def seq_mods(name, batch, hq):
+    """The modifiers of case ``name`` (and causal) for a per-sequence call of ``batch`` sequences."""
+    from test_modifiers import modifier_kwargs
+
+    kw = modifier_kwargs(name, batch, hq, SEQ_WINDOWS)
+    return kw, kw.pop("causal", True)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("lens_q,lens_k", [
@@ -85,6 +100,64 @@ def test_cpu_varlen(dtype, causal, lens_q, lens_k):
     ref, ref_lse = reference_varlen(q, k, v, cu_q, cu_k, causal=causal)
     assert_close(res, ref, TOLERANCE[dtype], f"varlen {dtype}")
     assert_lse_close(lse, ref_lse, 1e-5)
+
+
+@pytest.mark.parametrize("name", SEQ_MODS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cpu_varlen_modifiers(name, dtype):
+    """Every modifier on packed sequences, each sequence by its own rules (its own
+    diagonal, its index as b for ALiBi's slopes and the user modifiers), against the
+    float64 reference built sequence by sequence; a sequence without keys gives
+    zeros and lse -inf, or the sink's."""
+    rng = np.random.default_rng(3)
+    lens_q, lens_k = [5, 0, 1, 33, 20], [9, 4, 0, 33, 70]
+    q, cu_q = packed(lens_q, 8, 16, dtype, rng)
+    k, cu_k = packed(lens_k, 2, 16, dtype, rng)
+    v, _ = packed(lens_k, 2, 16, dtype, rng)
+    kw, causal = seq_mods(name, len(lens_q), 8)
+    out = np.full(q.shape, np.nan, dtype=q.dtype)
+    res, lse = cupy_gqa.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, return_lse=True,
+                                         out=out, **kw)  # fmt: skip
+    ref, ref_lse = reference_varlen(q, k, v, cu_q, cu_k, causal=causal, **kw)
+    assert_close(res, ref, TOLERANCE[dtype], f"varlen {name} {dtype}")
+    assert_lse_close(lse, ref_lse, 1e-5)
+
+
+@pytest.mark.parametrize("name", SEQ_MODS)
+@pytest.mark.parametrize("leftpad", [False, True])
+def test_cpu_paged_modifiers(name, leftpad):
+    """Every modifier on a paged cache (with and without left padding), chunked
+    prefill of 3 queries, against the float64 reference sequence by sequence."""
+    rng = np.random.default_rng(4)
+    seqlens = np.array([0, 1, 16, 40, 45])
+    k, v, table = paged_cache(seqlens, 16, 3, 2, 16, "float32", rng)
+    q = rng.standard_normal((len(seqlens), 3, 8, 16)).astype(np.float32)
+    pad = np.array([0, 1, 5, 0, 30]) if leftpad else None
+    kw, causal = seq_mods(name, len(seqlens), 8)
+    out = np.full(q.shape, np.nan, dtype=q.dtype)
+    res, lse = cupy_gqa.attention(q, k, v, block_table=table, seqlens_k=seqlens, cache_leftpad=pad, causal=causal,
+                                  return_lse=True, out=out, **kw)  # fmt: skip
+    ref, ref_lse = reference_kvcache(q, k, v, seqlens_k=seqlens, block_table=table, cache_leftpad=pad, causal=causal, **kw)
+    assert_close(res, ref, TOLERANCE["float32"], f"paged {name}")
+    assert_lse_close(lse, ref_lse, 1e-5)
+
+
+def test_reference_per_sequence_modifiers_are_the_contiguous_ones():
+    """The per-sequence references with modifiers: equal lengths give the contiguous
+    reference of the padded batch (ALiBi's rows and a score_mod's b by sequence)."""
+    from test_modifiers import modifier_kwargs
+
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 6, 4, 8))
+    k = rng.standard_normal((2, 9, 2, 8))
+    v = rng.standard_normal((2, 9, 2, 8))
+    kw = modifier_kwargs("all", 2, 4, {"all": (3, 0)})
+    kw["alibi_slopes"] = np.stack([kw["alibi_slopes"], 2 * kw["alibi_slopes"]])
+    ref, ref_lse = reference_attention(q, k, v, **kw)
+    out, lse = reference_varlen(q.reshape(12, 4, 8), k.reshape(18, 2, 8), v.reshape(18, 2, 8), [0, 6, 12], [0, 9, 18], **kw)
+    assert np.allclose(out, ref.reshape(12, 4, 8)) and np.allclose(lse, ref_lse.transpose(1, 0, 2).reshape(4, 12))
+    cache, cache_lse = reference_kvcache(q, k, v, **kw)
+    assert np.allclose(cache, ref) and np.allclose(cache_lse, ref_lse)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
@@ -239,7 +312,8 @@ def _paged_args():
     ({"seqlens_k": [20, 49]}, ValueError, "seqlens_k: expected values in [0, 48] (0 to seqlen_k), got 49 at batch 1"),
     ({"cache_leftpad": [21, 0]}, ValueError, "cache_leftpad: expected values in [0, seqlens_k[b]] (0 to the sequence's end, 20), got 21 at batch 0"),
     ({"cache_leftpad": [0]}, ValueError, "cache_leftpad: expected shape (2,) (the batch of q), got (1,)"),
-    ({"window": (4, 0)}, ValueError, "window: expected None with block_table and cache_leftpad (they take no modifiers yet), got (4, 0)"),
+    ({"alibi_slopes": np.ones((3, 4), np.float32)}, ValueError,
+     "alibi_slopes: expected shape (4,) or (2, 4) (num_q_heads,) or (batch, num_q_heads), got (3, 4)"),
     ({"k": np.zeros((9, 16, 3, 8), np.float32), "v": np.zeros((9, 16, 3, 8), np.float32)}, ValueError,
      "k: expected num_kv_heads >= 1 dividing num_q_heads=4, got num_kv_heads=3"),
 ])  # fmt: skip

@@ -22,9 +22,8 @@ it over the whole cache with ``seqlens_k`` made on the device from the cache
 position, reading nothing on the host.
 
 cupy_gqa runs a call when:
-  - there is no mask, a PaddedBatch (with left padding: no sliding window,
-    softcap or sinks, and no inputs that require grad) or a CachedKeys (no
-    inputs that require grad);
+  - there is no mask, a PaddedBatch (with left padding: no inputs that
+    require grad) or a CachedKeys (no inputs that require grad);
   - no dropout is active;
   - it has no position bias;
   - inputs that require grad (or a torch.compile trace) have no sliding
@@ -267,8 +266,6 @@ def _unsupported(module, query, key, value, attention_mask, dropout, kwargs) -> 
             return "a static cache's decode step with inputs that require grad (or torch.compile)"
     elif isinstance(attention_mask, PaddedBatch):
         if attention_mask.cache_leftpad is not None:
-            if modifiers:
-                return "left padding and a sliding window, softcap or sinks (cache_leftpad takes no modifiers)"
             if api._torch_op_call(query, key, value):
                 return "left padding and inputs that require grad (or torch.compile): cache_leftpad has no backward"
         if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
