@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _launch, _specs, _tma
+from . import _launch, _mods, _specs, _tma
 from ._compile import get_kernel
 from ._launch import PackedLaunch
 
@@ -1145,6 +1145,8 @@ def backward_mma_unsupported(problem: Problem, arch: _specs.Arch) -> str | None:
     ones then do), or None. Layouts don't matter: other strides are copied."""
     if _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch) is None:
         return f"dtype {problem.dtype}, head_dim {problem.head_dim} on {arch.name}"
+    if problem.mods is not None and problem.dtype == "float32":
+        return "float32 with modifiers (the split-TF32 kernels take none)"
     return _scale_issue(problem)
 
 
@@ -1176,10 +1178,13 @@ class BackwardLaunch:
     layouts: tuple = ()  # _layout's (shape, byte strides, itemsize) of q, k, v and dout, for the tensor maps
     group: int = 1
     bulk_rows: bool = False  # bwd_dkdv_ws moves Q and dO by bulk copies (bwd_bulk_rows)
+    mod_params: np.ndarray | None = None  # the modifiers' ModParams (_mods.MOD_PARAMS_DTYPE, shape (1,)), or None
+    dsinks: _specs.Spec | None = None  # the sinks' gradient (bwd_dsinks), with sinks
+    num_q_heads: int = 0
 
     MAPS_KEPT = 64  # encoded tensor maps kept per plan
 
-    def __call__(self, dout, q, k, v, out, lse, dq, dk, dv, seqlens_k) -> None:
+    def __call__(self, dout, q, k, v, out, lse, dq, dk, dv, seqlens_k, dsinks=None) -> None:
         import cupy
 
         acc = cupy.float64 if self.pre.dtype == "float64" else cupy.float32
@@ -1189,8 +1194,9 @@ class BackwardLaunch:
         lse_arg = None if self.pre.dtype in ("float32", "float64") else lse
         g_pre, g_dq, g_dkdv = self.grids
         prm = self.params  # CuPy passes a 1-element NumPy array by value (a few microseconds, three launches)
-        dq_args = (q, k, v, dout, delta, lse2, dq, seqlens_k, prm)
-        dkdv_args = (q, k, v, dout, delta, lse2, dk, dv, seqlens_k, prm)
+        mp = () if self.mod_params is None else (self.mod_params,)  # the *_mods kernels' ModParams
+        dq_args = (q, k, v, dout, delta, lse2, dq, seqlens_k, prm, *mp)
+        dkdv_args = (q, k, v, dout, delta, lse2, dk, dv, seqlens_k, prm, *mp)
         if _specs.is_bwd_ws(self.dq):
             dq_args += (self._map(1, k), self._map(2, v))
             if self.bulk_rows:
@@ -1200,6 +1206,8 @@ class BackwardLaunch:
         get_kernel(self.pre)(g_pre, (self.pre.threads,), (out, dout, lse_arg, delta, lse2, prm))
         get_kernel(self.dq)(g_dq, (self.dq.threads,), dq_args, shared_mem=self.dq.smem)
         get_kernel(self.dkdv)(g_dkdv, (self.dkdv.threads,), dkdv_args, shared_mem=self.dkdv.smem)
+        if self.dsinks is not None:  # after the dQ kernel, which writes lse2 for float32 and float64
+            get_kernel(self.dsinks)((self.num_q_heads,), (self.dsinks.threads,), (delta, lse2, dsinks, prm, *mp))
 
     def _map(self, which: int, a) -> np.ndarray:
         """The tensor map of argument ``which`` (0 q, 1 k, 2 v, 3 dout) at ``a``'s
@@ -1270,10 +1278,11 @@ def bwd_tf32_dkdv_estimate(problem: Problem, spec: _specs.Spec, cost: float, arc
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool, sms: int) -> BackwardLaunch:
+def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool, sms: int, device: int = 0) -> BackwardLaunch:
     """``layout``: _layout of (q, k, v, out, dout, dq, dk, dv) and lse's strides;
     ``sms``: the device's SMs (the float32 dK/dV kernel's key blocks follow the
-    grid's length: _specs.BWD_TF32_DKDV_WIDE)."""
+    grid's length: _specs.BWD_TF32_DKDV_WIDE); ``device``: where a call with
+    modifiers reads a mask_mod's buffers."""
     *arrays, lse_strides = layout
     params = np.zeros(1, BWD_PARAMS_DTYPE)
     params["a"] = make_params(problem, tuple(arrays[:4]))
@@ -1285,7 +1294,16 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool,
     if packed >= 2**31:
         raise ValueError(f"q: seqlen_q * group_size = {packed} (the backward kernels take < 2**31)")
     bh = problem.batch * problem.num_kv_heads
-    if mma:
+    mod_params = dsinks = None
+    if problem.mods is not None:
+        dq, dkdv = _specs.bwd_mods_specs(problem.dtype, problem.head_dim, problem.causal, arch, problem.mods.flags,
+                                         problem.mods.user_code(), mma)  # fmt: skip
+        if _specs.is_bwd_ws(dq) and bwd_ws_unsupported(tuple(arrays[:3]) + (arrays[4],)) is not None:
+            dq, dkdv = _specs.bwd_mods_specs(problem.dtype, problem.head_dim, problem.causal, arch, problem.mods.flags,
+                                             problem.mods.user_code(), mma, "mma")  # fmt: skip
+        mod_params = np.frombuffer(problem.mods.params(device, problem.num_q_heads), _mods.MOD_PARAMS_DTYPE).copy()
+        dsinks = _specs.BWD_DSINKS[problem.dtype] if problem.mods.sinks else None
+    elif mma:
         dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch)
         if _specs.is_bwd_ws(dq) and bwd_ws_unsupported(tuple(arrays[:3]) + (arrays[4],)) is not None:
             # the kernels without bulk copies of K and V
@@ -1308,7 +1326,8 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool,
         raise ValueError(f"q: too many rows for one launch ({max(g[0] for g in grids)} blocks > {MAX_GRID_X})")
     maps = tuple(arrays[:3]) + (arrays[4],)  # q, k, v, dout
     bulk = _specs.is_bwd_ws(dkdv) and bwd_bulk_rows(problem.group_size, maps)
-    return BackwardLaunch(pre, dq, dkdv, grids, params, rows, maps, problem.group_size, bulk)
+    return BackwardLaunch(pre, dq, dkdv, grids, params, rows, maps, problem.group_size, bulk, mod_params, dsinks,
+                          problem.num_q_heads)
 
 
 def set_bwd_sm90(kind: str) -> str:
@@ -1323,12 +1342,12 @@ def set_bwd_sm90(kind: str) -> str:
     return old
 
 
-def launch_backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, seqlens_k=None) -> None:
+def launch_backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, seqlens_k=None, dsinks=None) -> None:
     """The backward pass of a validated call (arrays in (batch, seqlen, heads,
-    head_dim) order, non-empty). The tensor-core kernels (fp16, bf16, float32)
-    read and write 16-byte row vectors: arrays in other layouts go through
-    contiguous copies (inputs are never modified); the CUDA-core kernels take
-    any strides."""
+    head_dim) order, non-empty), and with sinks their gradient into ``dsinks``.
+    The tensor-core kernels (fp16, bf16, float32) read and write 16-byte row
+    vectors: arrays in other layouts go through contiguous copies (inputs are
+    never modified); the CUDA-core kernels take any strides."""
     import cupy
 
     arch = device_arch(q.device.id)
@@ -1339,7 +1358,8 @@ def launch_backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, seqle
         q, k, v, dout = (a if _vector_ok(a) else cupy.ascontiguousarray(a.view(bits)).view(a.dtype) for a in (q, k, v, dout))
         dq, dk, dv = (a if _vector_ok(a) else cupy.empty(a.shape, a.dtype) for a in (dq, dk, dv))
     layout = (*_layout(q, k, v, out, dout, dq, dk, dv), lse.strides)
-    plan_backward(problem, layout, arch, mma, sm_count(q.device.id))(dout, q, k, v, out, lse, dq, dk, dv, seqlens_k)
+    plan = plan_backward(problem, layout, arch, mma, sm_count(q.device.id), q.device.id)
+    plan(dout, q, k, v, out, lse, dq, dk, dv, seqlens_k, dsinks)
     for target, result in zip(targets, (dq, dk, dv)):
         if result is not target:
             target.view(bits)[...] = result.view(bits)

@@ -96,6 +96,16 @@ class Spec:
 
 
 MODS_FAMILIES = ("rowwise", "tiled", "hopper", "decode")  # the kernel families that take modifiers
+# The backward's kernels that take them (backward.cu: *_mods; float32 calls with
+# modifiers run the CUDA-core pair, not split TF32), and no score_mod (its derivative).
+BWD_MODS_KERNELS = ("bwd_dq_mma<", "bwd_dkdv_mma<", "bwd_dq_ws<", "bwd_dkdv_ws<", "bwd_dq_rows<", "bwd_dkdv_rows<")
+
+
+def takes_mods(spec: Spec) -> bool:
+    """Whether ``spec``'s kernel has a *_mods instantiation."""
+    if spec.family == "backward":
+        return spec.name.startswith(BWD_MODS_KERNELS)
+    return spec.family in MODS_FAMILIES and not is_decode_cluster(spec) and not is_f16x2_prep(spec)
 
 
 def with_mods(spec: Spec, flags: int, user_code: str = "") -> Spec:
@@ -107,7 +117,8 @@ def with_mods(spec: Spec, flags: int, user_code: str = "") -> Spec:
         user_code = ""
     if not flags:
         return spec
-    assert spec.family in MODS_FAMILIES, spec.family
+    assert takes_mods(spec), spec.name
+    assert not (spec.family == "backward" and flags & 16), "the backward pass takes no score_mod"
     if flags & (4 | 16 | 32):  # _mods.MOD_ALIBI, MOD_SCORE, MOD_MASK
         spec = _two_consumer_warpgroups(spec)
     kernel, args, spec = _sixteen_rows_per_warp(spec)
@@ -195,9 +206,26 @@ def seq_mods_check_specs(arch: "Arch", flags: int = 15) -> tuple:
 def mods_check_specs(arch: "Arch") -> tuple:
     picked: dict[str, Spec] = {}
     for spec in specs_for(arch):
-        if spec.family in MODS_FAMILIES and not is_decode_cluster(spec) and not is_f16x2_prep(spec):  # no modifiers
+        if takes_mods(spec) and spec.family != "backward":
             s = with_mods(spec, 15)
             picked.setdefault(s.name, s)
+    for s in bwd_mods_check_specs(arch, 15):
+        picked.setdefault(s.name, s)
+    return tuple(picked.values())
+
+
+def bwd_mods_check_specs(arch: "Arch", flags: int) -> tuple:
+    """The backward's *_mods instantiations of ``arch`` with the modifiers ``flags``,
+    as bwd_mods_specs picks them for every dtype, head dim and kind (the
+    tensor-core ones of bf16: fp16's are the same code on other types)."""
+    picked: dict[str, Spec] = {}
+    for dtype in DTYPES:
+        for head_dim in (*BWD_MMA_HEAD_DIMS, *ROWWISE_BUCKETS):
+            for causal in (True, False):
+                for cores in (True, False) if dtype != "float16" else (False,):
+                    for kind in BWD_SM90_KINDS:
+                        for s in bwd_mods_specs(dtype, head_dim, causal, arch, flags, "", cores, kind):
+                            picked.setdefault(s.name, s)
     return tuple(picked.values())
 
 
@@ -908,9 +936,11 @@ def bwd_dkdv_tf32_spec(head_dim_pad: int, causal: bool, arch: Arch, wide: bool =
 
 
 @functools.lru_cache(maxsize=None)
-def bwd_dq_mma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
-    """The tensor-core dQ kernel, BLOCK_N halved (down to 16) until it fits ``arch``."""
+def bwd_dq_mma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch, narrow: int = 0) -> Spec | None:
+    """The tensor-core dQ kernel, BLOCK_N halved (down to 16) until it fits ``arch``;
+    ``narrow``: the table's BLOCK_N halved that many times to begin with (bwd_mods_specs)."""
     bm, bn, warps = BWD_DQ_TILES[head_dim_pad]
+    bn = max(16, bn >> narrow)
     while bwd_dq_smem(head_dim_pad, bm, bn) > arch.smem and bn > 16:
         bn //= 2
     smem = bwd_dq_smem(head_dim_pad, bm, bn)
@@ -929,10 +959,12 @@ def bwd_dq_mma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> 
 
 
 @functools.lru_cache(maxsize=None)
-def bwd_dkdv_mma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch) -> Spec | None:
+def bwd_dkdv_mma_spec(dtype: str, head_dim_pad: int, causal: bool, arch: Arch, narrow: int = 0) -> Spec | None:
     """The tensor-core dK/dV kernel, BLOCK_M halved (down to 16), then the key
-    warps, until it fits ``arch``."""
+    warps, until it fits ``arch``; ``narrow``: the table's BLOCK_M halved that many
+    times to begin with (bwd_mods_specs)."""
     kw, bm, dsplit = BWD_DKDV_TILES[head_dim_pad]
+    bm = max(16, bm >> narrow)
     while bwd_dkdv_smem(head_dim_pad, 16 * kw, bm) > arch.smem and (bm > 16 or kw > 1):
         if bm > 16:
             bm //= 2
@@ -996,18 +1028,19 @@ def _bwd_rows_spec(dtype: str, dpad: int, which: str) -> Spec:
 
 BWD_ROWS = {(dtype, dpad, which): _bwd_rows_spec(dtype, dpad, which)
             for dtype in DTYPES for dpad in ROWWISE_BUCKETS for which in ("dq", "dkdv")}  # fmt: skip
-BWD_PREPROCESS = {
-    dtype: Spec(
-        family="backward",
-        source="backward.cu",
-        name=f"bwd_preprocess<{CTYPES[dtype]}>",
-        dtype=dtype,
-        head_dim=MAX_HEAD_DIM,
-        threads=BWD_PREPROCESS_THREADS,
-        sm80=False,
-    )
-    for dtype in DTYPES
-}
+
+
+def _bwd_rows_pass(name: str, dtype: str, threads: int) -> Spec:
+    """A backward kernel over rows that serves every head dim (any architecture)."""
+    return Spec(family="backward", source="backward.cu", name=name, dtype=dtype, head_dim=MAX_HEAD_DIM, threads=threads,
+                sm80=False)  # fmt: skip
+
+
+BWD_PREPROCESS = {dtype: _bwd_rows_pass(f"bwd_preprocess<{CTYPES[dtype]}>", dtype, BWD_PREPROCESS_THREADS) for dtype in DTYPES}
+# The sinks' gradient (backward.cu: bwd_dsinks), by the workspace's type: float32 but for float64.
+BWD_DSINKS_THREADS = 256
+BWD_DSINKS = {dtype: _bwd_rows_pass(f"bwd_dsinks<{'double' if dtype == 'float64' else 'float'}>", dtype, BWD_DSINKS_THREADS)
+              for dtype in DTYPES}  # fmt: skip
 
 
 # --- the 16-bit backward on sm_90's warpgroup tensor cores (backward.cu: bwd_dq_ws, bwd_dkdv_ws) ---
@@ -1065,8 +1098,8 @@ def bwd_ws_spec(which: str, dtype: str, head_dim_pad: int, causal: bool, arch: A
 
 
 def is_bwd_ws(spec: Spec) -> bool:
-    """Whether ``spec`` is one of the backward kernels with a producer warpgroup."""
-    return spec.name.startswith(("bwd_dq_ws<", "bwd_dkdv_ws<"))
+    """Whether ``spec`` is one of the backward kernels with a producer warpgroup (with modifiers too)."""
+    return spec.name.startswith(("bwd_dq_ws<", "bwd_dkdv_ws<", "bwd_dq_ws_mods<", "bwd_dkdv_ws_mods<"))
 
 
 def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch, sm90: str | None = None) -> tuple[Spec, Spec] | None:
@@ -1083,6 +1116,33 @@ def bwd_mma_specs(dtype: str, head_dim: int, causal: bool, arch: Arch, sm90: str
             dq = bwd_ws_spec("dq", dtype, dpad, causal, arch) or dq
             dkdv = bwd_ws_spec("dkdv", dtype, dpad, causal, arch) or dkdv
     return None if dq is None or dkdv is None else (dq, dkdv)
+
+
+def bwd_mods_specs(dtype: str, head_dim: int, causal: bool, arch: Arch, flags: int, user_code: str = "",
+                   tensor_cores: bool = True, sm90: str | None = None) -> tuple[Spec, Spec]:  # fmt: skip
+    """The (dQ, dK/dV) kernels of a backward call with the modifiers ``flags``
+    (no score_mod) on ``arch``, as *_mods instantiations. fp16 / bf16 on the
+    tensor cores (``tensor_cores``: _plan.backward_mma_unsupported found none
+    against): the mma.sync pair with half the table's S tile, a quarter with a
+    mask_mod (the modifiers' rule holds more registers per score, where the
+    plain kernels use all 255: with the table's tiles the built-ins spilled up
+    to 248 bytes; a mask_mod's dK/dV kernel still spills 20 to 64 bytes at its
+    smallest tile, 16 rows), on sm_90 the pair with a producer warpgroup, but
+    with ALiBi or a mask_mod (their dK/dV kernel spilled 92 to 100 bytes
+    there). float32 and float64, and what the tensor cores don't run: the
+    CUDA-core pair."""
+    pair = None
+    if tensor_cores and dtype in BWD_MMA16_DTYPES:
+        dpad = bwd_head_dim_pad(head_dim)
+        narrow = 2 if flags & 32 else 1  # _mods.MOD_MASK
+        pair = bwd_dq_mma_spec(dtype, dpad, causal, arch, narrow), bwd_dkdv_mma_spec(dtype, dpad, causal, arch, narrow)
+        if (BWD_SM90 if sm90 is None else sm90) == "ws" and not flags & (4 | 32):  # _mods.MOD_ALIBI, MOD_MASK
+            ws = bwd_ws_spec("dq", dtype, dpad, causal, arch), bwd_ws_spec("dkdv", dtype, dpad, causal, arch)
+            pair = ws if None not in ws else pair
+        pair = None if None in pair else pair
+    if pair is None:
+        pair = bwd_rows_specs(dtype, head_dim)
+    return tuple(with_mods(s, flags, user_code) for s in pair)
 
 
 def bwd_rows_specs(dtype: str, head_dim: int) -> tuple[Spec, Spec]:
@@ -1153,6 +1213,7 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
         add(DECODE_COMBINE[dtype])
     for dtype in DTYPES:  # the backward pass
         add(BWD_PREPROCESS[dtype])
+        add(BWD_DSINKS[dtype])
         for dpad in ROWWISE_BUCKETS:
             for spec in bwd_rows_specs(dtype, dpad):
                 add(spec)

@@ -186,13 +186,14 @@ def attention(
         after softcap and ALiBi.
     mask_mod : cupy_gqa.MaskMod, optional
         A user-written mask on top of causal, seqlens_k and window.
-        The modifiers combine with each other, GQA, seqlens_k and layout; the
-        hopper kernel takes none of them yet (auto runs tiled or rowwise).
-        sinks and alibi_slopes are read in place when they are CUDA arrays of
-        q's device, else copied there at each call; calls with them take the
-        full path every call (no repeat-call entry). The backward pass takes
-        none yet: a torch call that needs autograd, or one inside
-        ``torch.compile``, raises ValueError when a modifier is given.
+        The modifiers combine with each other, GQA, seqlens_k and layout, in
+        every kernel family. sinks and alibi_slopes are read in place when they
+        are CUDA arrays of q's device, else copied there at each call; calls
+        with them take the full path every call (no repeat-call entry). A torch
+        call that needs autograd (q, k, v or the sinks require grad), or one
+        inside ``torch.compile``, takes the built-in ones through the custom op
+        (the backward pass takes them; the sinks get their gradient) and raises
+        ValueError for a score_mod or a mask_mod.
     block_table : (batch, max_pages_per_seq) integer array, optional
         A paged KV cache (FlashAttention's ``block_table``): k and v are then
         ``(num_pages, page_size, num_kv_heads, head_dim)`` pools of pages
@@ -260,16 +261,16 @@ def attention(
             cache_leftpad=cache_leftpad, flags=flags, window=window, softcap=softcap, sinks=sinks,
             alibi_slopes=alibi_slopes, score_mod=score_mod, mask_mod=mask_mod,
         )  # fmt: skip
-    if out is None and _torch_op_call(q, k, v):
-        _torch_op_modifiers(q, k, v, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
-                            score_mod=score_mod, mask_mod=mask_mod)  # fmt: skip
+    if out is None and _torch_op_call(q, k, v, sinks):
+        _torch_op_modifiers(q, k, v, score_mod=score_mod, mask_mod=mask_mod)
         from . import _torch
 
         return _torch.attention(
             q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, kernel=kernel,
-            precision=precision, seqlens_k=seqlens_k, layout=layout,
+            precision=precision, seqlens_k=seqlens_k, layout=layout, window=window, softcap=softcap, sinks=sinks,
+            alibi_slopes=alibi_slopes,
         )
-    if out is not None and _torch_grad_needed(q, k, v):
+    if out is not None and _torch_grad_needed(q, k, v, sinks):
         raise ValueError(
             "out: expected None when q, k or v requires grad (autograd returns a new tensor), got a tensor; "
             "call it under torch.no_grad() to write into out"
@@ -294,38 +295,42 @@ def attention(
     )  # fmt: skip
 
 
-def _torch_grad_needed(q, k, v) -> bool:
-    """Whether a torch call must record autograd: grad mode on and an input that requires grad."""
+def _torch_grad_needed(q, k, v, sinks=None) -> bool:
+    """Whether a torch call must record autograd: grad mode on and an input that
+    requires grad (q, k, v, or the sinks: learned parameters in gpt-oss)."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         return False
-    wants = q.requires_grad or getattr(k, "requires_grad", False) is True or getattr(v, "requires_grad", False) is True
+    wants = any(getattr(x, "requires_grad", False) is True for x in (q, k, v, sinks))
     return wants and torch.is_grad_enabled()
 
 
-def _torch_op_call(q, k, v) -> bool:
+def _torch_op_call(q, k, v, sinks=None) -> bool:
     """Whether a call goes through the torch custom op: autograd, or a trace of torch.compile."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         return False
-    return _torch_grad_needed(q, k, v) or torch.compiler.is_compiling()
+    return _torch_grad_needed(q, k, v, sinks) or torch.compiler.is_compiling()
 
 
-def _torch_op_modifiers(q, k, v, **modifiers) -> None:
-    """Refuse modifiers on a call that goes through the torch custom op: the op
-    (and the backward pass) takes none of them yet."""
-    given = [name for name, value in modifiers.items() if value is not None]
+def _torch_op_modifiers(q, k, v, *, score_mod, mask_mod) -> None:
+    """Refuse the user modifiers on a call that goes through the torch custom op
+    (the built-in ones go through it): a score_mod has no derivative, and the op's
+    schema carries no Python object."""
+    given = [(name, value) for name, value in (("score_mod", score_mod), ("mask_mod", mask_mod)) if value is not None]
     if not given:
         return
-    if _torch_grad_needed(q, k, v):
-        why = "q, k or v requires grad, and the backward pass takes no modifiers yet"
-        hint = "call it under torch.no_grad() or with inputs that don't require grad"
+    name, value = given[0]
+    if _torch_grad_needed(q, k, v, None):
+        why = ("q, k or v requires grad, and the backward pass takes no score_mod (it would need its derivative)"
+               if name == "score_mod" else "q, k or v requires grad, and the autograd op takes no mask_mod")  # fmt: skip
+        hint = "call it under torch.no_grad(), or use the built-in modifiers (window, softcap, alibi_slopes, sinks)"
+        if name == "mask_mod":
+            hint += ", or cupy_gqa.attention_backward, which takes the mask_mod"
     else:
-        why = "inside torch.compile the call runs as the custom op torch.ops.cupy_gqa.attention, which takes no modifiers yet"
+        why = f"inside torch.compile the call runs as the custom op torch.ops.cupy_gqa.attention, which takes no {name}"
         hint = "call it outside torch.compile (torch.compiler.disable)"
-    value = modifiers[given[0]]
-    shown = repr(value) if isinstance(value, (numbers.Real, tuple, list)) else f"a {type(value).__name__}"
-    raise ValueError(f"{given[0]}: expected None when {why}, got {shown}; {hint}")
+    raise ValueError(f"{name}: expected None when {why}, got a {type(value).__name__}; {hint}")
 
 
 def attention_varlen(
@@ -850,10 +855,11 @@ def _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, backend, *
 
 def attention_backward(
     dout, q, k, v, out, lse, *, causal=True, softmax_scale=None, seqlens_k=None, dq=None, dk=None, dv=None,
-    layout="bshd",
+    layout="bshd", window=None, softcap=None, sinks=None, alibi_slopes=None, mask_mod=None, score_mod=None,
 ):
     """The gradients ``(dq, dk, dv)`` of ``out = attention(q, k, v, ...)`` for the
-    upstream gradient ``dout`` (the backward pass, FlashAttention-2 style).
+    upstream gradient ``dout`` (the backward pass, FlashAttention-2 style), and
+    with ``sinks`` also the sinks' gradient.
 
     Parameters
     ----------
@@ -872,10 +878,18 @@ def attention_backward(
         Preallocated results (same framework, device, shape, layout and dtype
         as q, k, v; any non-negative strides; no zero strides; not overlapping
         any input or each other).
+    window, softcap, sinks, alibi_slopes, mask_mod
+        The forward's modifiers, exactly as given to it (its lse includes the
+        sinks). A softcap's gradient takes its slope, ``1 - tanh(x / softcap)**2``;
+        ALiBi slopes and the sinks are not modified.
+    score_mod
+        Refused (ValueError): its derivative is not known here.
 
     Returns
     -------
-    (dq, dk, dv) in the framework and layout of q, k, v.
+    (dq, dk, dv) in the framework and layout of q, k, v; with ``sinks`` also
+    ``dsinks``, float32 ``(num_q_heads,)`` on q's device, the gradient of the
+    sinks: ``-sum over (b, t) of exp(sinks[h] - lse[b, h, t]) * rowsum(dout * out)``.
 
     The probabilities are rebuilt from lse, P = exp(scale q k^T - lse), and
     per row delta = rowsum(dout * out); dS = P (dout v^T - delta) and
@@ -887,8 +901,16 @@ def attention_backward(
     a float32 one). On CUDA, fp16 / bf16 run on the tensor cores
     (kernels/backward.cu), float32 too (split TF32, fp32-accurate), and
     every result is deterministic: two calls give
-    bitwise-equal gradients. Inputs are never modified.
+    bitwise-equal gradients. Inputs are never modified. With modifiers, P is
+    rebuilt from the modified scores (window, mask_mod and the causal mask
+    masking the same keys as the forward), float32 inputs run the CUDA-core
+    kernels.
     """
+    if score_mod is not None:
+        raise ValueError(
+            f"score_mod: expected None, got a {type(score_mod).__name__}: the backward pass takes no score_mod "
+            "(it would need the modifier's derivative); the built-in softcap and alibi_slopes have theirs"
+        )
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     if not isinstance(causal, (bool, np.bool_)):
@@ -913,6 +935,8 @@ def attention_backward(
         raise TypeError(f"lse: expected dtype {' or '.join(lse_dtypes)} (the forward's return_lse), got {_interop.dtype_name(lse)}")
     softmax_scale = _check_scale(softmax_scale, head_dim)
     lens = _check_seqlens_k(seqlens_k, frame, batch, seqlen_k)
+    checked_mods = _check_modifiers(frame, causal, seqlen_q, seqlen_k, batch, num_q_heads, window=window, softcap=softcap,
+                                    sinks=sinks, alibi_slopes=alibi_slopes, score_mod=None, mask_mod=mask_mod)  # fmt: skip
 
     with _interop.running_on(frame):
         inputs = {name: _interop.to_backend(x, frame) for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout), ("out", out), ("lse", lse))}
@@ -932,19 +956,25 @@ def attention_backward(
         qb, kb, vb, doutb, outb, lseb = inputs.values()
         if bhsd:  # (batch, seqlen, heads, head_dim) views, nothing copied
             qb, kb, vb, doutb, outb, dqb, dkb, dvb = (a.transpose(_BHSD_TO_BSHD) for a in (qb, kb, vb, doutb, outb, dqb, dkb, dvb))
+        mods, sinks_b, alibi_b = _modifiers(frame, checked_mods, None, mask_mod)
+        dsinks = dsinksb = None
+        if sinks_b is not None:
+            dsinks, dsinksb = _interop.empty((num_q_heads,), q, frame, float32=True)
         lensb = _seqlens_k_backend(lens, frame)
         if seqlen_q == 0 or seqlen_k == 0 or batch == 0:
-            for a in (dqb, dkb, dvb):  # no row sees a key, or no row at all: zero gradients
-                if a.size:
+            # no row sees a key, or no row at all: zero gradients (a row's out is 0, and so is its sink's share)
+            for a in (dqb, dkb, dvb, dsinksb):
+                if a is not None and a.size:
                     a.fill(0)
         elif not frame.on_gpu:
             attention_backward_cpu(
-                doutb, qb, kb, vb, outb, lseb, dqb, dkb, dvb, causal=bool(causal), softmax_scale=softmax_scale, seqlens_k=lensb
+                doutb, qb, kb, vb, outb, lseb, dqb, dkb, dvb, causal=bool(causal), softmax_scale=softmax_scale, seqlens_k=lensb,
+                mods=None if mods is None else _mods.CpuModifiers.of(mods, sinks_b, alibi_b), dsinks=dsinksb,
             )
         else:
-            problem = _plan.Problem.of(qb, kb, dtype=dtype, causal=bool(causal), softmax_scale=softmax_scale)
-            _plan.launch_backward(problem, doutb, qb, kb, vb, outb, lseb, dqb, dkb, dvb, lensb)
-    return dq, dk, dv
+            problem = _plan.Problem.of(qb, kb, dtype=dtype, causal=bool(causal), softmax_scale=softmax_scale, mods=mods)
+            _plan.launch_backward(problem, doutb, qb, kb, vb, outb, lseb, dqb, dkb, dvb, lensb, dsinks=dsinksb)
+    return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 
 
 def _check_result(name: str, x, xb, shape: tuple, dtype: str, like_name: str) -> None:

@@ -375,8 +375,28 @@ struct KeyBlock {
     int group, packed_rows;   // group size, seqlen_q * group
     int m_begin, num_m;       // first row tile, row tiles
 };
-template <bool CAUSAL, int BLOCK_N, int BLOCK_M>
-__device__ __forceinline__ KeyBlock key_block(const BwdParams& p, const int* seqlens_k) {
+// The packed rows [first, end) that see some key of [key0, key_last] (key0 <
+// seqlen_k): from the first row that sees key0 on (causal), and with the window
+// modifier (M::WINDOW) only the rows whose band reaches the keys: t + diag - left
+// <= key_last and (not causal) t + diag + right >= key0.
+struct RowSpan {
+    int first, end;
+};
+template <class M>
+__device__ __forceinline__ RowSpan rows_seeing(int key0, int key_last, int diag, int group, int packed_rows, bool causal,
+                                               const ModParams& mp) {
+    RowSpan rows = {first_row_seeing(key0, diag, group, causal), packed_rows};
+    if constexpr (M::WINDOW) {
+        long long t0 = rows.first / group, t1 = packed_rows / group;  // queries [t0, t1)
+        if (!causal && mp.window_right >= 0) t0 = max(t0, (long long)key0 - diag - mp.window_right);
+        if (mp.window_left >= 0) t1 = min(t1, (long long)key_last - diag + mp.window_left + 1);
+        rows = t1 <= t0 ? RowSpan{0, 0} : RowSpan{(int)(t0 * group), (int)(t1 * group)};
+    }
+    return rows;
+}
+
+template <bool CAUSAL, int BLOCK_N, int BLOCK_M, class M = NoMods>
+__device__ __forceinline__ KeyBlock key_block(const BwdParams& p, const int* seqlens_k, const ModParams& mp) {
     KeyBlock kb;
     const int num_bh = p.a.batch * p.a.num_kv_heads;
     const int n_block = (int)(blockIdx.x / num_bh), bh = (int)(blockIdx.x % num_bh);
@@ -388,10 +408,12 @@ __device__ __forceinline__ KeyBlock key_block(const BwdParams& p, const int* seq
     kb.len = seqlen_k_of(seqlens_k, kb.b, p.a.seqlen_k);
     kb.seqlen_k = max(kb.len, 0);
     kb.diag = kb.seqlen_k - p.a.seqlen_q;
-    // the packed rows that see some key of the block: from the first row that sees key n0 on
-    const int pr_first = kb.n0 < kb.seqlen_k ? first_row_seeing(kb.n0, kb.diag, kb.group, CAUSAL) : kb.packed_rows;
-    kb.m_begin = pr_first / BLOCK_M * BLOCK_M;
-    kb.num_m = pr_first < kb.packed_rows ? (kb.packed_rows - kb.m_begin + BLOCK_M - 1) / BLOCK_M : 0;
+    // the packed rows that see some key of the block, in tiles of BLOCK_M
+    const RowSpan rows = kb.n0 < kb.seqlen_k ? rows_seeing<M>(kb.n0, min(kb.n0 + BLOCK_N, kb.seqlen_k) - 1, kb.diag,
+                                                              kb.group, kb.packed_rows, CAUSAL, mp)
+                                             : RowSpan{kb.packed_rows, kb.packed_rows};
+    kb.m_begin = rows.first / BLOCK_M * BLOCK_M;
+    kb.num_m = rows.first < rows.end ? (rows.end - kb.m_begin + BLOCK_M - 1) / BLOCK_M : 0;
     return kb;
 }
 
@@ -493,6 +515,113 @@ __device__ __forceinline__ void probs_t(float (&s)[NT][4], float (&dpt)[NT][4], 
                 const float pv = exp2(fmaf(s[nt][e], scale_log2, -l2));
                 s[nt][e] = pv;
                 dpt[nt][e] = pv * (dpt[nt][e] - de);
+            }
+        }
+}
+
+// ---- the modifiers (common.cuh: mods) in the 16-bit tensor-core passes ----
+// P is rebuilt from the modified scores, and dS takes the chain rule of the score
+// modifiers: with x = softmax_scale q.k and x' its modified score,
+//     P = exp(x' - lse),   dS = P (dP - delta) dx'/dx,
+// dx'/dx the softcap's 1 - tanh^2 (ALiBi adds a constant; mods::score_nat_grad).
+// lse is the forward's, sinks included, so the sinks change nothing here; their
+// own gradient is bwd_dsinks's. Scores go to natural units as the forward's
+// tensor-core kernels take them (softmax.cuh: frag_modify), and a masked
+// score's P and dS are 0 whatever its products.
+
+// A dQ kernel's view of the modifiers for the lane's packed rows row and row + 8
+// (rows past the end take the last row's: their P is 0 through lse2 = +inf, and a
+// mask_mod never sees a query past seqlen_q).
+struct LaneMods {
+    mods::Seq sq;
+    mods::Diag row[2];
+};
+template <class M>
+__device__ __forceinline__ LaneMods lane_mods(const ModParams& mp, int b, int seqlen_q, int seqlen_k, int kvh, int group,
+                                              int row, int packed_rows) {
+    LaneMods lm;
+    lm.sq = mods::seq(b, seqlen_q, seqlen_k);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int pr = min(row + hf * 8, packed_rows - 1), t = pr / group;
+        lm.row[hf] = mods::diag<M>(mp, lm.sq, t, q_head_of(kvh, pr - t * group, group));
+    }
+    return lm;
+}
+
+// scores_to_ds with the modifiers M: the mask where some row of the tile may not
+// see a key of it (keys.unmasked) or with a mask_mod.
+template <class M, bool CAUSAL, int BLOCK_N, int NT, class Keys>
+__device__ __forceinline__ void scores_to_ds_mods(float (&s)[NT][4], const float (&dp)[NT][4], int n0, const Keys& keys,
+                                                  int lane, float scale_log2, const float (&lse2_r)[2],
+                                                  const float (&delta_r)[2], const ModParams& mp, const LaneMods& lm) {
+    const bool mask = M::MASK || !keys.unmasked(n0, BLOCK_N);
+    const float scale = scale_log2 * 0.69314718055994530942f;  // softmax_scale, as frag_to_natural has it
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int j = n0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+            const mods::Diag& r = lm.row[e >> 1];
+            const bool seen = !mask || mods::visible<M, CAUSAL>(mp, lm.sq, r, j);
+            float grad = 1.f, pv;
+            if constexpr (M::SCORES) {
+                const float x = mods::score_nat_grad<M>(s[nt][e] * scale, mp, lm.sq, r, j, grad);
+                pv = fast_exp2(fmaf(x, 1.44269504088896340736f, -lse2_r[e >> 1]));
+            } else {
+                pv = fast_exp2(fmaf(s[nt][e], scale_log2, -lse2_r[e >> 1]));
+            }
+            s[nt][e] = seen ? pv * (dp[nt][e] - delta_r[e >> 1]) * grad : 0.f;
+        }
+}
+
+// Whether row tile m0 (BLOCK_M packed rows) of a dK/dV kernel with modifiers needs
+// the mask on its key block: the plain kernels' test (keys past the sequence, a
+// row before a key's causal start; written in their `if`, where it compiles to
+// two branches), a mask_mod, or a row whose window ends inside the block.
+template <class M, bool CAUSAL, int BLOCK_N, int BLOCK_M>
+__device__ __forceinline__ bool tile_masked(const KeyBlock& kb, int m0, const ModParams& mp) {
+    if (M::MASK || kb.n0 + BLOCK_N > kb.seqlen_k || (CAUSAL && kb.n0 + BLOCK_N - 1 > m0 / kb.group + kb.diag))
+        return true;
+    if constexpr (M::WINDOW) {
+        const long long t_first = m0 / kb.group, t_last = (min(m0 + BLOCK_M, kb.packed_rows) - 1) / kb.group;
+        return (mp.window_left >= 0 && t_last + kb.diag - mp.window_left > kb.n0) ||
+               (!CAUSAL && mp.window_right >= 0 && t_first + kb.diag + mp.window_right < kb.n0 + BLOCK_N - 1);
+    }
+    return false;
+}
+
+// mask_keys_t and probs_t with the modifiers M, on S^T (rows: the lane's keys
+// key_r; columns: packed rows from m0, their lse2 and delta from the stage):
+// P^T into s, dS^T into dpt; 0 where masked and past the packed rows.
+template <class M, bool CAUSAL, int NT>
+__device__ __forceinline__ void probs_t_mods(float (&s)[NT][4], float (&dpt)[NT][4], const int (&key_r)[2], int m0,
+                                             int lane, const KeyBlock& kb, bool mask, float scale_log2,
+                                             const float* lse2_s, const float* delta_s, const ModParams& mp) {
+    const mods::Seq sq = {kb.b, kb.packed_rows / kb.group, kb.seqlen_k, kb.diag};
+    const float scale = scale_log2 * 0.69314718055994530942f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int col = nt * 8 + (lane & 3) * 2 + c, pr = m0 + col;
+            const bool live = pr < kb.packed_rows;
+            const int prc = live ? pr : kb.packed_rows - 1, t = prc / kb.group;  // (a mask_mod sees real queries)
+            const mods::Diag r = mods::diag<M>(mp, sq, t, q_head_of(kb.kvh, prc - t * kb.group, kb.group));
+            const float l2 = lse2_s[col], de = delta_s[col];
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int e = 2 * hf + c, j = key_r[hf];
+                const bool seen = live && (!mask || mods::visible<M, CAUSAL>(mp, sq, r, j));
+                float grad = 1.f, pv;
+                if constexpr (M::SCORES) {
+                    const float x = mods::score_nat_grad<M>(s[nt][e] * scale, mp, sq, r, j, grad);
+                    pv = fast_exp2(fmaf(x, 1.44269504088896340736f, -l2));
+                } else {
+                    pv = fast_exp2(fmaf(s[nt][e], scale_log2, -l2));
+                }
+                s[nt][e] = seen ? pv : 0.f;
+                dpt[nt][e] = seen ? pv * (dpt[nt][e] - de) * grad : 0.f;
             }
         }
 }
@@ -608,11 +737,14 @@ __global__ void __launch_bounds__(256) bwd_preprocess(const T* __restrict__ out,
 // ---- 2. dQ on the tensor cores ----------------------------------------------------------
 // SMEM_BYTES: the dynamic shared memory the launch passes (cupy_gqa/_specs.py:
 // bwd_dq_smem), checked against the layout at compile time.
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
-bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-           const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dq,
-           const int* __restrict__ seqlens_k, const BwdParams p) {
+// The kernel's body, for the kernel without modifiers (M = NoMods) and the one
+// with them (bwd_dq_mma_mods).
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES, class M>
+__device__ __forceinline__ void bwd_dq_mma_body(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                                const T* __restrict__ dout, const float* __restrict__ delta_ws,
+                                                const float* __restrict__ lse2_ws, T* __restrict__ dq,
+                                                const int* __restrict__ seqlens_k, const BwdParams& p,
+                                                const ModParams& mp) {
     using namespace bwd_detail;
     constexpr int D = HEAD_DIM;
     constexpr int NTHREADS = NUM_WARPS * 32;
@@ -635,12 +767,14 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
     const float scale_log2 = (float)p.a.scale_log2;
     const int head_dim = p.a.head_dim;
 
-    // ---- this CTA's (b, kv head, rows) and keys: the forward's (common.cuh) ----
-    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p.a, seqlens_k, p.a.group_size, blockIdx.x);
+    // ---- this CTA's (b, kv head, rows) and keys (with the window: its band): the forward's (common.cuh) ----
+    const PrefillTile<CAUSAL, M::WINDOW> tile = prefill_tile_mods_at<CAUSAL, M::WINDOW>(
+        p.a, seqlens_k, p.a.group_size, M::WINDOW ? mp.window_left : -1, M::WINDOW ? mp.window_right : -1, blockIdx.x,
+        tile_rows<BLOCK_M>(p.a, p.a.group_size));
     const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
     const int len = tile.len, seqlen_k = tile.seqlen_k;  // len -1: a bad seqlens_k value, NaN rows
-    const KeyRange<CAUSAL>& keys = tile.keys;
-    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
+    const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;
+    const int j_first = keys.start / BLOCK_N, num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;  // key tiles [j_first, num_n)
     const T* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
     const T* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
 
@@ -649,12 +783,15 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
         load_k_v<T, BLOCK_N, D, ROW, NTHREADS>(sK + stage * L::STAGE, sV + stage * L::STAGE, kbase, vbase, k, v, p,
                                               j * BLOCK_N, seqlen_k, head_dim, tid);
     };
-    if (num_n > 0) load_kv(0, 0);
-    cp_async_commit();  // group 0: Q, dO and K/V tile 0
+    if (j_first < num_n) load_kv(j_first, 0);
+    cp_async_commit();  // group 0: Q, dO and K/V tile j_first
 
     // The lane's rows g = lane / 4 and g + 8 of the warp's 16: their lse2 and delta.
+    const int lane_row = row0 + warp * 16 + (lane >> 2);
     float lse2_r[2], delta_r[2];
-    lane_row_stats(lse2_r, delta_r, lse2_ws, delta_ws, p, b, kvh, row0 + warp * 16 + (lane >> 2), packed_rows);
+    lane_row_stats(lse2_r, delta_r, lse2_ws, delta_ws, p, b, kvh, lane_row, packed_rows);
+    [[maybe_unused]] LaneMods lm;
+    if constexpr (M::ANY) lm = lane_mods<M>(mp, b, p.a.seqlen_q, seqlen_k, kvh, group, lane_row, packed_rows);
     float dq_acc[DT][4];
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
@@ -668,8 +805,8 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
     const unsigned sQ_warp = smem_addr(sQ + warp * 16 * ROW + a_off);
     const unsigned sdO_warp = smem_addr(sdO + warp * 16 * ROW + a_off);
 
-    for (int j = 0; j < num_n; ++j) {
-        const int stage = j & 1;
+    for (int j = j_first; j < num_n; ++j) {
+        const int stage = (j - j_first) & 1;
         cp_async_wait<0>();  // tile j landed for this thread
         __syncthreads();     // ... for all; the other stage's tile is consumed
         if (j + 1 < num_n) load_kv(j + 1, stage ^ 1);
@@ -683,7 +820,10 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
         bwd_detail::two_products<T, NT, KD, ROW>(s, dp, sQ_warp, sdO_warp, sK_lane, sV_lane);
 
         // ---- mask, P = exp2(S scale_log2 - lse2) (masked: 0), dS = P (dP - delta), in s ----
-        scores_to_ds<BLOCK_N>(s, dp, j * BLOCK_N, keys, row0 + warp * 16 + (lane >> 2), lane, scale_log2, lse2_r, delta_r);
+        if constexpr (M::ANY)
+            scores_to_ds_mods<M, CAUSAL, BLOCK_N>(s, dp, j * BLOCK_N, keys, lane, scale_log2, lse2_r, delta_r, mp, lm);
+        else
+            scores_to_ds<BLOCK_N>(s, dp, j * BLOCK_N, keys, lane_row, lane, scale_log2, lse2_r, delta_r);
 
         // ---- dQ += dS K (C fragment pairs -> A fragment; K through ldmatrix.trans) ----
 #pragma unroll
@@ -716,14 +856,35 @@ bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict
     __syncwarp();
     store_dq<T, 16, D, ROW, 32>(sO, dq, p, b, kvh, row0 + warp * 16, packed_rows, group, head_dim, lane);
 }
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+           const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dq,
+           const int* __restrict__ seqlens_k, const BwdParams p) {
+    bwd_dq_mma_body<T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, NoMods>(
+        q, k, v, dout, delta_ws, lse2_ws, dq, seqlens_k, p, ModParams{});
+}
+// The same with modifiers (FLAGS: common.cuh, MOD_*; no MOD_SCORE), their ModParams after the BwdParams.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, int SMEM_BYTES, int FLAGS>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+bwd_dq_mma_mods(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+                const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dq,
+                const int* __restrict__ seqlens_k, const BwdParams p, const ModParams mp) {
+    bwd_dq_mma_body<T, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, SMEM_BYTES, Mods<FLAGS, true>>(
+        q, k, v, dout, delta_ws, lse2_ws, dq, seqlens_k, p, mp);
+}
 
 // ---- 3. dK, dV on the tensor cores ------------------------------------------------------
 // SMEM_BYTES: cupy_gqa/_specs.py: bwd_dkdv_smem, checked against the layout.
-template <typename T, int HEAD_DIM, int BLOCK_M, int KEY_WARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(KEY_WARPS * DSPLIT * 32, 1)
-bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-             const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
-             T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p) {
+// The kernel's body, for the kernel without modifiers (M = NoMods) and the one
+// with them (bwd_dkdv_mma_mods).
+template <typename T, int HEAD_DIM, int BLOCK_M, int KEY_WARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES, class M>
+__device__ __forceinline__ void bwd_dkdv_mma_body(const T* __restrict__ q, const T* __restrict__ k,
+                                                  const T* __restrict__ v, const T* __restrict__ dout,
+                                                  const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws,
+                                                  T* __restrict__ dk, T* __restrict__ dv,
+                                                  const int* __restrict__ seqlens_k, const BwdParams& p,
+                                                  const ModParams& mp) {
     using namespace bwd_detail;
     constexpr int D = HEAD_DIM;
     constexpr int NTHREADS = KEY_WARPS * DSPLIT * 32;
@@ -751,7 +912,7 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     const int head_dim = p.a.head_dim;
 
     // ---- this CTA's (key block, b, kv head): key blocks slowest ----
-    const KeyBlock kb = key_block<CAUSAL, BLOCK_N, BLOCK_M>(p, seqlens_k);
+    const KeyBlock kb = key_block<CAUSAL, BLOCK_N, BLOCK_M, M>(p, seqlens_k, mp);
     const int b = kb.b, kvh = kb.kvh, n0 = kb.n0, len = kb.len, seqlen_k = kb.seqlen_k;
     const int m_begin = kb.m_begin, num_m = kb.num_m;
 
@@ -796,12 +957,16 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
         float s[NT][4], dpt[NT][4];
         bwd_detail::two_products<T, NT, KD, ROW>(s, dpt, sK_warp, sV_warp, sQ_lane, sdO_lane);
 
-        // ---- mask: keys past the sequence, and (causal) rows that don't see the key ----
-        if (n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 / kb.group + kb.diag))
-            mask_keys_t<CAUSAL>(s, key_r, m0, lane, kb);
-
-        // ---- P^T = exp2(S^T scale_log2 - lse2) (masked: 0), dS^T = P^T (dP^T - delta) ----
-        probs_t(s, dpt, scale_log2, sLse2 + stage * BLOCK_M, sDelta + stage * BLOCK_M, lane, softmax::FastExp2());
+        // ---- the mask (keys past the sequence, (causal) rows that don't see the key, the modifiers'),
+        //      P^T = exp2(S^T scale_log2 - lse2) (masked: 0), dS^T = P^T (dP^T - delta) ----
+        if constexpr (M::ANY) {
+            probs_t_mods<M, CAUSAL>(s, dpt, key_r, m0, lane, kb, tile_masked<M, CAUSAL, BLOCK_N, BLOCK_M>(kb, m0, mp),
+                                    scale_log2, sLse2 + stage * BLOCK_M, sDelta + stage * BLOCK_M, mp);
+        } else {
+            if (n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 / kb.group + kb.diag))
+                mask_keys_t<CAUSAL>(s, key_r, m0, lane, kb);
+            probs_t(s, dpt, scale_log2, sLse2 + stage * BLOCK_M, sDelta + stage * BLOCK_M, lane, softmax::FastExp2());
+        }
 
         // ---- dV += P^T dO, dK += dS^T Q (the warp's head dims) ----
 #pragma unroll
@@ -842,6 +1007,23 @@ bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     }
     __syncthreads();
     store_dk_dv<T, BLOCK_N, D, ROW, NTHREADS>(sK, sV, dk, dv, p, b, kvh, n0, head_dim, tid);
+}
+template <typename T, int HEAD_DIM, int BLOCK_M, int KEY_WARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(KEY_WARPS * DSPLIT * 32, 1)
+bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+             const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
+             T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p) {
+    bwd_dkdv_mma_body<T, HEAD_DIM, BLOCK_M, KEY_WARPS, DSPLIT, CAUSAL, SMEM_BYTES, NoMods>(
+        q, k, v, dout, delta_ws, lse2_ws, dk, dv, seqlens_k, p, ModParams{});
+}
+// The same with modifiers (FLAGS: common.cuh, MOD_*; no MOD_SCORE), their ModParams after the BwdParams.
+template <typename T, int HEAD_DIM, int BLOCK_M, int KEY_WARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES, int FLAGS>
+__global__ void __launch_bounds__(KEY_WARPS * DSPLIT * 32, 1)
+bwd_dkdv_mma_mods(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+                  const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
+                  T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p, const ModParams mp) {
+    bwd_dkdv_mma_body<T, HEAD_DIM, BLOCK_M, KEY_WARPS, DSPLIT, CAUSAL, SMEM_BYTES, Mods<FLAGS, true>>(
+        q, k, v, dout, delta_ws, lse2_ws, dk, dv, seqlens_k, p, mp);
 }
 
 // ---- 3c. What the passes on Hopper's warpgroup tensor cores share (wgmma, sm_90a) --------
@@ -901,21 +1083,26 @@ __device__ __forceinline__ void load_swizzled(unsigned dst, const T* any, int he
 //   that don't see the key); P^T = exp2(S^T scale_log2 - lse2) (masked: 0),
 //   dS^T = P^T (dP^T - delta); dV += P^T dO, dK += dS^T Q (P^T and dS^T as A
 //   operands from the registers, dO and Q read trans-b).
-template <typename T, int D, int BLOCK_M, int BLOCK_N, int KD, int KV_SLAB, int R_SLAB, bool CAUSAL>
+template <typename T, int D, int BLOCK_M, int BLOCK_N, int KD, int KV_SLAB, int R_SLAB, bool CAUSAL, class M>
 __device__ __forceinline__ void dkdv_tile_wgmma(float (&dk_acc)[D / 8][4], float (&dv_acc)[D / 8][4],
                                                 unsigned long long desc_k, unsigned long long desc_v, unsigned q_at,
                                                 unsigned do_at, const float* lse2_s, const float* delta_s, int m0,
                                                 const int (&key_r)[2], int lane, float scale_log2,
-                                                const bwd_detail::KeyBlock& kb) {
+                                                const bwd_detail::KeyBlock& kb, const ModParams& mp) {
     using namespace bwd_detail;
     using namespace sm90;
     constexpr int NT = BLOCK_M / 8;  // n8 tiles of S^T and dP^T (packed rows)
     float s[NT][4], dpt[NT][4];
     two_products_wgmma<T, BLOCK_M, KD, KV_SLAB, R_SLAB>(s, dpt, desc_k, desc_v, make_smem_desc(q_at, 16, 1024),
                                                        make_smem_desc(do_at, 16, 1024));
-    if (kb.n0 + BLOCK_N > kb.seqlen_k || (CAUSAL && kb.n0 + BLOCK_N - 1 > m0 / kb.group + kb.diag))
-        mask_keys_t<CAUSAL>(s, key_r, m0, lane, kb);
-    probs_t(s, dpt, scale_log2, lse2_s, delta_s, lane, softmax::FastExp2());
+    if constexpr (M::ANY) {
+        probs_t_mods<M, CAUSAL>(s, dpt, key_r, m0, lane, kb, tile_masked<M, CAUSAL, BLOCK_N, BLOCK_M>(kb, m0, mp),
+                                scale_log2, lse2_s, delta_s, mp);
+    } else {
+        if (kb.n0 + BLOCK_N > kb.seqlen_k || (CAUSAL && kb.n0 + BLOCK_N - 1 > m0 / kb.group + kb.diag))
+            mask_keys_t<CAUSAL>(s, key_r, m0, lane, kb);
+        probs_t(s, dpt, scale_log2, lse2_s, delta_s, lane, softmax::FastExp2());
+    }
     unsigned pa[BLOCK_M / 16][4], sa[BLOCK_M / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
@@ -943,17 +1130,21 @@ __device__ __forceinline__ void dkdv_tile_wgmma(float (&dk_acc)[D / 8][4], float
 // KV_SLAB bytes apart), waited for: S = Q K^T, dP = dO V^T; the mask, P =
 // exp2(S scale_log2 - lse2) (masked: 0), dS = P (dP - delta) (scores_to_ds);
 // dQ += dS K (dS as A operands from the registers, K read trans-b).
-template <typename T, int D, int BLOCK_N, int KD, int R_SLAB, int KV_SLAB, class Keys>
+template <typename T, int D, int BLOCK_N, int KD, int R_SLAB, int KV_SLAB, class M, bool CAUSAL, class Keys>
 __device__ __forceinline__ void dq_tile_wgmma(float (&dq_acc)[D / 8][4], unsigned long long desc_q, unsigned long long desc_do,
                                               unsigned k_at, unsigned v_at, int n0, const Keys& keys, int row, int lane,
-                                              float scale_log2, const float (&lse2_r)[2], const float (&delta_r)[2]) {
+                                              float scale_log2, const float (&lse2_r)[2], const float (&delta_r)[2],
+                                              const ModParams& mp, const bwd_detail::LaneMods& lm) {
     using namespace bwd_detail;
     using namespace sm90;
     constexpr int NT = BLOCK_N / 8;  // n8 tiles of S and dP (keys)
     float s[NT][4], dp[NT][4];
     two_products_wgmma<T, BLOCK_N, KD, R_SLAB, KV_SLAB>(s, dp, desc_q, desc_do, make_smem_desc(k_at, 16, 1024),
                                                        make_smem_desc(v_at, 16, 1024));
-    scores_to_ds<BLOCK_N>(s, dp, n0, keys, row, lane, scale_log2, lse2_r, delta_r);
+    if constexpr (M::ANY)
+        scores_to_ds_mods<M, CAUSAL, BLOCK_N>(s, dp, n0, keys, lane, scale_log2, lse2_r, delta_r, mp, lm);
+    else
+        scores_to_ds<BLOCK_N>(s, dp, n0, keys, row, lane, scale_log2, lse2_r, delta_r);
     unsigned sa[BLOCK_N / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk) acc_a_operand<T>(s, kk, sa[kk]);
@@ -1084,12 +1275,14 @@ __device__ __forceinline__ void ws_tiles_loaded() {
 }
 
 // SMEM_BYTES: cupy_gqa/_specs.py: bwd_dq_ws_smem, checked against the layout.
-template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(384, 1)
-bwd_dq_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-          const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dq,
-          const int* __restrict__ seqlens_k, const BwdParams p, const __grid_constant__ sm90::TensorMap k_map,
-          const __grid_constant__ sm90::TensorMap v_map) {
+// The kernel's body, for the kernel without modifiers (M = NoMods) and the one
+// with them (bwd_dq_ws_mods).
+template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES, class M>
+__device__ __forceinline__ void bwd_dq_ws_body(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                               const T* __restrict__ dout, const float* __restrict__ delta_ws,
+                                               const float* __restrict__ lse2_ws, T* __restrict__ dq,
+                                               const int* __restrict__ seqlens_k, const BwdParams& p, const ModParams& mp,
+                                               const sm90::TensorMap& k_map, const sm90::TensorMap& v_map) {
     using namespace bwd_detail;
     using namespace sm90;
     constexpr int D = HEAD_DIM, NWG = 2, BLOCK_M = 64 * NWG, CONSUMERS = 128 * NWG;
@@ -1109,12 +1302,14 @@ bwd_dq_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
     auto full = [&](int s) { return base + L::BARS + 8 * s; };              // stage s's K and V have landed
     auto empty = [&](int s) { return base + L::BARS + 8 * (STAGES + s); };  // ... and have been read
 
-    // ---- this CTA's (b, kv head, rows) and keys: the forward's (common.cuh) ----
-    const PrefillTile<CAUSAL> tile = prefill_tile<CAUSAL, BLOCK_M>(p.a, seqlens_k, p.a.group_size, blockIdx.x);
+    // ---- this CTA's (b, kv head, rows) and keys (with the window: its band): the forward's (common.cuh) ----
+    const PrefillTile<CAUSAL, M::WINDOW> tile = prefill_tile_mods_at<CAUSAL, M::WINDOW>(
+        p.a, seqlens_k, p.a.group_size, M::WINDOW ? mp.window_left : -1, M::WINDOW ? mp.window_right : -1, blockIdx.x,
+        tile_rows<BLOCK_M>(p.a, p.a.group_size));
     const int b = tile.b, kvh = tile.kv_head, row0 = tile.row0, group = tile.group, packed_rows = tile.packed_rows;
     const int len = tile.len, seqlen_k = tile.seqlen_k;  // len -1: a bad seqlens_k value, NaN rows
-    const KeyRange<CAUSAL>& keys = tile.keys;
-    const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;
+    const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;
+    const int j_first = keys.start / BLOCK_N, num_n = (keys.end + BLOCK_N - 1) / BLOCK_N;  // key tiles [j_first, num_n)
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -1136,9 +1331,9 @@ bwd_dq_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
         const int pt = tid - CONSUMERS;
         const T* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
         const T* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
-        for (int j = 0; j < num_n; ++j) {
-            const int st = j % STAGES;
-            if (j >= STAGES) mbar_wait(empty(st), ((j / STAGES) + 1) & 1);  // its use j - STAGES is done
+        for (int j = j_first; j < num_n; ++j) {
+            const int i = j - j_first, st = i % STAGES;  // the CTA's i-th tile
+            if (i >= STAGES) mbar_wait(empty(st), ((i / STAGES) + 1) & 1);  // its use i - STAGES is done
             const unsigned k_at = base + L::K + st * L::KV_BYTES, v_at = base + L::V + st * L::KV_BYTES;
             const int key0 = j * BLOCK_N;
             if (key0 + BLOCK_N <= seqlen_k || seqlen_k == p.a.seqlen_k) {
@@ -1173,8 +1368,11 @@ bwd_dq_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
     float scale_log2 = (float)p.a.scale_log2;
     asm volatile("" : "+f"(scale_log2));  // (converted once, not per tile)
     // The lane's rows g = lane / 4 and g + 8 of the warp's 16: their lse2 and delta.
+    const int lane_row = row0 + warp * 16 + (lane >> 2);
     float lse2_r[2], delta_r[2];
-    lane_row_stats(lse2_r, delta_r, lse2_ws, delta_ws, p, b, kvh, row0 + warp * 16 + (lane >> 2), packed_rows);
+    lane_row_stats(lse2_r, delta_r, lse2_ws, delta_ws, p, b, kvh, lane_row, packed_rows);
+    [[maybe_unused]] LaneMods lm;
+    if constexpr (M::ANY) lm = lane_mods<M>(mp, b, p.a.seqlen_q, seqlen_k, kvh, group, lane_row, packed_rows);
     float dq_acc[DT][4];
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
@@ -1184,29 +1382,51 @@ bwd_dq_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
     const unsigned long long desc_q = make_smem_desc(base + L::Q + wg * 64 * 128, 16, 1024);
     const unsigned long long desc_do = make_smem_desc(base + L::DO + wg * 64 * 128, 16, 1024);
 
-    for (int j = 0; j < num_n; ++j) {
-        const int st = j % STAGES;
-        mbar_wait(full(st), (j / STAGES) & 1);
+    for (int j = j_first; j < num_n; ++j) {
+        const int i = j - j_first, st = i % STAGES;
+        mbar_wait(full(st), (i / STAGES) & 1);
         const unsigned k_at = base + L::K + st * L::KV_BYTES, v_at = base + L::V + st * L::KV_BYTES;
 
-        dq_tile_wgmma<T, D, BLOCK_N, KD, L::R_SLAB, L::KV_SLAB>(dq_acc, desc_q, desc_do, k_at, v_at, j * BLOCK_N, keys,
-                                                          row0 + warp * 16 + (lane >> 2), lane, scale_log2, lse2_r, delta_r);
+        dq_tile_wgmma<T, D, BLOCK_N, KD, L::R_SLAB, L::KV_SLAB, M, CAUSAL>(
+            dq_acc, desc_q, desc_do, k_at, v_at, j * BLOCK_N, keys, lane_row, lane, scale_log2, lse2_r, delta_r, mp, lm);
         mbar_arrive(empty(st));  // the stage is free for the producer
     }
 
     // ---- dq = scale dQ from the registers (rows past packed_rows skipped) ----
-    store_dq_acc<T, DT>(dq_acc, dq, p, b, kvh, row0 + warp * 16 + (lane >> 2), packed_rows, group, lane, head_dim,
+    store_dq_acc<T, DT>(dq_acc, dq, p, b, kvh, lane_row, packed_rows, group, lane, head_dim,
                         len < 0 ? quiet_nan() : (float)p.scale);
+}
+template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(384, 1)
+bwd_dq_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+          const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dq,
+          const int* __restrict__ seqlens_k, const BwdParams p, const __grid_constant__ sm90::TensorMap k_map,
+          const __grid_constant__ sm90::TensorMap v_map) {
+    bwd_dq_ws_body<T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, NoMods>(q, k, v, dout, delta_ws, lse2_ws, dq, seqlens_k,
+                                                                            p, ModParams{}, k_map, v_map);
+}
+// The same with modifiers (FLAGS: common.cuh, MOD_*; no MOD_SCORE), their ModParams after the BwdParams.
+template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool CAUSAL, int SMEM_BYTES, int FLAGS>
+__global__ void __launch_bounds__(384, 1)
+bwd_dq_ws_mods(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+               const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dq,
+               const int* __restrict__ seqlens_k, const BwdParams p, const ModParams mp,
+               const __grid_constant__ sm90::TensorMap k_map, const __grid_constant__ sm90::TensorMap v_map) {
+    bwd_dq_ws_body<T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, SMEM_BYTES, Mods<FLAGS, true>>(
+        q, k, v, dout, delta_ws, lse2_ws, dq, seqlens_k, p, mp, k_map, v_map);
 }
 
 // SMEM_BYTES: cupy_gqa/_specs.py: bwd_dkdv_ws_smem, checked against the layout.
-template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES>
-__global__ void __launch_bounds__(384, 1)
-bwd_dkdv_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-            const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
-            T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p,
-            const __grid_constant__ sm90::TensorMap q_map, const __grid_constant__ sm90::TensorMap do_map,
-            const int bulk) {
+// The kernel's body, for the kernel without modifiers (M = NoMods) and the one
+// with them (bwd_dkdv_ws_mods).
+template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES, class M>
+__device__ __forceinline__ void bwd_dkdv_ws_body(const T* __restrict__ q, const T* __restrict__ k,
+                                                 const T* __restrict__ v, const T* __restrict__ dout,
+                                                 const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws,
+                                                 T* __restrict__ dk, T* __restrict__ dv,
+                                                 const int* __restrict__ seqlens_k, const BwdParams& p,
+                                                 const ModParams& mp, const sm90::TensorMap& q_map,
+                                                 const sm90::TensorMap& do_map, const int bulk) {
     using namespace bwd_detail;
     using namespace sm90;
     constexpr int D = HEAD_DIM, NWG = 2, BLOCK_N = 64 * NWG, CONSUMERS = 128 * NWG;
@@ -1229,7 +1449,7 @@ bwd_dkdv_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     auto empty = [&](int s) { return base + L::BARS + 8 * (STAGES + s); };  // ... and have been read
 
     // ---- this CTA's (key block, b, kv head): key blocks slowest ----
-    const KeyBlock kb = key_block<CAUSAL, BLOCK_N, BLOCK_M>(p, seqlens_k);
+    const KeyBlock kb = key_block<CAUSAL, BLOCK_N, BLOCK_M, M>(p, seqlens_k, mp);
     const int b = kb.b, kvh = kb.kvh, n0 = kb.n0, len = kb.len, seqlen_k = kb.seqlen_k;
     const int num_m = kb.num_m, group = kb.group;
 
@@ -1319,15 +1539,36 @@ bwd_dkdv_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
         const int m0 = kb.m_begin + m * BLOCK_M;
         const unsigned q_at = base + L::Q + st * L::R_BYTES, do_at = base + L::DO + st * L::R_BYTES;
 
-        dkdv_tile_wgmma<T, D, BLOCK_M, BLOCK_N, KD, L::KV_SLAB, L::R_SLAB, CAUSAL>(
+        dkdv_tile_wgmma<T, D, BLOCK_M, BLOCK_N, KD, L::KV_SLAB, L::R_SLAB, CAUSAL, M>(
             dk_acc, dv_acc, desc_k, desc_v, q_at, do_at, sLse2 + st * BLOCK_M, sDelta + st * BLOCK_M, m0, key_r, lane,
-            scale_log2, kb);
+            scale_log2, kb, mp);
         mbar_arrive(empty(st));  // the stage is free for the producer
     }
 
     // ---- dk = scale dK, dv = dV from the registers ----
     store_dk_dv_acc<T, DT>(dk_acc, dv_acc, dk, dv, p, b, kvh, key_r, lane, head_dim, len < 0 ? quiet_nan() : (float)p.scale,
                            len < 0 ? quiet_nan() : 1.f);
+}
+template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES>
+__global__ void __launch_bounds__(384, 1)
+bwd_dkdv_ws(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+            const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
+            T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p,
+            const __grid_constant__ sm90::TensorMap q_map, const __grid_constant__ sm90::TensorMap do_map,
+            const int bulk) {
+    bwd_dkdv_ws_body<T, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, SMEM_BYTES, NoMods>(
+        q, k, v, dout, delta_ws, lse2_ws, dk, dv, seqlens_k, p, ModParams{}, q_map, do_map, bulk);
+}
+// The same with modifiers (FLAGS: common.cuh, MOD_*; no MOD_SCORE), their ModParams after the BwdParams.
+template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, bool CAUSAL, int SMEM_BYTES, int FLAGS>
+__global__ void __launch_bounds__(384, 1)
+bwd_dkdv_ws_mods(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+                 const float* __restrict__ delta_ws, const float* __restrict__ lse2_ws, T* __restrict__ dk,
+                 T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p, const ModParams mp,
+                 const __grid_constant__ sm90::TensorMap q_map, const __grid_constant__ sm90::TensorMap do_map,
+                 const int bulk) {
+    bwd_dkdv_ws_body<T, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, SMEM_BYTES, Mods<FLAGS, true>>(
+        q, k, v, dout, delta_ws, lse2_ws, dk, dv, seqlens_k, p, mp, q_map, do_map, bulk);
 }
 
 // ---- 2b. dQ in float32 on the tensor cores (split TF32) --------------------------------
@@ -1534,7 +1775,7 @@ bwd_dkdv_tf32(const float* __restrict__ q, const float* __restrict__ k, const fl
     const int head_dim = p.a.head_dim;
 
     // ---- this CTA's (key block, b, kv head): key blocks slowest ----
-    const KeyBlock kb = key_block<CAUSAL, BLOCK_N, BLOCK_M>(p, seqlens_k);
+    const KeyBlock kb = key_block<CAUSAL, BLOCK_N, BLOCK_M>(p, seqlens_k, ModParams{});
     const int b = kb.b, kvh = kb.kvh, n0 = kb.n0, len = kb.len, seqlen_k = kb.seqlen_k;
     const int m_begin = kb.m_begin, num_m = kb.num_m;
 
@@ -1677,12 +1918,32 @@ __device__ __forceinline__ void stage_packed_rows(T* s, const T* x, const index_
 
 }  // namespace bwd_detail
 
+namespace bwd_detail {
+// A CUDA-core kernel's score of key j for its row (query t, head h, mods::Row mr)
+// from the raw product s = q . k, in log2 units: s scale_log2 without modifiers;
+// with them the modified score (mods::score_nat_grad, natural units from
+// softmax_scale) times log2(e), and the softcap's slope in grad.
+template <class M, typename A>
+__device__ __forceinline__ A rows_score2(A s, A scale_log2, A scale, const ModParams& mp, const mods::Seq& sq,
+                                         const mods::Row& mr, int j, A& grad) {
+    if constexpr (M::SCORES) {
+        return mods::score_nat_grad<M, true, A>(s * scale, mp, sq, mr.t, mr.h, mr.slope, j, &grad) * log2e<A>();
+    } else {
+        grad = (A)1;
+        return s * scale_log2;
+    }
+}
+}  // namespace bwd_detail
+
 // dQ (and, in float64, lse2) on CUDA cores. SMEM_BYTES: _specs.bwd_rows_dq_smem.
-template <typename T, int DPAD, int TEAM, int KEYS, int SMEM_BYTES>
-__global__ void __launch_bounds__(BWD_ROWS_THREADS, 1)
-bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-            const acc_t<T>* __restrict__ delta_ws, acc_t<T>* __restrict__ lse2_ws, T* __restrict__ dq,
-            const int* __restrict__ seqlens_k, const BwdParams p) {
+// The kernel's body, for the kernel without modifiers (M = NoMods) and the one
+// with them (bwd_dq_rows_mods).
+template <typename T, int DPAD, int TEAM, int KEYS, int SMEM_BYTES, class M>
+__device__ __forceinline__ void bwd_dq_rows_body(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                                 const T* __restrict__ dout, const acc_t<T>* __restrict__ delta_ws,
+                                                 acc_t<T>* __restrict__ lse2_ws, T* __restrict__ dq,
+                                                 const int* __restrict__ seqlens_k, const BwdParams& p,
+                                                 const ModParams& mp) {
     using namespace bwd_detail;
     typedef acc_t<T> A;
     // float32 and float64 inputs: rebuild lse2 from this kernel's own exact
@@ -1712,9 +1973,21 @@ bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     const int pr = rb * R + r;
     const bool active = pr < packed_rows;
     const int t = active ? pr / group : 0, h = q_head_of(kvh, active ? pr - t * group : 0, group);
-    const int n_keys = active ? visible_keys(t, p.a.seqlen_q, seqlen_k, causal) : 0;
-    const int n_block = visible_keys((min(rb * R + R, packed_rows) - 1) / group, p.a.seqlen_q, seqlen_k, causal);  // its last row's keys
-    const A scale_log2 = (A)p.a.scale_log2;
+    // the row's keys [first, n_keys) and the block's [k_lo, n_block) (its first and last rows')
+    const mods::Seq sq = mods::seq(b, p.a.seqlen_q, seqlen_k);
+    mods::Row mr = {t, h, 0, -1, 0.f};
+    int k_lo = 0, n_block;
+    if constexpr (M::ANY) {
+        if (active) mr = mods::row<M>(mp, sq, t, h, causal);
+        const int h0 = q_head_of(kvh, 0, group);
+        k_lo = mods::row<M>(mp, sq, rb * R / group, h0, causal).first;
+        n_block = mods::row<M>(mp, sq, (min(rb * R + R, packed_rows) - 1) / group, h0, causal).last + 1;
+    } else {
+        mr.last = (active ? visible_keys(t, p.a.seqlen_q, seqlen_k, causal) : 0) - 1;
+        n_block = visible_keys((min(rb * R + R, packed_rows) - 1) / group, p.a.seqlen_q, seqlen_k, causal);  // its last row's keys
+    }
+    const int first = mr.first, n_keys = mr.last + 1;
+    const A scale_log2 = (A)p.a.scale_log2, scale = (A)p.scale;  // (scale: the modifiers' natural units)
 
     A qv[PL], dov[PL], acc[PL];
     const T* q_row = q + b * p.a.q_stride[0] + (index_t)t * p.a.q_stride[1] + (index_t)h * p.a.q_stride[2];
@@ -1732,44 +2005,50 @@ bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     A lse2 = (!RECOMPUTE && active) ? lse2_ws[ws] : (A)0;
     const T* kbase = k + b * p.a.k_stride[0] + (index_t)kvh * p.a.k_stride[2];
     const T* vbase = v + b * p.a.v_stride[0] + (index_t)kvh * p.a.v_stride[2];
-    const int n_stages = (n_block + KEYS - 1) / KEYS;
+    const int st_first = k_lo / KEYS, n_stages = (n_block + KEYS - 1) / KEYS;  // stages [st_first, n_stages)
 
-    if constexpr (RECOMPUTE) {  // lse2 = log2 sum_j exp2(s_j), online (softmax.cuh's rules)
+    if constexpr (RECOMPUTE) {  // lse2 = log2 sum_j exp2(s_j), online (softmax.cuh's rules), with the sink
         A m = neg_inf<A>(), l = 0;
-        for (int st = 0; st < n_stages; ++st) {
+        for (int st = st_first; st < n_stages; ++st) {
             __syncthreads();
             stage_keys<T, DPAD, KEYS>(sK, kbase, p.a.k_stride[1], p.a.k_stride[3], st * KEYS, n_block, p.a.head_dim);
             __syncthreads();
             const int j_end = min(KEYS, n_keys - st * KEYS);
-            for (int j = 0; j < j_end; ++j) {
-                A sd = 0;
+            for (int j = M::ANY ? max(0, first - st * KEYS) : 0; j < j_end; ++j) {
+                if (M::MASK && !mods::visible<M>(mp, sq, mr, st * KEYS + j)) continue;  // (the team's row: uniform)
+                A sd = 0, grad;
 #pragma unroll
                 for (int i = 0; i < PL; ++i) sd += qv[i] * to_acc(sK[j * DPAD + i * TEAM + lane]);
-                const A sj = team_sum<TEAM>(sd, mask) * scale_log2;
+                const A sj = rows_score2<M>(team_sum<TEAM>(sd, mask), scale_log2, scale, mp, sq, mr, st * KEYS + j, grad);
                 const A alpha = softmax::raise_ref(m, m > sj ? m : sj, softmax::ExactExp2());
                 l = l * alpha + exp2_acc(sj - softmax::ref(m));
             }
+        }
+        if constexpr (M::SINKS) {
+            if (active) softmax::fold_sink(m, l, (A)mp.sinks[h] * log2e<A>());
         }
         lse2 = l > (A)0 ? m + log2_acc(l) : pos_inf<A>();
         if (active && lane == 0) lse2_ws[ws] = lse2;
     }
 
-    for (int st = 0; st < n_stages; ++st) {
+    for (int st = st_first; st < n_stages; ++st) {
         __syncthreads();  // the previous stage is consumed
         stage_keys<T, DPAD, KEYS>(sK, kbase, p.a.k_stride[1], p.a.k_stride[3], st * KEYS, n_block, p.a.head_dim);
         stage_keys<T, DPAD, KEYS>(sV, vbase, p.a.v_stride[1], p.a.v_stride[3], st * KEYS, n_block, p.a.head_dim);
         __syncthreads();
         const int j_end = min(KEYS, n_keys - st * KEYS);  // this row's keys in the stage
-        for (int j = 0; j < j_end; ++j) {
-            A sd = 0, dd = 0;
+        for (int j = M::ANY ? max(0, first - st * KEYS) : 0; j < j_end; ++j) {
+            if (M::MASK && !mods::visible<M>(mp, sq, mr, st * KEYS + j)) continue;  // (the team's row: uniform)
+            A sd = 0, dd = 0, grad;
 #pragma unroll
             for (int i = 0; i < PL; ++i) {
                 sd += qv[i] * to_acc(sK[j * DPAD + i * TEAM + lane]);
                 dd += dov[i] * to_acc(sV[j * DPAD + i * TEAM + lane]);
             }
-            const A sj = team_sum<TEAM>(sd, mask), dpj = team_sum<TEAM>(dd, mask);
-            const A pj = exp2_acc(sj * scale_log2 - lse2);
-            const A ds = pj * (dpj - delta);
+            const A sj = rows_score2<M>(team_sum<TEAM>(sd, mask), scale_log2, scale, mp, sq, mr, st * KEYS + j, grad);
+            const A dpj = team_sum<TEAM>(dd, mask);
+            const A pj = exp2_acc(sj - lse2);
+            const A ds = pj * (dpj - delta) * grad;
 #pragma unroll
             for (int i = 0; i < PL; ++i) acc[i] += ds * to_acc(sK[j * DPAD + i * TEAM + lane]);
         }
@@ -1785,13 +2064,34 @@ bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
         }
     }
 }
+template <typename T, int DPAD, int TEAM, int KEYS, int SMEM_BYTES>
+__global__ void __launch_bounds__(BWD_ROWS_THREADS, 1)
+bwd_dq_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+            const acc_t<T>* __restrict__ delta_ws, acc_t<T>* __restrict__ lse2_ws, T* __restrict__ dq,
+            const int* __restrict__ seqlens_k, const BwdParams p) {
+    bwd_dq_rows_body<T, DPAD, TEAM, KEYS, SMEM_BYTES, NoMods>(q, k, v, dout, delta_ws, lse2_ws, dq, seqlens_k, p,
+                                                             ModParams{});
+}
+// The same with modifiers (FLAGS: common.cuh, MOD_*; no MOD_SCORE), their ModParams after the BwdParams.
+template <typename T, int DPAD, int TEAM, int KEYS, int SMEM_BYTES, int FLAGS>
+__global__ void __launch_bounds__(BWD_ROWS_THREADS, 1)
+bwd_dq_rows_mods(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+                 const acc_t<T>* __restrict__ delta_ws, acc_t<T>* __restrict__ lse2_ws, T* __restrict__ dq,
+                 const int* __restrict__ seqlens_k, const BwdParams p, const ModParams mp) {
+    bwd_dq_rows_body<T, DPAD, TEAM, KEYS, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, dout, delta_ws, lse2_ws, dq,
+                                                                                  seqlens_k, p, mp);
+}
 
 // dK, dV on CUDA cores. SMEM_BYTES: _specs.bwd_rows_dkdv_smem.
-template <typename T, int DPAD, int TEAM, int ROWS, int SMEM_BYTES>
-__global__ void __launch_bounds__(BWD_ROWS_THREADS, 1)
-bwd_dkdv_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-              const acc_t<T>* __restrict__ delta_ws, const acc_t<T>* __restrict__ lse2_ws, T* __restrict__ dk,
-              T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p) {
+// The kernel's body, for the kernel without modifiers (M = NoMods) and the one
+// with them (bwd_dkdv_rows_mods).
+template <typename T, int DPAD, int TEAM, int ROWS, int SMEM_BYTES, class M>
+__device__ __forceinline__ void bwd_dkdv_rows_body(const T* __restrict__ q, const T* __restrict__ k,
+                                                   const T* __restrict__ v, const T* __restrict__ dout,
+                                                   const acc_t<T>* __restrict__ delta_ws,
+                                                   const acc_t<T>* __restrict__ lse2_ws, T* __restrict__ dk,
+                                                   T* __restrict__ dv, const int* __restrict__ seqlens_k,
+                                                   const BwdParams& p, const ModParams& mp) {
     using namespace bwd_detail;
     typedef acc_t<T> A;
     constexpr int PL = DPAD / TEAM;
@@ -1817,7 +2117,7 @@ bwd_dkdv_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     const bool causal = p.a.causal != 0;
     const int j = kb * R + r;  // this team's key
     const bool active = j < p.a.seqlen_k;
-    const A scale_log2 = (A)p.a.scale_log2;
+    const A scale_log2 = (A)p.a.scale_log2, scale = (A)p.scale;  // (scale: the modifiers' natural units)
 
     A kv[PL], vv[PL], dka[PL], dva[PL];
     const T* k_row = k + b * p.a.k_stride[0] + (index_t)(j < seqlen_k ? j : 0) * p.a.k_stride[1] + (index_t)kvh * p.a.k_stride[2];
@@ -1831,9 +2131,13 @@ bwd_dkdv_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
         dka[i] = dva[i] = 0;
     }
     const int key0 = kb * R;
-    const int pr_first = key0 < seqlen_k ? first_row_seeing(key0, diag, group, causal) : packed_rows;
+    // the packed rows that see some key of the CTA (with the window: its band)
+    const RowSpan rows = key0 < seqlen_k ? rows_seeing<M>(key0, min(key0 + R, seqlen_k) - 1, diag, group, packed_rows,
+                                                          causal, mp)
+                                         : RowSpan{packed_rows, packed_rows};
+    const mods::Seq sq = mods::seq(b, p.a.seqlen_q, seqlen_k);
 
-    for (int row0 = pr_first; row0 < packed_rows; row0 += ROWS) {
+    for (int row0 = rows.first; row0 < rows.end; row0 += ROWS) {
         __syncthreads();  // the previous stage is consumed
         stage_packed_rows<T, DPAD, ROWS>(sQ, q, p.a.q_stride, b, kvh, row0, packed_rows, group, p.a.head_dim);
         stage_packed_rows<T, DPAD, ROWS>(sdO, dout, p.do_stride, b, kvh, row0, packed_rows, group, p.a.head_dim);
@@ -1847,15 +2151,22 @@ bwd_dkdv_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
         __syncthreads();
         for (int i = 0; i < ROWS; ++i) {
             if (j > sLast[i]) continue;  // the row does not see this key (uniform over the team)
-            A sd = 0, dd = 0;
+            mods::Row mr = {0, 0, 0, -1, 0.f};
+            if constexpr (M::ANY) {  // the row's bounds and modifiers (sLast: its causal end)
+                const int pr = row0 + i, t = pr / group;
+                mr = mods::row<M>(mp, sq, t, q_head_of(kvh, pr - t * group, group), causal);
+                if (!mods::visible<M>(mp, sq, mr, j)) continue;
+            }
+            A sd = 0, dd = 0, grad;
 #pragma unroll
             for (int e = 0; e < PL; ++e) {
                 sd += to_acc(sQ[i * DPAD + e * TEAM + lane]) * kv[e];
                 dd += to_acc(sdO[i * DPAD + e * TEAM + lane]) * vv[e];
             }
-            const A s = team_sum<TEAM>(sd, mask), dp = team_sum<TEAM>(dd, mask);
-            const A pj = exp2_acc(s * scale_log2 - sLse2[i]);
-            const A ds = pj * (dp - sDelta[i]);
+            const A s = rows_score2<M>(team_sum<TEAM>(sd, mask), scale_log2, scale, mp, sq, mr, j, grad);
+            const A dp = team_sum<TEAM>(dd, mask);
+            const A pj = exp2_acc(s - sLse2[i]);
+            const A ds = pj * (dp - sDelta[i]) * grad;
 #pragma unroll
             for (int e = 0; e < PL; ++e) {
                 dka[e] += ds * to_acc(sQ[i * DPAD + e * TEAM + lane]);
@@ -1877,4 +2188,51 @@ bwd_dkdv_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
             }
         }
     }
+}
+template <typename T, int DPAD, int TEAM, int ROWS, int SMEM_BYTES>
+__global__ void __launch_bounds__(BWD_ROWS_THREADS, 1)
+bwd_dkdv_rows(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+              const acc_t<T>* __restrict__ delta_ws, const acc_t<T>* __restrict__ lse2_ws, T* __restrict__ dk,
+              T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p) {
+    bwd_dkdv_rows_body<T, DPAD, TEAM, ROWS, SMEM_BYTES, NoMods>(q, k, v, dout, delta_ws, lse2_ws, dk, dv, seqlens_k, p,
+                                                               ModParams{});
+}
+// The same with modifiers (FLAGS: common.cuh, MOD_*; no MOD_SCORE), their ModParams after the BwdParams.
+template <typename T, int DPAD, int TEAM, int ROWS, int SMEM_BYTES, int FLAGS>
+__global__ void __launch_bounds__(BWD_ROWS_THREADS, 1)
+bwd_dkdv_rows_mods(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+                   const acc_t<T>* __restrict__ delta_ws, const acc_t<T>* __restrict__ lse2_ws, T* __restrict__ dk,
+                   T* __restrict__ dv, const int* __restrict__ seqlens_k, const BwdParams p, const ModParams mp) {
+    bwd_dkdv_rows_body<T, DPAD, TEAM, ROWS, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, dout, delta_ws, lse2_ws, dk,
+                                                                                    dv, seqlens_k, p, mp);
+}
+
+// ---- 4. The sinks' gradient ------------------------------------------------------------
+// d loss / d sinks[h] = -sum over the rows (b, t) of head h of p_sink delta, with
+// p_sink = exp(sinks[h] - lse) = exp2(sink2 - lse2) the sink's share of the row's
+// softmax (it adds no value, so d out / d sink = -p_sink out) and delta =
+// rowsum(dout * out), both from the workspace (lse2 includes the sink). One CTA
+// per query head, a fixed order of sums: bitwise-equal results call to call. A
+// row of a bad seqlens_k value (NaN lse2) makes its head's gradient NaN.
+template <typename A>
+__global__ void __launch_bounds__(256) bwd_dsinks(const A* __restrict__ delta_ws, const A* __restrict__ lse2_ws,
+                                                  float* __restrict__ dsinks, const BwdParams p, const ModParams mp) {
+    __shared__ A part[256];
+    const int h = blockIdx.x, group = p.a.group_size, kvh = h / group, g = h - kvh * group;
+    const A sink2 = (A)mp.sinks[h] * bwd_detail::log2e<A>();
+    const index_t rows = (index_t)p.a.batch * p.a.seqlen_q;  // (b, t) of the head
+    A sum = 0;
+    for (index_t r = threadIdx.x; r < rows; r += blockDim.x) {
+        const int b = (int)(r / p.a.seqlen_q), t = (int)(r - (index_t)b * p.a.seqlen_q);
+        const index_t w = bwd_detail::ws_row(p, b, kvh, t * group + g);
+        sum += exp2_acc(sink2 - lse2_ws[w]) * delta_ws[w];
+    }
+    part[threadIdx.x] = sum;
+    __syncthreads();
+#pragma unroll
+    for (int n = 128; n > 0; n /= 2) {
+        if ((int)threadIdx.x < n) part[threadIdx.x] += part[threadIdx.x + n];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) dsinks[h] = (float)-part[0];
 }

@@ -616,19 +616,37 @@ __device__ __forceinline__ Row row(const ModParams& mp, const Seq& sq, int t, in
 // ALiBi slope.) The tensor-core prefill kernels keep it in natural units and
 // apply log2(e) inside their exp2 (softmax.cuh: frag_modify).
 template <class M, typename A>
-__device__ __forceinline__ A softcap_nat(A x, const ModParams& mp) {
-    const A cap = (A)mp.softcap;
+__device__ __forceinline__ A softcap_tanh(A x, const ModParams& mp) {  // tanh(x / cap)
     if constexpr (M::FAST_TANH)
-        return cap * fast_tanh(x * (1.f / cap));
+        return fast_tanh(x * (1.f / (A)mp.softcap));
     else
-        return cap * tanh(x / cap);
+        return tanh(x / (A)mp.softcap);
 }
 template <class M, typename A>
-__device__ __forceinline__ A score_nat(A x, const ModParams& mp, const Seq& sq, int t, int h, float slope, int j) {
-    if (M::SOFTCAP) x = softcap_nat<M>(x, mp);
+__device__ __forceinline__ A softcap_nat(A x, const ModParams& mp) {
+    return (A)mp.softcap * softcap_tanh<M>(x, mp);
+}
+// The score modifiers' value and, with GRAD, their slope d score / d x in *grad
+// (the softcap's 1 - tanh^2; 1 without a softcap): the backward pass's chain rule
+// (kernels/backward.cu). A score_mod has no derivative here.
+template <class M, bool GRAD, typename A>
+__device__ __forceinline__ A score_nat_grad(A x, const ModParams& mp, const Seq& sq, int t, int h, float slope, int j,
+                                            A* grad) {
+    static_assert(!(GRAD && M::SCORE), "the backward pass takes no score_mod");
+    if (M::SOFTCAP) {
+        const A th = softcap_tanh<M>(x, mp);
+        x = (A)mp.softcap * th;
+        if (GRAD) *grad = (A)1 - th * th;
+    } else if (GRAD) {
+        *grad = (A)1;
+    }
     if (M::ALIBI) x -= (A)slope * (A)abs(t + sq.diag - j);
     if (M::SCORE) x = user_score_mod<A>(x, sq.b, h, t, j, sq.seqlen_q, sq.len, mp);
     return x;
+}
+template <class M, typename A>
+__device__ __forceinline__ A score_nat(A x, const ModParams& mp, const Seq& sq, int t, int h, float slope, int j) {
+    return score_nat_grad<M, false, A>(x, mp, sq, t, h, slope, j, nullptr);
 }
 // The same from and to log2 units (s2 = softmax_scale * log2(e) * q . k): the
 // CUDA-core kernels' form (rowwise, decode).
@@ -681,6 +699,10 @@ __device__ __forceinline__ bool visible(const ModParams& mp, const Seq& sq, cons
 template <class M, typename A>
 __device__ __forceinline__ A score_nat(A x, const ModParams& mp, const Seq& sq, const Diag& r, int j) {
     return score_nat<M, A>(x, mp, sq, r.c - sq.diag, r.h, r.slope, j);
+}
+template <class M, typename A>
+__device__ __forceinline__ A score_nat_grad(A x, const ModParams& mp, const Seq& sq, const Diag& r, int j, A& grad) {
+    return score_nat_grad<M, true, A>(x, mp, sq, r.c - sq.diag, r.h, r.slope, j, &grad);
 }
 
 // A sink in log2 units, for query head h (0 without sinks: unused).

@@ -54,6 +54,38 @@ def backward(failures: int, runs: int) -> tuple[int, int]:
             failures, runs = _backward_cases(failures, runs, DTYPES if sms is None else ["float32"])
     finally:
         _plan.sm_count = sm_count
+    return _backward_modifiers(failures, runs)
+
+
+def _backward_modifiers(failures: int, runs: int) -> tuple[int, int]:
+    """attention_backward with modifiers (the *_mods kernels and bwd_dsinks): every built-in with
+    a mask_mod, causal and not (the mma.sync or CUDA-core pair), and a window, softcap and sinks
+    alone (on sm_90 the pair with a producer warpgroup), through MOD_CASES."""
+    rng = np.random.default_rng(9)
+    for case in MOD_CASES:
+        for dtype in DTYPES:
+            for name in ("all", "all_noncausal", "window"):
+                kw = modifier_kwargs(name, case[0], case[3], MOD_WINDOWS)
+                kw.pop("score_mod", None)  # (no derivative: the backward takes none)
+                if name == "window":
+                    kw.update(softcap=2.0, sinks=rng.standard_normal(case[3]).astype(np.float32))
+                causal = kw.pop("causal", True)
+                q, k, v = random_qkv(*case, dtype, seed=runs)
+                dout = random_qkv(case[0], case[1], 1, case[3], 1, case[5], dtype, seed=runs + 1)[0]
+                dev = {n: cupy.asarray(x) if isinstance(x, np.ndarray) else x for n, x in kw.items()}
+                qd, kd, vd, dd = (cupy.asarray(x) for x in (q, k, v, dout))
+                out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+                _, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, out=out, return_lse=True, **dev)
+                grads = [cupy.full(x.shape, np.nan, dtype=x.dtype) for x in (q, k, v)]
+                res = cupy_gqa.attention_backward(dd, qd, kd, vd, out, lse, causal=causal, dq=grads[0], dk=grads[1],
+                                                  dv=grads[2], **dev)  # fmt: skip
+                runs += 1
+                want = reference_attention_backward(dout, q, k, v, causal=causal, **kw)
+                for what, g, w in zip(("dq", "dk", "dv", "dsinks"), res, want):
+                    err = relative_error(cupy.asnumpy(g), w)
+                    if not err <= max(BACKWARD_TOLERANCE[dtype], 1e-5 if what == "dsinks" else 0):
+                        failures += 1
+                        print(f"FAIL backward {name} {what} {case} {dtype}: error {err:.2e}")
     return failures, runs
 
 

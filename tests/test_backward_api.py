@@ -192,20 +192,104 @@ def test_bad_input_under_autograd_names_the_argument(torch):
         cupy_gqa.attention(q, k, v, seqlens_k=[1.0])
 
 
-@pytest.mark.parametrize(
-    "name, value",
-    [("window", (2, 0)), ("softcap", 5.0), ("sinks", "sinks"), ("alibi_slopes", "slopes"), ("score_mod", "score"), ("mask_mod", "mask")],
-)
-def test_modifiers_under_autograd_are_refused_by_name(torch, name, value):
-    """The backward pass takes no modifiers yet: a call that needs autograd refuses them, naming the
-    modifier; without autograd (no_grad, or inputs that don't require grad) they run."""
+# The built-in modifiers through the public API: (kwargs, causal), scores of a few units so that the softcap bends them.
+_MODS = {
+    "window": ({"window": (3, 0)}, True),
+    "window_noncausal": ({"window": (2, 4)}, False),
+    "softcap": ({"softcap": 1.5}, True),
+    "sinks": ({"sinks": "sinks"}, True),
+    "alibi": ({"alibi_slopes": "slopes"}, False),
+    "alibi_batch": ({"alibi_slopes": "batch_slopes"}, True),
+    "all": ({"window": (4, 0), "softcap": 1.5, "sinks": "sinks", "alibi_slopes": "slopes"}, True),
+}
+
+
+def _mod_kwargs(name, num_q_heads, batch, seed):
+    rng = np.random.default_rng(seed)
+    made = {"sinks": rng.standard_normal(num_q_heads).astype(np.float32),
+            "slopes": (2.0 ** -np.arange(1, num_q_heads + 1)).astype(np.float32),
+            "batch_slopes": rng.uniform(0.05, 0.5, (batch, num_q_heads)).astype(np.float32)}  # fmt: skip
+    kw, causal = _MODS[name]
+    return {n: made[x] if isinstance(x, str) else x for n, x in kw.items()}, causal
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", list(_MODS))
+def test_numpy_gradients_with_modifiers_match_the_reference(dtype, name):
+    """attention_backward with the forward's modifiers: (dq, dk, dv) against the float64 reference,
+    and with sinks a fourth result, the sinks' gradient (float32, (num_q_heads,))."""
+    q, k, v = random_qkv(2, 23, 31, 6, 2, 16, dtype, seed=len(name))
+    q, k = q * 2, k * 2
+    dout = random_qkv(2, 23, 1, 6, 1, 16, dtype, seed=9)[0]
+    kw, causal = _mod_kwargs(name, 6, 2, seed=3)
+    out, lse = _forward(q, k, v, causal=causal, **kw)
+    grads = cupy_gqa.attention_backward(dout, q, k, v, out, lse, causal=causal, **kw)
+    want = reference_attention_backward(dout, q, k, v, causal=causal, **kw)
+    assert len(grads) == len(want) == (4 if "sinks" in kw else 3)
+    for g, w, what in zip(grads, want, ("dq", "dk", "dv", "dsinks")):
+        assert_close(g, w, TOL[dtype] if what != "dsinks" else 1e-5, f"{what} {name} {dtype}")
+    if "sinks" in kw:
+        assert grads[3].dtype == np.float32 and grads[3].shape == (6,)
+
+
+def test_backward_modifier_checks():
+    """A score_mod has no derivative here: refused by name; the modifiers' own checks as the forward's."""
+    q, k, v = random_qkv(1, 5, 5, 4, 2, 8, "float32", seed=1)
+    out, lse = _forward(q, k, v)
+    score = cupy_gqa.ScoreMod(cuda="return score;", numpy=lambda score, **_: score)
+    with pytest.raises(ValueError, match=r"^score_mod: expected None, got a ScoreMod: the backward pass takes no score_mod"):
+        cupy_gqa.attention_backward(out, q, k, v, out, lse, score_mod=score)
+    with pytest.raises(ValueError, match=r"^sinks: expected shape \(4,\) \(num_q_heads,\), got \(3,\)"):
+        cupy_gqa.attention_backward(out, q, k, v, out, lse, sinks=np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match="^sinks: expected dtype float32, got float64"):
+        cupy_gqa.attention_backward(out, q, k, v, out, lse, sinks=np.zeros(4))
+    with pytest.raises(ValueError, match="^softcap: expected a finite number > 0"):
+        cupy_gqa.attention_backward(out, q, k, v, out, lse, softcap=-1.0)
+    with pytest.raises(TypeError, match="^window: expected"):
+        cupy_gqa.attention_backward(out, q, k, v, out, lse, window=3)
+
+
+@pytest.mark.parametrize("name", list(_MODS))
+def test_autograd_with_builtin_modifiers_matches_the_reference(torch, name):
+    """The built-in modifiers go through the autograd op: every gradient (the sinks' too, when they
+    require grad) is the float64 reference's; out is the forward's."""
+    q, k, v = random_qkv(2, 11, 14, 6, 3, 8, "float64", seed=len(name) + 1)
+    q, k = q * 2, k * 2
+    dout = random_qkv(2, 11, 1, 6, 1, 8, "float64", seed=4)[0]
+    kw, causal = _mod_kwargs(name, 6, 2, seed=5)
+    tkw = {n: torch.tensor(x, requires_grad=n == "sinks") if isinstance(x, np.ndarray) else x for n, x in kw.items()}
+    tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+    out = cupy_gqa.attention(tq, tk, tv, causal=causal, **tkw)
+    assert out.requires_grad
+    out.backward(torch.tensor(dout))
+    want = reference_attention_backward(dout, q, k, v, causal=causal, **kw)
+    got = [tq.grad, tk.grad, tv.grad] + ([tkw["sinks"].grad] if "sinks" in kw else [])
+    for g, w, what in zip(got, want, ("dq", "dk", "dv", "dsinks")):
+        assert_close(g.numpy(), w, 1e-12 if what != "dsinks" else 1e-5, f"{what} {name}")
+    assert_close(out.detach().numpy(), reference_attention(q, k, v, causal=causal, **kw)[0], 1e-12)
+    if "alibi_slopes" in kw:
+        assert tkw["alibi_slopes"].grad is None  # not a parameter of the attention
+
+
+def test_autograd_through_the_sinks_alone(torch):
+    """Sinks that require grad (gpt-oss learns them) take the autograd op even when q, k and v don't."""
+    q, k, v = (torch.tensor(x) for x in random_qkv(1, 6, 6, 4, 2, 8, "float64", seed=2))
+    sinks = torch.zeros(4, dtype=torch.float32, requires_grad=True)
+    cupy_gqa.attention(q, k, v, sinks=sinks).sum().backward()
+    assert sinks.grad is not None and sinks.grad.shape == (4,) and bool((sinks.grad != 0).all())
+
+
+@pytest.mark.parametrize("name", ["score_mod", "mask_mod"])
+def test_user_modifiers_under_autograd_are_refused_by_name(torch, name):
+    """A score_mod has no derivative, and the autograd op carries no mask_mod: a call that needs
+    autograd refuses them, naming the modifier; without autograd (no_grad, or inputs that don't
+    require grad) they run."""
     q, k, v = _torch_qkv(torch, (1, 5, 4, 8), (1, 5, 2, 8), torch.float32)
     value = {
-        "sinks": torch.zeros(4), "slopes": torch.full((4,), 0.5),
-        "score": cupy_gqa.ScoreMod(cuda="return score;", numpy=lambda score, **_: score),
-        "mask": cupy_gqa.MaskMod(cuda="return true;", numpy=lambda kv_idx, **_: kv_idx >= 0),
-    }.get(value, value)  # fmt: skip
-    with pytest.raises(ValueError, match=rf"^{name}: expected None when q, k or v requires grad, and the backward pass"):
+        "score_mod": cupy_gqa.ScoreMod(cuda="return score;", numpy=lambda score, **_: score),
+        "mask_mod": cupy_gqa.MaskMod(cuda="return true;", numpy=lambda kv_idx, **_: kv_idx >= 0),
+    }[name]
+    with pytest.raises(ValueError, match=rf"^{name}: expected None when q, k or v requires grad"):
         cupy_gqa.attention(q, k, v, **{name: value})
     with torch.no_grad():
         out = cupy_gqa.attention(q, k, v, **{name: value})

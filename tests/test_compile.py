@@ -179,6 +179,26 @@ def test_user_modifiers_compile_into_each_kernel_file(family_source):
     assert _spills(report, stack=False) == (0, 0), report.message
 
 
+def test_mask_mod_compiles_into_the_backward_kernels():
+    """A MaskMod with a buffer and every built-in (FLAGS 47: the backward takes no score_mod) compiles
+    into the backward's dQ kernels: the tensor-core one at a quarter of the table's key tile (no
+    spills; its dK/dV kernel spills 20 to 64 bytes at its smallest tile, known) and the CUDA-core one."""
+    import numpy as np
+
+    import cupy_gqa
+    from cupy_gqa import _mods, _specs
+
+    mask = cupy_gqa.MaskMod(cuda="return (kv_idx & 1) == 0 || q_idx > lim[0];", buffers={"lim": np.int32([3])})
+    code = _mods.Modifiers(mask_mod=mask).user_code()
+    for cores in (True, False):
+        dq, _ = _specs.bwd_mods_specs("bfloat16", 128, True, ARCHS["sm_90"], 47, code, cores)
+        report = compile_offline(dq, "sm_90")
+        assert report.ok, report.log
+        assert _spills(report, stack=False) == (0, 0), report.message
+    with pytest.raises(AssertionError, match="the backward pass takes no score_mod"):
+        _specs.bwd_mods_specs("bfloat16", 128, True, ARCHS["sm_90"], 63, code)
+
+
 def _nvrtc_major() -> int:
     from cupy.cuda import nvrtc
 

@@ -358,3 +358,111 @@ def test_torch_compile_on_cuda(torch):
     want = torch.autograd.grad(f(q, k, v), (q, k, v))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+# ---- the modifiers (window, softcap, sinks, ALiBi, mask_mod) --------------------------------
+MOD_CASES = {
+    "window": ({"window": (37, 0)}, True),
+    "window_noncausal": ({"window": (21, 13)}, False),
+    "softcap": ({"softcap": 2.5}, True),
+    "sinks": ({"sinks": "sinks"}, True),
+    "alibi": ({"alibi_slopes": "slopes"}, True),
+    "alibi_batch_noncausal": ({"alibi_slopes": "batch_slopes"}, False),
+    "mask_mod": ({"mask_mod": "mask"}, True),
+    "all": ({"window": (45, 0), "softcap": 3.0, "sinks": "sinks", "alibi_slopes": "slopes", "mask_mod": "mask"}, True),
+}
+
+
+def _mod_kwargs(name, batch, hq, seed=3):
+    from test_modifiers import even_heads_odd_keys_mod
+
+    rng = np.random.default_rng(seed)
+    made = {"sinks": rng.standard_normal(hq).astype(np.float32),
+            "slopes": (2.0 ** -np.arange(1, hq + 1)).astype(np.float32),
+            "batch_slopes": rng.uniform(0.02, 0.3, (batch, hq)).astype(np.float32), "mask": even_heads_odd_keys_mod()}  # fmt: skip
+    kw, causal = MOD_CASES[name]
+    return {n: made[x] if isinstance(x, str) else x for n, x in kw.items()}, causal
+
+
+def run_backward_mods(q, k, v, dout, kw, causal):
+    """(dq, dk, dv[, dsinks]) as NumPy from the GPU with modifiers ``kw`` (host arrays as given),
+    into NaN-poisoned results; the inputs untouched."""
+    qd, kd, vd, dd = (cupy.asarray(x) for x in (q, k, v, dout))
+    kwd = {n: cupy.asarray(x) if isinstance(x, np.ndarray) else x for n, x in kw.items()}
+    out, lse = cupy_gqa.attention(qd, kd, vd, causal=causal, return_lse=True, **kwd)
+    before = [cupy.asnumpy(x).copy() for x in (qd, kd, vd, dd, out, lse)]
+    grads = tuple(cupy.full(x.shape, np.nan, dtype=x.dtype) for x in (qd, kd, vd))
+    res = cupy_gqa.attention_backward(dd, qd, kd, vd, out, lse, causal=causal, dq=grads[0], dk=grads[1], dv=grads[2],
+                                      **kwd)  # fmt: skip
+    assert all(a is b for a, b in zip(res, grads)) and len(res) == (4 if "sinks" in kw else 3)
+    for x, b in zip((qd, kd, vd, dd, out, lse), before):
+        assert np.array_equal(cupy.asnumpy(x).view(np.uint8), b.view(np.uint8)), "an input was modified"
+    return tuple(cupy.asnumpy(g) for g in res)
+
+
+def check_mods(got, q, k, v, dout, kw, causal, what):
+    want = reference_attention_backward(dout, q, k, v, causal=causal, **kw)
+    dtype = q.dtype.name
+    for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        assert_close(g, w, BOUND[dtype] if name != "dsinks" else max(BOUND[dtype], 1e-5), f"{what} {name} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", list(NP_DTYPES))
+@pytest.mark.parametrize("head_dim", [20, 64, 96, 128])
+@pytest.mark.parametrize("name", list(MOD_CASES))
+@pytest.mark.parametrize("kind", ["ws", "mma"])
+def test_modifiers(dtype, head_dim, name, kind):
+    """Each modifier (and all of them) against the float64 reference: fp16 / bf16 on the tensor
+    cores (on sm_90 both kinds: the producer-warpgroup pair, which ALiBi and a mask_mod leave for the
+    mma.sync one, and the mma.sync pair), float32 and float64 and head dim 20 on the CUDA cores;
+    GQA, more keys than queries and the other way round, a window that leaves whole key tiles out."""
+    from cupy_gqa import _plan
+
+    if kind == "ws" and (dtype not in ("float16", "bfloat16") or cupy.cuda.Device().compute_capability != "90"):
+        pytest.skip("the kernels with a producer warpgroup: fp16 / bf16 on sm_90")
+    rng_len = {"window": (150, 230), "window_noncausal": (230, 150)}.get(name, (130, 190))
+    q, k, v = random_qkv(2, *rng_len, 8, 2, head_dim, dtype, seed=head_dim + len(name))
+    dout = _dout(q)
+    kw, causal = _mod_kwargs(name, 2, 8)
+    old = _plan.set_bwd_sm90(kind)
+    try:
+        got = run_backward_mods(q, k, v, dout, kw, causal)
+    finally:
+        _plan.set_bwd_sm90(old)
+    check_mods(got, q, k, v, dout, kw, causal, f"{name} D{head_dim} {kind}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_modifiers_deterministic(dtype):
+    """Two calls with every built-in modifier give bitwise-equal gradients, the sinks' included."""
+    q, k, v = (cupy.asarray(x) for x in random_qkv(2, 300, 400, 8, 2, 128, dtype, seed=4))
+    dout = cupy.asarray(_dout(cupy.asnumpy(q)))
+    kw, causal = _mod_kwargs("all", 2, 8)
+    kw = {n: cupy.asarray(x) if isinstance(x, np.ndarray) else x for n, x in kw.items()}
+    out, lse = cupy_gqa.attention(q, k, v, causal=causal, return_lse=True, **kw)
+    runs = [[cupy.asnumpy(g) for g in cupy_gqa.attention_backward(dout, q, k, v, out, lse, causal=causal, **kw)]
+            for _ in range(2)]  # fmt: skip
+    for a, b in zip(*runs):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_torch_autograd_with_modifiers_on_cuda(torch, dtype):
+    """A sliding window, softcap and learned sinks (Gemma 2 / gpt-oss training) through torch
+    autograd on CUDA: every gradient, the sinks' too, against the float64 reference."""
+    tdtype = getattr(torch, dtype)
+    rng = np.random.default_rng(6)
+    q, k, v = random_qkv(2, 200, 200, 8, 2, 64, "float32", seed=8)
+    dout = _dout(q)
+    sinks = rng.standard_normal(8).astype(np.float32)
+    t = lambda x: torch.tensor(x, device="cuda", dtype=tdtype, requires_grad=True)  # noqa: E731
+    tq, tk, tv = t(q), t(k), t(v)
+    ts = torch.tensor(sinks, device="cuda", requires_grad=True)
+    td = torch.tensor(dout, device="cuda", dtype=tdtype)
+    out = cupy_gqa.attention(tq, tk, tv, window=(31, 0), softcap=2.0, sinks=ts)
+    out.backward(td)
+    # the reference on the inputs as the GPU saw them (rounded to the dtype)
+    seen = [x.detach().float().cpu().numpy().astype(np.float64) for x in (td, tq, tk, tv)]
+    want = reference_attention_backward(*seen, window=(31, 0), softcap=2.0, sinks=sinks)
+    for name, g, w in zip(("dq", "dk", "dv", "dsinks"), (tq.grad, tk.grad, tv.grad, ts.grad), want):
+        assert_close(g.float().cpu().numpy(), w, BOUND[dtype] if name != "dsinks" else max(BOUND[dtype], 1e-5), name)

@@ -513,32 +513,35 @@ def test_modifier_models_run_cupy_gqa_and_match_eager(name, calls):
     assert calls and {shape[2] for shape in calls} == {19, 1}  # prefill and decode steps ran cupy_gqa
 
 
-@pytest.mark.parametrize("name", ["mistral_sliding_window", "gemma2_softcap_alternating"])
-def test_training_with_modifiers_falls_back_and_matches_eager_gradients(name, calls):
-    """cupy_gqa's backward takes no modifiers yet: with inputs that require grad, calls with a sliding
-    window or softcap fall back (sdpa with the window's mask, or eager for softcap) with a warning,
-    and the gradients are the model's eager ones (Gemma 2 caps every layer: none runs cupy_gqa)."""
+@pytest.mark.parametrize("name", list(MODIFIER_MODELS))
+def test_training_with_modifiers_runs_cupy_gqa_and_matches_eager_gradients(name, calls):
+    """With inputs that require grad, sliding windows, softcap and sinks run cupy_gqa and its
+    backward (no fallback, strict), and every parameter's gradient is the model's eager one: the
+    sinks' (gpt-oss learns them) included."""
     cls_name, extra = MODIFIER_MODELS[name]
     ids = torch.randint(0, 101, (2, 13), generator=torch.Generator().manual_seed(8))
     models = {}
     for attn in ("cupy_gqa", "eager"):
         torch.manual_seed(0)  # a config each: from_config records the implementation in it
         models[attn] = transformers.AutoModelForCausalLM.from_config(_small(cls_name, **extra), attn_implementation=attn).train()
-    with pytest.warns(UserWarning, match="backward pass takes no modifiers yet"):
+    hf.register(strict=True)
+    try:
         loss_a = models["cupy_gqa"](ids, labels=ids).loss
+    finally:
+        hf.register()
     loss_b = models["eager"](ids, labels=ids).loss
-    assert calls == []
+    assert calls and all(shape[2] == 13 for shape in calls)  # every layer ran cupy_gqa
     loss_a.backward()
     loss_b.backward()
     np.testing.assert_allclose(loss_a.item(), loss_b.item(), rtol=1e-5)
+    checked = 0
     for (pname, pa), pb in zip(models["cupy_gqa"].named_parameters(), models["eager"].parameters()):
         if pb.grad is None:
             assert pa.grad is None, pname
             continue
         np.testing.assert_allclose(pa.grad.numpy(), pb.grad.numpy(), rtol=1e-3, atol=1e-5, err_msg=pname)
-    hf.register(strict=True)
-    with pytest.raises(ValueError, match="cupy_gqa does not run calls with a sliding window, softcap or attention sinks"):
-        models["cupy_gqa"](ids, labels=ids)
+        checked += "sinks" in pname
+    assert checked == (2 if name == "gpt_oss_sinks" else 0)  # both layers' sinks got their gradient
 
 
 def test_sliding_window_with_padding_falls_back_to_sdpa_with_the_window():

@@ -25,11 +25,10 @@ cupy_gqa runs a call when:
   - there is no mask, a PaddedBatch (with left padding: no inputs that
     require grad) or a CachedKeys (no inputs that require grad);
   - no dropout is active;
-  - it has no position bias;
-  - inputs that require grad (or a torch.compile trace) have no sliding
-    window, softcap or sinks: cupy_gqa's backward pass takes no modifiers yet.
+  - it has no position bias.
 Inputs that require grad run too: cupy_gqa.attention records its own backward
-(cupy_gqa.attention_backward) with torch autograd. The causal pattern is then
+(cupy_gqa.attention_backward, which takes the modifiers below and gives the
+sinks their gradient) with torch autograd. The causal pattern is then
 cupy_gqa's bottom-right one, with the model's sliding window
 (``window=(sliding_window - 1, 0)``: Mistral, Qwen2, the local layers of
 Gemma 2 and gpt-oss), softcap (Gemma 2) and attention sinks (gpt-oss,
@@ -260,7 +259,6 @@ def _unsupported(module, query, key, value, attention_mask, dropout, kwargs) -> 
     """Why cupy_gqa can't run this call of transformers' attention, or None."""
     from cupy_gqa import api
 
-    modifiers = kwargs.get("sliding_window") or kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None
     if isinstance(attention_mask, CachedKeys):
         if api._torch_op_call(query, key, value):
             return "a static cache's decode step with inputs that require grad (or torch.compile)"
@@ -279,12 +277,6 @@ def _unsupported(module, query, key, value, attention_mask, dropout, kwargs) -> 
         return "attention dropout"
     if kwargs.get("position_bias") is not None:
         return "a position bias"
-    if modifiers:
-        if api._torch_op_call(query, key, value):
-            return (
-                "a sliding window, softcap or attention sinks and inputs that require grad (or torch.compile): "
-                "cupy_gqa's backward pass takes no modifiers yet"
-            )
     if kwargs.get("output_attentions"):
         return "output_attentions"
     return None
@@ -386,7 +378,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     sliding_window = kwargs.get("sliding_window")
     sinks = getattr(module, "sinks", None)
     out = None
-    if not api._torch_op_call(query, key, value):  # (autograd makes its own result)
+    if not api._torch_op_call(query, key, value, sinks):  # (autograd makes its own result)
         # the result in (batch, seqlen_q, heads, head_dim) memory, as sdpa's kernels write theirs: the
         # model's reshape of it to (batch, seqlen_q, hidden) is then a view, not a copy
         batch, heads, seqlen_q, head_dim = query.shape
@@ -394,7 +386,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     out = cupy_gqa.attention(
         query, key, value, causal=causal, softmax_scale=scaling, layout="bhsd",
         window=(int(sliding_window) - 1, 0 if causal else int(sliding_window) - 1) if sliding_window else None,
-        softcap=kwargs.get("softcap"), sinks=None if sinks is None else sinks.detach().float(),
+        softcap=kwargs.get("softcap"), sinks=None if sinks is None else sinks.float(),  # (its gradient flows back)
         cache_leftpad=cache_leftpad, seqlens_k=seqlens_k, out=out,
     )  # fmt: skip
     return out.transpose(1, 2), None  # (batch, seqlen_q, heads, head_dim), no copy
