@@ -544,20 +544,54 @@ def test_training_with_modifiers_runs_cupy_gqa_and_matches_eager_gradients(name,
     assert checked == (2 if name == "gpt_oss_sinks" else 0)  # both layers' sinks got their gradient
 
 
-def test_sliding_window_with_padding_falls_back_to_sdpa_with_the_window():
-    config = _small("MistralConfig", sliding_window=4)
+@pytest.mark.parametrize("name", list(MODIFIER_MODELS))
+def test_sliding_window_models_with_left_padding_run_on_cupy_gqa(name, calls):
+    """A left-padded batch of a sliding-window model (Mistral, Qwen2, Gemma 2's alternating layers,
+    gpt-oss with sinks) runs every layer on cupy_gqa, the window's with cache_leftpad too (strict: no
+    fallback), as the model's eager attention computes them; greedy generation from it as eager's."""
+    cls_name, extra = MODIFIER_MODELS[name]
+    config = _small(cls_name, **extra)
     ids = torch.randint(1, 101, (2, 12), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
     mask[1, :3] = 0
-    logits = {}
+    out = {}
+    hf.register(strict=True)
     for attn in ("cupy_gqa", "eager"):
-        torch.manual_seed(0)
+        torch.manual_seed(1)
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            logits[attn] = model(ids, attention_mask=mask).logits
+        with torch.no_grad():
+            logits = model(ids, attention_mask=mask).logits
+            gen = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+        out[attn] = logits, gen
+    assert calls and len(calls) >= 2 * config.num_hidden_layers  # the prefills' layers and the decode steps
     real = mask.bool().numpy()  # padded positions' rows are arbitrary
-    np.testing.assert_allclose(logits["cupy_gqa"].numpy()[real], logits["eager"].numpy()[real], rtol=0, atol=2e-5)
+    np.testing.assert_allclose(out["cupy_gqa"][0].numpy()[real], out["eager"][0].numpy()[real], rtol=0, atol=2e-5)
+    assert torch.equal(out["cupy_gqa"][1], out["eager"][1])
+
+
+def test_a_sliding_mask_the_call_does_not_match_falls_back():
+    """A windowed PaddedBatch whose attention call passes another sliding_window (or none) is not run
+    with either window: it falls back to transformers' mask."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 6, 8) for _ in range(3))
+    batch = hf.PaddedBatch(torch.tensor([1], dtype=torch.int32), 6, {"batch_size": 1, "q_length": 6, "kv_length": 6}, window=3)
+    module = types.SimpleNamespace(is_causal=True)
+    assert "sliding_window" in hf._unsupported(module, q, k, v, batch, 0.0, {"sliding_window": 4})
+    assert "sliding_window" in hf._unsupported(module, q, k, v, batch, 0.0, {})
+    assert hf._unsupported(module, q, k, v, batch, 0.0, {"sliding_window": 3}) is None
+
+
+def test_sliding_window_of_reads_the_mask_function():
+    """Only transformers' sliding-window causal mask of local_size is taken as one."""
+    from transformers import masking_utils as mu
+
+    assert hf._sliding_window_of(mu.sliding_window_causal_mask_function(5), 5) == 5
+    assert hf._sliding_window_of(mu.sliding_window_causal_mask_function(5), 6) is None
+    assert hf._sliding_window_of(mu.causal_mask_function, 5) is None
+    if hasattr(mu, "sliding_window_bidirectional_mask_function"):
+        assert hf._sliding_window_of(mu.sliding_window_bidirectional_mask_function(5), 5) is None
+    assert hf._sliding_window_of(mu.chunked_causal_mask_function(5, torch.zeros(1, dtype=torch.long)), 5) is None
+    assert hf._sliding_window_of(lambda *a: True, 5) is None
 
 
 def test_softcap_with_left_padding_runs_on_cupy_gqa():

@@ -69,24 +69,30 @@ def register(*, strict: bool = False, name: str = NAME) -> None:
 def _mask(*args, local_size=None, **kwargs):
     """transformers' sdpa mask, but a sliding window alone makes none (cupy_gqa
     applies the window): with local_size dropped, a call without padding gets
-    None; one with padding still gets the full mask, window included.
+    None.
 
-    The plain causal mask of a batch with a 2D padding mask becomes a
-    :class:`PaddedBatch` where cupy_gqa can run it (see there), or None where
-    nothing is padded; not where the caller asks for the mask itself
-    (``allow_is_causal_skip=False``: models that combine it with other masks,
-    and a static cache's decode steps, whose mask transformers builds whole),
-    except a static cache's decode step without a padding mask, which gets a
-    :class:`CachedKeys`."""
+    The causal mask of a batch with a 2D padding mask, and a sliding window's
+    (the causal mask and ``kv > q - local_size``, checked on the mask function
+    itself: :func:`_sliding_window_of`), becomes a :class:`PaddedBatch` where
+    cupy_gqa can run it (see there), or None where nothing is padded; not where
+    the caller asks for the mask itself (``allow_is_causal_skip=False``: models
+    that combine it with other masks, and a static cache's decode steps, whose
+    mask transformers builds whole), except a static cache's decode step without
+    a padding mask, which gets a :class:`CachedKeys`."""
     from transformers.masking_utils import causal_mask_function, is_tracing, prepare_padding_mask, sdpa_mask
 
     padding, q_offset = kwargs.get("attention_mask"), kwargs.get("q_offset", 0)
+    causal = kwargs.get("mask_function") is causal_mask_function
+    # a sliding window's causal mask (cupy_gqa applies the window from the attention call's sliding_window)
+    window = None if causal else _sliding_window_of(kwargs.get("mask_function"), local_size)
     if isinstance(padding, PaddedBatch):  # generate's premade mask, passed on by the model's forward
-        return padding if kwargs.get("mask_function") is causal_mask_function else padding.mask(**kwargs)
+        if causal:
+            return padding
+        return padding.with_window(window, kwargs) if window is not None else padding.mask(**kwargs)
     if (
         padding is None
         and not args
-        and kwargs.get("mask_function") is causal_mask_function
+        and causal
         and not kwargs.get("allow_is_causal_skip", True)
         and kwargs.get("kv_offset", 0) == 0
         and kwargs.get("q_length") == 1
@@ -98,14 +104,14 @@ def _mask(*args, local_size=None, **kwargs):
         return CachedKeys(q_offset, kwargs)
     if (
         args
-        or kwargs.get("mask_function") is not causal_mask_function  # a window, chunks, packed sequences, ...
+        or not (causal or (window is not None and padding is not None))  # chunks, packed sequences, ...
         # the mask itself asked for: models that combine it with others, a static cache's decode steps
         or not kwargs.get("allow_is_causal_skip", True)
         or kwargs.get("kv_offset", 0) != 0
         or is_tracing(padding)
         or (isinstance(q_offset, _torch().Tensor) and is_tracing(q_offset))
     ):
-        return sdpa_mask(*args, **kwargs)
+        return sdpa_mask(*args, **kwargs)  # (a sliding window without padding: None, as the docstring says)
     if padding is None:
         # no padding: the keys up to the last query (a static cache's q_offset is a tensor, read here)
         padded = PaddedBatch(None, int(q_offset) + kwargs["q_length"], kwargs)
@@ -117,10 +123,28 @@ def _mask(*args, local_size=None, **kwargs):
             return None
         padded = PaddedBatch.of(padding, kwargs["q_length"], q_offset, kwargs)
         if padded is None:  # padding inside a sequence, seen by its tokens: the full mask
-            return sdpa_mask(*args, **kwargs)
+            return sdpa_mask(*args, local_size=local_size, **kwargs)
     if padded.cache_leftpad is None and padded.num_keys == kwargs["kv_length"]:
-        return None  # nothing padded: the causal pattern alone, which cupy_gqa applies
-    return padded
+        return None  # nothing padded: the causal pattern alone (and the window), which cupy_gqa applies
+    return padded if window is None else padded.with_window(window, kwargs)
+
+
+def _sliding_window_of(mask_function, local_size) -> int | None:
+    """``local_size`` when ``mask_function`` is transformers' sliding-window causal
+    mask of that size (key kv seen by query q when q - local_size < kv <= q), checked
+    on both edges of the band at two queries; None for any other (chunks, a
+    bidirectional window, a custom pattern)."""
+    if mask_function is None or not local_size:
+        return None
+    torch = _torch()
+    w = int(local_size)
+    q = torch.tensor([w, w, w, w, 2 * w + 3, 2 * w + 3, 2 * w + 3, 2 * w + 3])
+    kv = q + torch.tensor([0, 1, 1 - w, -w] * 2)
+    try:
+        seen = mask_function(torch.zeros_like(q), torch.zeros_like(q), q, kv)
+        return w if torch.as_tensor(seen).tolist() == [True, False, True, False] * 2 else None
+    except Exception:  # a mask function that takes no index tensors: not transformers' window
+        return None
 
 
 def _torch():
@@ -215,11 +239,16 @@ class PaddedBatch(_Premade):
     the kernels read it in place.
     """
 
-    def __init__(self, cache_leftpad, num_keys: int, mask_kwargs: dict):
+    def __init__(self, cache_leftpad, num_keys: int, mask_kwargs: dict, window: int | None = None):
         super().__init__(mask_kwargs)
         self.cache_leftpad = cache_leftpad  # (batch,) int32 on the mask's device, or None: no left padding
         self.num_keys = num_keys
+        self.window = window  # a sliding-window layer's window (the attention call must pass the same), or None
         self._full = None
+
+    def with_window(self, window: int, mask_kwargs: dict) -> "PaddedBatch":
+        """The same batch for a sliding-window layer (its mask's arguments, for a fallback)."""
+        return PaddedBatch(self.cache_leftpad, self.num_keys, mask_kwargs, window)
 
     def mask(self, **kwargs):
         """transformers' sdpa mask of the batch (for a fallback), with the mask
@@ -268,6 +297,8 @@ def _unsupported(module, query, key, value, attention_mask, dropout, kwargs) -> 
                 return "left padding and inputs that require grad (or torch.compile): cache_leftpad has no backward"
         if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
             return "an attention mask (padding) on a non-causal call"
+        if attention_mask.window != (kwargs.get("sliding_window") or None):  # the mask's window is the call's
+            return "a sliding-window mask whose window the attention call does not pass as sliding_window"
     elif attention_mask is not None:
         return (
             "an attention mask (padding inside a sequence, a static cache's decode step, sliding window or a custom "
