@@ -20,8 +20,9 @@
 #   benchmarks/dev/device_check.sh profile [..] benchmarks/dev/profile_prefill.py [args] (or $PROFILE_SCRIPT, e.g.
 #                                               benchmarks/dev/profile_decode.py) under Nsight Compute (clocks left
 #                                               alone), the report in $OUT/profile.txt
-#   benchmarks/dev/device_check.sh backward     one call for the backward pass: its GPU tests, the sanitizer
-#                                               on its kernels, a quick G1-G3 bench and the training check
+#   benchmarks/dev/device_check.sh backward     one call for the backward pass: its GPU tests and the sanitizer
+#                                               on its kernels (with the modifiers; each tool a process);
+#                                               G1-G3: the bench stage, the training check: results
 #   benchmarks/dev/device_check.sh pending      each patch of benchmarks/dev/pending in a copy of this tree, by
 #                                               what it touches: a per-sequence feature (tests/test_gpu_seq.py):
 #                                               those GPU tests and the sanitizer's per-sequence groups, nothing
@@ -130,16 +131,12 @@ case "$stage" in
     cut -c1-60,140- "$out/sass.txt" | tail -8 ;;
   backward)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
-    timeout -s KILL 300 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_gpu_backward.py \
+    timeout -s KILL 200 python3 -m pytest -q -n 16 -p no:cacheprovider tests/test_gpu_backward.py \
       tests/test_gpu_interop.py "$@" >"$out/gpu_tests.txt" 2>&1
     echo "tests rc $?"; reap; grep -E "passed|failed|FAILED" "$out/gpu_tests.txt" | tail -30
-    SANITIZE_KERNELS=backward timeout -s KILL 200 bash tests/sanitize.sh >"$out/sanitize.txt" 2>&1
-    echo "sanitize rc $?"; reap; grep -E "ERROR SUMMARY|sanitize_driver:|exit code|FAIL" "$out/sanitize.txt"
-    timeout -s KILL 150 python3 benchmarks/bench_attention.py --cases G1,G2,G3 --quick --no-plot \
-      --no-compile-probe --out "$out/results" >"$out/bench.txt" 2>&1
-    echo "bench rc $?"; reap; grep -E "G[123] " "$out/bench.txt" | cut -c10-130
-    timeout -s KILL 120 python3 benchmarks/train_check.py --out "$out/results" >"$out/train.txt" 2>&1
-    echo "train rc $?"; reap; tail -3 "$out/train.txt" ;;
+    # (each tool a process at once: the group, with the modifiers' calls, took over 200 s before any tool ended)
+    SANITIZE_GROUPS=backward timeout -s KILL 360 bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize" >"$out/sanitize.txt" 2>&1
+    echo "sanitize rc $?"; reap; cat "$out/sanitize.txt"; grep -h "FAIL" "$out"/sanitize/*.txt | head -20 ;;
   seq)
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     t0=$SECONDS
