@@ -1294,20 +1294,16 @@ def plan_backward(problem: Problem, layout: tuple, arch: _specs.Arch, mma: bool,
     if packed >= 2**31:
         raise ValueError(f"q: seqlen_q * group_size = {packed} (the backward kernels take < 2**31)")
     bh = problem.batch * problem.num_kv_heads
+    # where the bulk copies can't read k and v, sm_90 takes the kernels without them
+    sm90 = "mma" if bwd_ws_unsupported(tuple(arrays[:3]) + (arrays[4],)) is not None else None
     mod_params = dsinks = None
     if problem.mods is not None:
         dq, dkdv = _specs.bwd_mods_specs(problem.dtype, problem.head_dim, problem.causal, arch, problem.mods.flags,
-                                         problem.mods.user_code(), mma)  # fmt: skip
-        if _specs.is_bwd_ws(dq) and bwd_ws_unsupported(tuple(arrays[:3]) + (arrays[4],)) is not None:
-            dq, dkdv = _specs.bwd_mods_specs(problem.dtype, problem.head_dim, problem.causal, arch, problem.mods.flags,
-                                             problem.mods.user_code(), mma, "mma")  # fmt: skip
+                                         problem.mods.user_code(), mma, sm90)  # fmt: skip
         mod_params = np.frombuffer(problem.mods.params(device, problem.num_q_heads), _mods.MOD_PARAMS_DTYPE).copy()
         dsinks = _specs.BWD_DSINKS[problem.dtype] if problem.mods.sinks else None
     elif mma:
-        dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch)
-        if _specs.is_bwd_ws(dq) and bwd_ws_unsupported(tuple(arrays[:3]) + (arrays[4],)) is not None:
-            # the kernels without bulk copies of K and V
-            dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch, "mma")
+        dq, dkdv = _specs.bwd_mma_specs(problem.dtype, problem.head_dim, problem.causal, arch, sm90)
         wide = _specs.bwd_dkdv_tf32_spec(dkdv.head_dim, problem.causal, arch, wide=True) if problem.dtype == "float32" else None
         if wide is not None:
             cost = _specs.BWD_TF32_DKDV_WIDE[dkdv.head_dim][3]

@@ -111,9 +111,9 @@ def _attention_backward_fake(dout, q, k, v, out, lse, causal, softmax_scale, seq
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, seqlens_k, _kernel, _precision, layout, *mods = inputs
+    q, k, v, causal, softmax_scale, seqlens_k, _kernel, _precision, layout, window_left, window_right, softcap, sinks, \
+        alibi_slopes = inputs  # (every argument, the defaults too)
     out, lse = output
-    window_left, window_right, softcap, sinks, alibi_slopes = mods + [-1, -1, 0.0, None, None][len(mods):]
     ctx.save_for_backward(q, k, v, out, lse, seqlens_k, sinks, alibi_slopes)
     ctx.causal, ctx.softmax_scale, ctx.layout = causal, softmax_scale, layout
     ctx.window, ctx.softcap = (window_left, window_right), softcap
@@ -152,7 +152,7 @@ def _seqlens_tensor(seqlens_k, q, k, layout):
     )
 
 
-def _mod_tensor(name: str, a, q):
+def _mod_tensor(name: str, a):
     """A modifier's array (sinks, alibi_slopes) as the ops take it: a tensor (lists and
     NumPy arrays as CPU tensors of their own dtype; the op's checks name what is wrong)."""
     if a is None or isinstance(a, torch.Tensor):
@@ -176,7 +176,7 @@ def attention(q, k, v, *, causal, softmax_scale, return_lse, kernel, precision, 
     left, right = win if win is not None else (-1, -1)
     out, lse = attention_op(
         q, k, v, bool(causal), softmax_scale, _seqlens_tensor(seqlens_k, q, k, layout), kernel, precision, layout,
-        left, right, api._mods.check_softcap(softcap), _mod_tensor("sinks", sinks, q),
-        _mod_tensor("alibi_slopes", alibi_slopes, q),
+        left, right, api._mods.check_softcap(softcap), _mod_tensor("sinks", sinks),
+        _mod_tensor("alibi_slopes", alibi_slopes),
     )  # fmt: skip
     return (out, lse) if return_lse else out

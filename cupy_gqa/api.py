@@ -262,7 +262,7 @@ def attention(
             alibi_slopes=alibi_slopes, score_mod=score_mod, mask_mod=mask_mod,
         )  # fmt: skip
     if out is None and _torch_op_call(q, k, v, sinks):
-        _torch_op_modifiers(q, k, v, score_mod=score_mod, mask_mod=mask_mod)
+        _torch_op_modifiers(q, k, v, sinks, score_mod=score_mod, mask_mod=mask_mod)
         from . import _torch
 
         return _torch.attention(
@@ -313,7 +313,7 @@ def _torch_op_call(q, k, v, sinks=None) -> bool:
     return _torch_grad_needed(q, k, v, sinks) or torch.compiler.is_compiling()
 
 
-def _torch_op_modifiers(q, k, v, *, score_mod, mask_mod) -> None:
+def _torch_op_modifiers(q, k, v, sinks, *, score_mod, mask_mod) -> None:
     """Refuse the user modifiers on a call that goes through the torch custom op
     (the built-in ones go through it): a score_mod has no derivative, and the op's
     schema carries no Python object."""
@@ -321,9 +321,10 @@ def _torch_op_modifiers(q, k, v, *, score_mod, mask_mod) -> None:
     if not given:
         return
     name, value = given[0]
-    if _torch_grad_needed(q, k, v, None):
-        why = ("q, k or v requires grad, and the backward pass takes no score_mod (it would need its derivative)"
-               if name == "score_mod" else "q, k or v requires grad, and the autograd op takes no mask_mod")  # fmt: skip
+    if _torch_grad_needed(q, k, v, sinks):
+        why = ("q, k, v or the sinks require grad, and the backward pass takes no score_mod (it would need its "
+               "derivative)" if name == "score_mod" else "q, k, v or the sinks require grad, and the autograd op takes "
+               "no mask_mod")  # fmt: skip
         hint = "call it under torch.no_grad(), or use the built-in modifiers (window, softcap, alibi_slopes, sinks)"
         if name == "mask_mod":
             hint += ", or cupy_gqa.attention_backward, which takes the mask_mod"

@@ -277,6 +277,9 @@ def test_autograd_through_the_sinks_alone(torch):
     sinks = torch.zeros(4, dtype=torch.float32, requires_grad=True)
     cupy_gqa.attention(q, k, v, sinks=sinks).sum().backward()
     assert sinks.grad is not None and sinks.grad.shape == (4,) and bool((sinks.grad != 0).all())
+    mask = cupy_gqa.MaskMod(cuda="return true;", numpy=lambda kv_idx, **_: kv_idx >= 0)
+    with pytest.raises(ValueError, match="^mask_mod: expected None when q, k, v or the sinks require grad"):
+        cupy_gqa.attention(q, k, v, sinks=sinks, mask_mod=mask)
 
 
 @pytest.mark.parametrize("name", ["score_mod", "mask_mod"])
@@ -289,7 +292,7 @@ def test_user_modifiers_under_autograd_are_refused_by_name(torch, name):
         "score_mod": cupy_gqa.ScoreMod(cuda="return score;", numpy=lambda score, **_: score),
         "mask_mod": cupy_gqa.MaskMod(cuda="return true;", numpy=lambda kv_idx, **_: kv_idx >= 0),
     }[name]
-    with pytest.raises(ValueError, match=rf"^{name}: expected None when q, k or v requires grad"):
+    with pytest.raises(ValueError, match=rf"^{name}: expected None when q, k, v or the sinks require grad"):
         cupy_gqa.attention(q, k, v, **{name: value})
     with torch.no_grad():
         out = cupy_gqa.attention(q, k, v, **{name: value})
