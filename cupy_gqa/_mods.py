@@ -33,17 +33,25 @@ from dataclasses import dataclass
 import numpy as np
 
 MOD_WINDOW, MOD_SOFTCAP, MOD_ALIBI, MOD_SINKS, MOD_SCORE, MOD_MASK = 1, 2, 4, 8, 16, 32
+# (set by the plan, not by a call's arguments) one exp2 reference for every row: Modifiers.fixed_ref
+MOD_FIXED_REF = 64
 MAX_BUFFERS = 6  # ModParams::buffers, for score_mod's and mask_mod's together
+LOG2E = 1.4426950408889634
+# The widest range of the modified scores, in log2 units, that takes one reference for
+# every row: with the reference at its middle, each P of a seen key lies in [2^-80, 2^80],
+# normal floats whose row sums and products with V stay far from float32's limits.
+FIXED_REF_SPAN_LOG2 = 160.0
 
 # kernels/common.cuh: ModParams, field by field.
 MOD_PARAMS_DTYPE = np.dtype(
     [
         ("sinks", np.uint64), ("alibi", np.uint64), ("buffers", np.uint64, MAX_BUFFERS),
         ("alibi_batch_stride", np.int64), ("softcap", np.float64), ("window_left", np.int32), ("window_right", np.int32),
+        ("fixed_ref", np.float32),
     ],
     align=True,
 )  # fmt: skip
-assert MOD_PARAMS_DTYPE.itemsize == 88
+assert MOD_PARAMS_DTYPE.itemsize == 96
 
 # C type of a user buffer's elements, by dtype
 _BUFFER_CTYPES = {
@@ -202,11 +210,18 @@ class ScoreMod(_UserMod):
     int64, uint8 or bool), at most 6 for score_mod and mask_mod together.
     Read in place when on the GPU, else copied to each device once.
 
+    ``bounds``: ``(low, high)``, finite, or None: the range of the new scores.
+    The scores are clamped to it (a NaN stays NaN), on every backend; with
+    bf16 inputs on Hopper a range of at most 110 natural units (a softcap up
+    to 55) lets the kernel take one reference for every row's exponentials
+    instead of its running maxima, as the built-in softcap does (faster, and
+    the same bits as the built-in for the same function).
+
     Example, softcap 30::
 
         ScoreMod(cuda="return cap[0] * tanh(score / cap[0]);",
                  numpy=lambda score, cap, **_: cap[0] * np.tanh(score / cap[0]),
-                 buffers={"cap": np.float32([30])})
+                 buffers={"cap": np.float32([30])}, bounds=(-30, 30))
 
     The code is compiled (NVRTC) once per kernel it runs in and cached by its
     text; code NVRTC rejects raises ValueError here, with NVRTC's message
@@ -214,12 +229,37 @@ class ScoreMod(_UserMod):
 
     kind = "score_mod"
     inputs = SCORE_INPUTS
+    _ARGS = "A score, int b, int h, int q_idx, int kv_idx, int seqlen_q, int seqlen_k, const ModParams& mod_params_"
+
+    def __init__(self, cuda: str, numpy=None, buffers=None, bounds=None):
+        self.bounds = check_bounds(bounds)
+        super().__init__(cuda, numpy, buffers)
+
+    def __repr__(self):
+        bounds = "" if self.bounds is None else f", bounds={self.bounds}"
+        return f"cupy_gqa.ScoreMod(cuda={self.cuda!r}, buffers={sorted(self.buffers)}{bounds})"
 
     def _signature(self) -> str:
+        name = "user_score_mod" if self.bounds is None else "user_score_mod_unbounded"
+        return f"template <typename A>\n__device__ __forceinline__ A {name}({self._ARGS})"
+
+    def definition(self, first_buffer: int) -> str:
+        text = super().definition(first_buffer)
+        if self.bounds is None:
+            return text
+        low, high = (float.hex(x) for x in self.bounds)  # exact in the code's double literals
         return (
-            "template <typename A>\n__device__ __forceinline__ A user_score_mod(A score, int b, int h, int q_idx, "
-            "int kv_idx, int seqlen_q, int seqlen_k, const ModParams& mod_params_)"
+            f"{text}\ntemplate <typename A>\n__device__ __forceinline__ A user_score_mod({self._ARGS}) {{\n"
+            "    const A x = user_score_mod_unbounded<A>(score, b, h, q_idx, kv_idx, seqlen_q, seqlen_k, mod_params_);\n"
+            f"    return x < (A)({low}) ? (A)({low}) : x > (A)({high}) ? (A)({high}) : x;  // (NaN: NaN)\n}}"
         )
+
+    def numpy_function(self):
+        fn = super().numpy_function()
+        if self.bounds is None:
+            return fn
+        low, high = self.bounds
+        return lambda **kw: np.clip(fn(**kw), low, high)
 
 
 class MaskMod(_UserMod):
@@ -272,6 +312,24 @@ class Modifiers:
             | (MOD_SINKS if self.sinks else 0) | (MOD_SCORE if self.score_mod else 0) | (MOD_MASK if self.mask_mod else 0)
         )  # fmt: skip
 
+    def score_bounds(self) -> tuple | None:
+        """The range of the modified scores (natural units), where known: a score_mod's
+        bounds (it comes last), else a softcap's (-softcap, softcap) without ALiBi."""
+        if self.score_mod is not None:
+            return self.score_mod.bounds
+        if self.softcap and not self.alibi:
+            return -self.softcap, self.softcap
+        return None
+
+    def fixed_ref(self) -> float | None:
+        """The one exp2 reference (log2 units, float32) that a kernel may take for every
+        row in place of the running maxima (MOD_FIXED_REF): the middle of the scores'
+        range, where the range is at most FIXED_REF_SPAN_LOG2 wide; else None."""
+        bounds = self.score_bounds()
+        if bounds is None or (bounds[1] - bounds[0]) * LOG2E > FIXED_REF_SPAN_LOG2:
+            return None
+        return float(np.float32(0.5 * (bounds[0] + bounds[1]) * LOG2E))
+
     @property
     def per_call(self) -> bool:
         """Whether the call passes arrays (sinks, ALiBi slopes) whose addresses the plan holds."""
@@ -295,6 +353,7 @@ class Modifiers:
         mp["softcap"] = self.softcap
         mp["window_left"] = self.window_left
         mp["window_right"] = self.window_right
+        mp["fixed_ref"] = self.fixed_ref() or 0.0
         ptrs = []
         for mod in (self.score_mod, self.mask_mod):
             if mod is not None:
@@ -332,6 +391,21 @@ def check_softcap(softcap):
     if not (math.isfinite(softcap) and softcap > 0):
         raise ValueError(f"softcap: expected a finite number > 0 (None: no softcap), got {softcap}")
     return float(softcap)
+
+
+def check_bounds(bounds):
+    """ScoreMod's bounds as a pair of floats (low <= high), or None."""
+    if bounds is None:
+        return None
+    if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
+        raise TypeError(f"score_mod: expected bounds= None or a pair (low, high) of real numbers, got {bounds!r}")
+    for side, x in zip(("low", "high"), bounds):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+            raise TypeError(f"score_mod: expected bounds= real numbers (low, high), got {type(x).__name__} {x!r} for {side}")
+    low, high = (float(x) for x in bounds)
+    if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+        raise ValueError(f"score_mod: expected bounds= finite numbers with low <= high, got ({low}, {high})")
+    return low, high
 
 
 def check_user_mod(name: str, mod, cls):

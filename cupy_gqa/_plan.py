@@ -52,7 +52,12 @@ class Problem:
     def spec(self, spec: _specs.Spec) -> _specs.Spec:
         """``spec``, or its instantiation with this call's modifiers and per-sequence addressing."""
         if self.mods is not None:
-            spec = _specs.with_mods(spec, self.mods.flags, self.mods.user_code())
+            flags = self.mods.flags
+            # bf16 P has float32's exponents: the hopper kernels take one exp2 reference for
+            # scores in a known range (Modifiers.fixed_ref; fp16's P would underflow)
+            if spec.family == "hopper" and self.dtype == "bfloat16" and self.mods.fixed_ref() is not None:
+                flags |= _mods.MOD_FIXED_REF
+            spec = _specs.with_mods(spec, flags, self.mods.user_code())
         if self.seq is not None:
             spec = _specs.with_seq(spec, self.seq.flags)
         return spec

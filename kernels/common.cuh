@@ -498,7 +498,8 @@ __device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const
 // exp(sink - m), and adds no value (softmax.cuh: fold_sink); lse includes it.
 // A kernel with modifiers is a separate instantiation (FLAGS != 0) that takes a
 // ModParams after its AttnParams; the kernels without them are unchanged.
-enum : int { MOD_WINDOW = 1, MOD_SOFTCAP = 2, MOD_ALIBI = 4, MOD_SINKS = 8, MOD_SCORE = 16, MOD_MASK = 32 };
+enum : int { MOD_WINDOW = 1, MOD_SOFTCAP = 2, MOD_ALIBI = 4, MOD_SINKS = 8, MOD_SCORE = 16, MOD_MASK = 32,
+             MOD_FIXED_REF = 64 };
 
 // Mirrored field by field by cupy_gqa/_mods.py: MOD_PARAMS_DTYPE.
 struct ModParams {
@@ -508,10 +509,11 @@ struct ModParams {
     index_t alibi_batch_stride;   // 0: slopes (num_q_heads,); num_q_heads: (batch, num_q_heads)
     double softcap;               // MOD_SOFTCAP: > 0
     int window_left, window_right;  // MOD_WINDOW: -1 unbounded (causal: right is 0)
+    float fixed_ref;              // MOD_FIXED_REF: every row's exp2 reference, log2 units
 };
-static_assert(sizeof(ModParams) == 88, "ModParams must match _mods.MOD_PARAMS_DTYPE");
+static_assert(sizeof(ModParams) == 96, "ModParams must match _mods.MOD_PARAMS_DTYPE");
 // What a kernel without modifiers passes its body in place of a ModParams: an
-// empty struct, so that nothing is built (an 88-byte ModParams{} temporary,
+// empty struct, so that nothing is built (a 96-byte ModParams{} temporary,
 // though unused, changes the order of the generated code).
 struct NoModParams {};
 
@@ -532,6 +534,11 @@ struct Mods {
         // softcap is the one score modifier: a row's maximum is the softcap of its raw
         // maximum (softmax.cuh: frag_softcap)
         SOFTCAP_ONLY = SOFTCAP && !ALIBI && !SCORE,
+        // the modified scores lie in a known range (a softcap's, or a score_mod's
+        // bounds) narrow enough for one exp2 reference, ModParams::fixed_ref, for every
+        // row and tile: no row maxima, no rescale (cupy_gqa/_mods.py: Modifiers.fixed_ref;
+        // bf16 P, which has float32's exponents; the hopper kernels)
+        FIXED_REF = (FLAGS & MOD_FIXED_REF) != 0,
     };
     typedef Mods<FLAGS & ~MOD_SOFTCAP, HALF> NoSoftcap;  // the same masks, no softcap
 };

@@ -625,6 +625,18 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 }
                 return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2,
                                                                             softmax::FastExp2());
+            } else if constexpr (M::FIXED_REF) {
+                // scores in a known range: the modifiers (a softcap alone: without a mask test
+                // per score on a tile that masks none), then one reference for every row
+                float scale;
+                if constexpr (M::SOFTCAP_ONLY) {
+                    float unused[2];
+                    scale = softmax::frag_softcap<M, CAUSAL, false>(s, unused, n0, BLOCK_N, lane, mp, sq, mrow, keys,
+                                                                    scale_log2);
+                } else {
+                    scale = softmax::frag_modify<M, CAUSAL>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
+                }
+                return softmax::frag_probabilities_fixed(s, mp.fixed_ref, m_run, rs, scale, softmax::FastExp2());
             } else if constexpr (M::SOFTCAP_ONLY && NWG == 2) {
                 // the softcap with the maxima taken before it (softmax.cuh: frag_softcap; with
                 // three warpgroups and a window, its two paths spilled 8 bytes)

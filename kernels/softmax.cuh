@@ -208,12 +208,13 @@ __device__ __forceinline__ float frag_row_max(const float (&s)[NT][4], int hf) {
 }
 
 // frag_modify for a softcap that is the only score modifier (M::SOFTCAP_ONLY), with
-// the rows' maxima of the result in mx: the raw scores are scaled and masked, their
-// maxima taken, then the softcap applied to those and to every visible score. The
-// softcap rule is monotone, so the maxima are those of the capped scores, and the
-// exponentials need not wait for every tanh (the row maximum no longer stands between
-// them). Masked scores stay -inf.
-template <class M, bool CAUSAL, int NT, class Keys>
+// the rows' maxima of the result in mx (MAXIMA; without, for one fixed reference,
+// none are taken): the raw scores are scaled and masked, their maxima taken, then the
+// softcap applied to those and to every visible score. The softcap rule is monotone,
+// so the maxima are those of the capped scores, and the exponentials need not wait
+// for every tanh (the row maximum no longer stands between them). Masked scores stay
+// -inf; an unmasked tile takes no mask test per score.
+template <class M, bool CAUSAL, bool MAXIMA = true, int NT, class Keys>
 __device__ __forceinline__ float frag_softcap(float (&s)[NT][4], float (&mx)[2], int n0, int n, int lane,
                                               const ModParams& mp, const mods::Seq& sq, const mods::Diag (&row)[2],
                                               const Keys& keys, float scale_log2) {
@@ -221,10 +222,12 @@ __device__ __forceinline__ float frag_softcap(float (&s)[NT][4], float (&mx)[2],
     frag_to_natural(s, scale_log2);
     const bool mask = M::MASK || !keys.unmasked(n0, n);
     if (mask) frag_mods<typename M::NoSoftcap, CAUSAL>(s, n0, lane, mp, sq, row, true);
+    if constexpr (MAXIMA) {
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const float raw = frag_row_max(s, hf);
-        mx[hf] = raw == neg_inf<float>() ? raw : mods::softcap_nat<M>(raw, mp);
+        for (int hf = 0; hf < 2; ++hf) {
+            const float raw = frag_row_max(s, hf);
+            mx[hf] = raw == neg_inf<float>() ? raw : mods::softcap_nat<M>(raw, mp);
+        }
     }
     if (mask) {
 #pragma unroll
@@ -376,6 +379,22 @@ template <int LAZY, bool SCALE_IN_EXP2, int NT, class Exp2>
 __device__ __forceinline__ bool frag_probabilities_max(float (&s)[NT][4], const float (&mx)[2], float (&m)[2],
                                                        float (&alpha)[2], float (&rs)[2], float scale, Exp2 exp2) {
     return frag_probabilities_by<LAZY, SCALE_IN_EXP2>(s, [&](int hf) { return mx[hf]; }, m, alpha, rs, scale, exp2);
+}
+
+// The update of a tile whose scores lie in a known range (Mods::FIXED_REF): every
+// row takes the one reference m_ref (log2 units, between the range's ends), so P =
+// exp2(s * scale - m_ref) needs no row maxima and O and l are never rescaled; the
+// lane's row sums in rs. m becomes m_ref (the epilogue's lse, a sink's share).
+// Returns false: no rescale.
+template <int NT, class Exp2>
+__device__ __forceinline__ bool frag_probabilities_fixed(float (&s)[NT][4], float m_ref, float (&m)[2], float (&rs)[2],
+                                                         float scale, Exp2 exp2) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        m[hf] = m_ref;
+        rs[hf] = frag_row_probabilities<true>(s, hf, m_ref, scale, exp2);
+    }
+    return false;
 }
 
 template <int DT>

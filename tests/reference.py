@@ -84,6 +84,8 @@ def _modified_row(q_row, k_rows, b, t, n, seqlen_q, scale, causal, window, softc
     if score_mod is not None:
         x = np.broadcast_to(score_mod.numpy(score=x, b=b, h=heads, q_idx=t, kv_idx=j, seqlen_q=seqlen_q, seqlen_k=n,
                                             **_buffers(score_mod)), x.shape).astype(np.float64)  # fmt: skip
+        if score_mod.bounds is not None:  # clamped to its bounds (a NaN stays NaN)
+            x = np.where(x < score_mod.bounds[0], score_mod.bounds[0], np.where(x > score_mod.bounds[1], score_mod.bounds[1], x))
     seen = np.ones((num_q_heads, n), dtype=bool)
     if causal:
         seen &= j <= t + d

@@ -375,7 +375,8 @@ def _hopper_modifier_specs():
     picked = []
     for spec in SPECS:
         if spec.family == "hopper" and spec.dtype == "bfloat16":
-            for flags in ((1, 2, 3, 4, 6, 8, 10, 12, 14) if spec.head_dim == 64 else (2, 4)):
+            # (66, 75: a softcap, with a window and sinks, on the fixed reference bf16 takes)
+            for flags in ((1, 2, 3, 4, 6, 8, 10, 12, 14, 66, 75) if spec.head_dim == 64 else (2, 4, 66)):
                 picked.append(_specs.with_mods(spec, flags, ""))
     return picked
 

@@ -17,11 +17,21 @@ HAS_CUPY = importlib.util.find_spec("cupy") is not None
 
 def softcap_mod(cap=30.0, half=False):
     """A user score_mod that is the built-in softcap (``half``: as the kernels for fp16 and
-    bf16 inputs compute it, with the hardware tanh)."""
+    bf16 inputs compute it, with the hardware tanh), with the softcap's bounds."""
     return cupy_gqa.ScoreMod(
         cuda="return cap[0] * fast_tanh(score * (1.0f / cap[0]));" if half else "return cap[0] * tanh(score / cap[0]);",
         numpy=lambda score, cap, **_: cap[0] * np.tanh(score / cap[0]),
         buffers={"cap": np.float32([cap])},
+        bounds=(-cap, cap),
+    )
+
+
+def clamped_mod():
+    """A score_mod whose function leaves its bounds for most scores: clamped to them."""
+    return cupy_gqa.ScoreMod(
+        cuda="return 2.0 * score - 0.25;",  # (in double, as its NumPy twin)
+        numpy=lambda score, **_: 2.0 * score - 0.25,
+        bounds=(-1.5, 2.5),
     )
 
 
@@ -67,6 +77,7 @@ def modifier_kwargs(name, batch, hq, windows, seed=7):
         "alibi": {"alibi_slopes": slopes},
         "alibi_batch": {"alibi_slopes": np.stack([slopes * (b + 1) for b in range(batch)])},
         "score_mod": {"score_mod": head_bias_mod()},
+        "score_mod_bounded": {"score_mod": clamped_mod()},
         "mask_mod": {"mask_mod": even_heads_odd_keys_mod()},
         "all": {"softcap": 3.0, "sinks": sinks, "alibi_slopes": slopes, "score_mod": head_bias_mod(),
                 "mask_mod": even_heads_odd_keys_mod()},
@@ -92,7 +103,8 @@ def _mods(name, batch, hq):
 
 
 MOD_NAMES = ["window", "window_left_only_noncausal", "window_both_noncausal", "window_right_only_noncausal",
-             "window_zero", "softcap", "sinks", "alibi", "alibi_batch", "score_mod", "mask_mod", "all", "all_noncausal"]
+             "window_zero", "softcap", "sinks", "alibi", "alibi_batch", "score_mod", "score_mod_bounded", "mask_mod", "all",
+             "all_noncausal"]
 # (batch, seqlen_q, seqlen_k, Hq, Hkv, D): prefill, GQA with more keys, decode against a long cache, more queries than keys
 SHAPES = {
     "prefill": (2, 37, 37, 8, 8, 16),
@@ -241,6 +253,64 @@ def test_user_mod_constructor_checks():
         cupy_gqa.MaskMod(cuda="return true;", buffers={"x": np.complex64([1])})
     with pytest.raises(ValueError, match="expected at most 6 buffers"):
         cupy_gqa.MaskMod(cuda="return true;", buffers={f"b{i}": np.int32([i]) for i in range(7)})
+    with pytest.raises(TypeError, match=r"score_mod: expected bounds= None or a pair \(low, high\) of real numbers, got 3"):
+        cupy_gqa.ScoreMod(cuda="return score;", bounds=3)
+    with pytest.raises(TypeError, match=r"score_mod: expected bounds= real numbers \(low, high\), got str '1' for high"):
+        cupy_gqa.ScoreMod(cuda="return score;", bounds=(0, "1"))
+    with pytest.raises(ValueError, match=r"score_mod: expected bounds= finite numbers with low <= high, got \(1.0, -1.0\)"):
+        cupy_gqa.ScoreMod(cuda="return score;", bounds=(1, -1))
+    with pytest.raises(ValueError, match=r"got \(-inf, 0.0\)"):
+        cupy_gqa.ScoreMod(cuda="return score;", bounds=(-np.inf, 0))
+    assert cupy_gqa.ScoreMod(cuda="return score;", bounds=[np.float32(-2), 3]).bounds == (-2.0, 3.0)
+
+
+def test_bounded_score_mod_is_clamped_nan_kept():
+    """A score_mod's bounds clamp its scores on the NumPy backend as in the reference; a NaN
+    score is not clamped (its row gives what it gives without bounds)."""
+    fn = lambda score, q_idx, **_: np.where(q_idx == 3, np.nan, 4.0 * score)  # noqa: E731
+    mod = cupy_gqa.ScoreMod(cuda="return score;", numpy=fn, bounds=(-1.0, 2.0))
+    q, k, v = random_qkv(1, 6, 6, 2, 2, 8, "float64", seed=5)
+    out, lse = cupy_gqa.attention(q, k, v, score_mod=mod, return_lse=True)
+    ref, ref_lse = reference_attention(q, k, v, score_mod=mod)
+    assert_close(out, ref, 1e-12)
+    assert_lse_close(lse, ref_lse, 1e-6)  # (lse is float32)
+    unbounded = cupy_gqa.attention(q, k, v, score_mod=cupy_gqa.ScoreMod(cuda="return score;", numpy=fn))
+    assert np.array_equal(out[0, 3], unbounded[0, 3], equal_nan=True)
+    assert not np.allclose(np.delete(out, 3, axis=1), np.delete(unbounded, 3, axis=1))
+    raw = (4.0 * np.einsum("qhd,khd->hqk", q[0], k[0]) / np.sqrt(8))[:, np.tril(np.ones((6, 6), bool))]
+    assert (raw > 2).any() and (raw < -1).any()  # the bounds matter for these inputs
+
+
+def test_fixed_reference_of_the_modifiers():
+    """The one exp2 reference (log2 units) a kernel may take for scores in a known range: the
+    middle of a softcap's or a bounded score_mod's range, where it is at most 160 log2 units
+    wide; none with ALiBi after a softcap, or a score_mod without bounds after it."""
+    from cupy_gqa import _mods
+
+    log2e = 1.4426950408889634
+    assert _mods.Modifiers(softcap=30.0).fixed_ref() == 0.0
+    assert _mods.Modifiers(softcap=55.0, window=True, sinks=True).fixed_ref() == 0.0
+    assert _mods.Modifiers(softcap=56.0).fixed_ref() is None  # 161.6 log2 units
+    assert _mods.Modifiers(softcap=30.0, alibi=1).fixed_ref() is None
+    assert _mods.Modifiers(softcap=30.0, score_mod=head_bias_mod()).fixed_ref() is None
+    bounded = cupy_gqa.ScoreMod(cuda="return score;", bounds=(-10, 30))
+    assert _mods.Modifiers(softcap=30.0, alibi=1, score_mod=bounded).fixed_ref() == float(np.float32(10 * log2e))
+    assert _mods.Modifiers().fixed_ref() is None
+
+
+def test_plan_takes_the_fixed_reference_for_bf16_on_hopper_only():
+    """MOD_FIXED_REF (64) joins the flags of the hopper kernel for bf16 inputs (whose P has
+    float32's exponents), never fp16's or another family's."""
+    from cupy_gqa import _mods, _plan, _specs
+
+    arch = _specs.ARCHS["sm_90"]
+    for dtype, softcap, fixed in (("bfloat16", 30.0, True), ("float16", 30.0, False), ("bfloat16", 60.0, False)):
+        problem = _plan.Problem(1, 64, 64, 4, 4, 128, dtype, True, 0.1, mods=_mods.Modifiers(softcap=softcap))
+        hopper = problem.spec(_specs.hopper_spec(dtype, 128, True, arch))
+        assert hopper.mods == (66 if fixed else 2), hopper.name
+        assert problem.spec(_specs.tiled_spec(dtype, 128, True, arch)).mods == 2
+    mp = np.frombuffer(_mods.Modifiers(softcap=30.0).params(0, 4), _mods.MOD_PARAMS_DTYPE)
+    assert mp["fixed_ref"][0] == 0.0 and mp["softcap"][0] == 30.0
 
 
 @pytest.mark.skipif(not HAS_CUPY, reason="needs CuPy's NVRTC")
