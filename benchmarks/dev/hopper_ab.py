@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """This tree's hopper kernel against another checkout's, in one process.
 
-    python3 benchmarks/dev/hopper_ab.py DIR [--cases H3,H1] [--rounds 3] [--reps 30] [--softcap 30]
+    python3 benchmarks/dev/hopper_ab.py DIR [--cases H3,H1] [--rounds 3] [--reps 30] [--softcap 30] [--alibi]
     python3 benchmarks/dev/hopper_ab.py . [--cases N1]     # a control: this tree against itself
 
 DIR holds a copy of `cupy_gqa/` and `kernels/` (a patched tree, say). Its
@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--softcap", type=float, default=0.0, help="both versions with this softcap (cuDNN: none)")
+    ap.add_argument("--alibi", action="store_true", help="both versions with ALiBi slopes 2^-(h+1) (cuDNN: none)")
     args = ap.parse_args()
     mods = {"softcap": args.softcap} if args.softcap else {}
     torch, cupy, cupy_gqa = ba.load_gpu_stack()
@@ -54,15 +55,19 @@ def main():
     want = args.cases.split(",")
     label = os.path.basename(os.path.normpath(args.dir))
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}  "
-          f"B = {label}, {args.rounds} rounds" + (f", A and B with softcap {args.softcap} (cuDNN without)" if mods else ""))
+          f"B = {label}, {args.rounds} rounds" + (f", A and B with softcap {args.softcap}" if mods else "")
+          + (", A and B with ALiBi" if args.alibi else "") + (" (cuDNN without)" if mods or args.alibi else ""))
     print(f"{'case':10} {'A (here)':>9} {'B':>9} {'cudnn':>9} {'B/A':>7} {'A/cudnn':>8} {'B/cudnn':>8} equal")
     for name, b, s, hq, hkv, d, dt, causal in SHAPES:
         if name not in want:
             continue
         q, k, v = case_inputs(torch, b, s, hq, hkv, d, dt)
         out_a, out_b = torch.empty_like(q), torch.empty_like(q)
-        fns = [lambda: cupy_gqa.attention(q, k, v, causal=causal, out=out_a, kernel="hopper", **mods),
-               lambda: other.attention(q, k, v, causal=causal, out=out_b, kernel="hopper", **mods),
+        kw = dict(mods)
+        if args.alibi:
+            kw["alibi_slopes"] = 2.0 ** -torch.arange(1, hq + 1, device=q.device, dtype=torch.float32)
+        fns = [lambda: cupy_gqa.attention(q, k, v, causal=causal, out=out_a, kernel="hopper", **kw),
+               lambda: other.attention(q, k, v, causal=causal, out=out_b, kernel="hopper", **kw),
                cudnn_call(torch, q, k, v, causal)]
         for f in fns[:2]:
             f()
