@@ -265,7 +265,7 @@ case "$stage" in
     exit $rc ;;
   pending)
     # each patch of benchmarks/dev/pending, applied to a copy of this tree, by the kernels it
-    # touches: hopper.cu -- its hopper GPU tests and the sanitizer's hopper group in the copy
+    # touches: hopper.cu or softmax.cuh -- hopper's GPU tests and the sanitizer's hopper group in the copy
     # (at once), then hopper_ab.py (this tree and the copy timed in turn in one process; with
     # PENDING_ERROR_CASES also p_rounding.py's errors in both; with PENDING_CTA_COST=1 also
     # hopper_cta_cost.py in each); decode.cu -- the decode,
@@ -273,7 +273,7 @@ case "$stage" in
     # then p_rounding.py's errors (PENDING_ERROR_CASES) in both, and decode_stages.py --stages 3 in this
     # tree and, with DECODE_STAGES_ARGS, in the copy.
     # PENDING_ONLY (names or globs, space-separated) picks patches; PENDING_SOFTCAP=30 adds a hopper_ab.py
-    # run of the cases with that softcap on both sides
+    # run of the cases with that softcap on both sides, PENDING_ALIBI=1 one with ALiBi
     reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     here=$PWD
     shopt -s nullglob
@@ -302,7 +302,7 @@ case "$stage" in
         [ -s "$out/pending_${name}_failures.txt" ] && grep -E "^=== |^E " "$out/pending_${name}_failures.txt" | head -30
         continue
       fi
-      if grep -q "^diff --git a/kernels/hopper.cu" "$patch"; then
+      if grep -qE "^diff --git a/kernels/(hopper.cu|softmax.cuh)" "$patch"; then
         (cd "$d" && export PYTHONPATH="$d" && timeout -s KILL "${PENDING_TESTS_S:-240}" python3 -m pytest -q -n 12 -p no:cacheprovider \
           -rf tests/test_gpu_kernels.py tests/test_gpu_seq.py tests/test_gpu_modifiers.py tests/test_gpu_graphs.py \
           tests/test_gpu_fuzz.py -k hopper) >"$out/pending_${name}_tests.txt" 2>&1 &
@@ -319,6 +319,11 @@ case "$stage" in
           timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "$cases" --rounds 3 \
             --softcap "$PENDING_SOFTCAP" >"$out/pending_${name}_ab_softcap.txt" 2>&1
           reap; cat "$out/pending_${name}_ab_softcap.txt"
+        fi
+        if [ -n "${PENDING_ALIBI:-}" ]; then
+          timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "$cases" --rounds 3 \
+            --alibi >"$out/pending_${name}_ab_alibi.txt" 2>&1
+          reap; cat "$out/pending_${name}_ab_alibi.txt"
         fi
         if [ -n "${PENDING_CTA_COST:-}" ]; then
           for t in "$here" "$d"; do
