@@ -647,7 +647,9 @@ __device__ __forceinline__ A score_nat_grad(A x, const ModParams& mp, const Seq&
     } else if (GRAD) {
         *grad = (A)1;
     }
-    if (M::ALIBI) x -= (A)slope * (A)abs(t + sq.diag - j);
+    // one rounding, spelled out: a multiply and a subtract are fused or not at ptxas' choice,
+    // which may differ between two copies of the same loop
+    if (M::ALIBI) x = fma(-(A)slope, (A)abs(t + sq.diag - j), x);
     if (M::SCORE) x = user_score_mod<A>(x, sq.b, h, t, j, sq.seqlen_q, sq.len, mp);
     return x;
 }

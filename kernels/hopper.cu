@@ -532,6 +532,10 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // warpgroup's products still overlap its softmax. So does a softcap with
     // three consumer warpgroups (160 registers a thread).
     constexpr bool OVERLAP_PV = !M::ANY || (!M::ALIBI && !M::SCORE && HEAD_DIM_PAD <= 192 && !(M::SOFTCAP && NWG == 3));
+    // The generic modifiers' step (softmax.cuh: frag_modify) in a loop for masked and one for
+    // unmasked tiles, but where three consumer warpgroups take a window (a causal window with a
+    // softcap spilled 12 bytes)
+    constexpr bool TWO_LOOPS = NWG == 2 || !M::WINDOW;
 
     // With two Q tiles and out by bulk copies, the thread that issues a tile's out
     // copies waits for them to have read its rows only in the warpgroup's next
@@ -634,7 +638,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                     scale = softmax::frag_softcap<M, CAUSAL, false>(s, unused, n0, BLOCK_N, lane, mp, sq, mrow, keys,
                                                                     scale_log2);
                 } else {
-                    scale = softmax::frag_modify<M, CAUSAL>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
+                    scale = softmax::frag_modify<M, CAUSAL, TWO_LOOPS>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
                 }
                 return softmax::frag_probabilities_fixed(s, mp.fixed_ref, m_run, rs, scale, softmax::FastExp2());
             } else if constexpr (M::SOFTCAP_ONLY && NWG == 2) {
@@ -648,7 +652,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             } else {
                 // modifiers (softmax.cuh: frag_modify), then the probabilities
                 const float scale =
-                    softmax::frag_modify<M, CAUSAL>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
+                    softmax::frag_modify<M, CAUSAL, TWO_LOOPS>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
                 return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale,
                                                                             softmax::FastExp2());
             }
