@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Rate and latency of the multi-function unit's operations that the softmax
-uses (tanh.approx and ex2.approx, f32 and f16), measured in SM cycles:
+uses (tanh.approx and ex2.approx, f32 and f16), and of the conversions beside
+them (int to float, a float pair to bf16x2), measured in SM cycles:
 
     python3 benchmarks/dev/mufu_rate.py
 
@@ -23,6 +24,17 @@ OPS = {
     "tanh+ex2": "if (c & 1) asm volatile(\"ex2.approx.ftz.f32 %0, %0;\" : \"+f\"(a[c])); "
                 "else asm volatile(\"tanh.approx.f32 %0, %0;\" : \"+f\"(a[c]));",
     "ffma": "a[c] = fmaf(a[c], 0.999f, 0.001f);",
+    # conversions: an int's to float (ALiBi's distance), two floats to a bf16 pair (P to
+    # the P V operand); each result's bits feed the next
+    "i2f": "asm volatile(\"cvt.rn.f32.s32 %0, %1;\" : \"=f\"(a[c]) : \"r\"(__float_as_int(a[c])));",
+    "f2bf16x2": "{ unsigned u; asm volatile(\"cvt.rn.bf16x2.f32 %0, %1, %1;\" : \"=r\"(u) : \"f\"(a[c])); "
+                "a[c] = __uint_as_float(u); }",
+    # half each: the rate of a mix says whether the two share a unit (16: one unit; 32: two)
+    "ex2+i2f": "if (c & 1) asm volatile(\"ex2.approx.ftz.f32 %0, %0;\" : \"+f\"(a[c])); "
+               "else asm volatile(\"cvt.rn.f32.s32 %0, %1;\" : \"=f\"(a[c]) : \"r\"(__float_as_int(a[c])));",
+    "ex2+f2bf16x2": "if (c & 1) asm volatile(\"ex2.approx.ftz.f32 %0, %0;\" : \"+f\"(a[c])); "
+                    "else { unsigned u; asm volatile(\"cvt.rn.bf16x2.f32 %0, %1, %1;\" : \"=r\"(u) : \"f\"(a[c])); "
+                    "a[c] = __uint_as_float(u); }",
 }
 SRC = r"""
 extern "C" __global__ void k(long long* span, float* out, int n) {
