@@ -16,7 +16,9 @@
 #                                               everything they write is packed in $OUT/results.tgz. bench_model
 #                                               takes a call of its own (RESULTS_LIMITS="0 520 0"): with the
 #                                               table it does not fit one call's 600 s on an H100
-#                                               (it did not finish in 150 s there)
+#                                               (it did not finish in 150 s there); MODEL_ARGS adds bench_model's
+#                                               arguments. bench_model and the sweep in one call:
+#                                               RESULTS_LIMITS="280 280 0" MODEL_ARGS="--reps 5" device_check.sh results --sweep --no-compile-probe
 #   benchmarks/dev/device_check.sh profile [..] benchmarks/dev/profile_prefill.py [args] (or $PROFILE_SCRIPT, e.g.
 #                                               benchmarks/dev/profile_decode.py) under Nsight Compute (clocks left
 #                                               alone), the report in $OUT/profile.txt
@@ -244,7 +246,7 @@ case "$stage" in
     fi
     if [ "$lm" -gt 0 ]; then
       t0=$SECONDS
-      timeout -s KILL "$lm" python3 -u benchmarks/bench_model.py --out "$out/results" >"$out/model.txt" 2>&1
+      timeout -s KILL "$lm" python3 -u benchmarks/bench_model.py --out "$out/results" ${MODEL_ARGS:-} >"$out/model.txt" 2>&1
       echo "model rc $? in $((SECONDS - t0)) s"; reap; tail -25 "$out/model.txt"
     fi
     if [ "$lt" -gt 0 ]; then
