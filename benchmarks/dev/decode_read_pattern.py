@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""How fast the GPU reads a decode call's K and V in the order the decode kernel
+reads them, against other orders of the same bytes: no attention, only loads.
+
+    python3 benchmarks/dev/decode_read_pattern.py [--cases D1,D2] [--u 2,4,8] [--reps 20]
+
+K and V are (batch, seqlen_k, num_kv_heads, head_dim) bf16, as D1 and D2 of
+bench_attention.py. Each pattern copies both arrays once, whole, into shared
+memory by 16-byte cp.async (as the decode kernel does), 128 threads a CTA, U
+chunks of K and U of V a thread per group and two groups in flight (--u: 2, 4
+and 8, 16 to 64 KB a CTA):
+  head    one CTA per (batch, KV head), as decode's unsplit launch: each key
+          row is head_dim * 2 bytes at a stride of num_kv_heads * head_dim * 2
+          (D1: 256 B every 2 KB, the eight heads of a batch row read by eight
+          CTAs side by side)
+  row     one CTA per (batch, key range): the same number of CTAs, each key's
+          whole row of every head (2 KB contiguous), the keys split in
+          num_kv_heads ranges
+  rowN    as row, each batch row cut in more key ranges so that the grid (N
+          CTAs) is a multiple of the SMs: every SM the same number
+  flat    the arrays as one contiguous stream, two CTAs per SM (the ceiling of
+          this copy loop)
+GPU time by CUDA events, a 256 MB buffer zeroed before each repetition (no K
+or V in L2), the median of REPS; GB/s over the bytes of K and V. If `row`
+reads faster than `head` by more than the 2 % that D1 and D2 trail cuDNN by,
+the order of the heads' reads is worth a kernel (benchmarks/NOTES_decode.md).
+"""
+import argparse
+import statistics
+
+import cupy
+import numpy as np
+
+FLUSH = cupy.empty(256 * 2**20 // 4, dtype=cupy.int32)
+CASES = {"D1": (16, 8192, 8, 128), "D2": (64, 2048, 8, 128), "D05": (16, 8192, 1, 128)}
+THREADS = 128
+
+SRC = r"""
+// Each thread copies chunks of 16 bytes into shared memory by cp.async (as decode
+// does): chunks t, t + THREADS, .. of its CTA's list, U of K and U of V a group, two
+// groups in flight (the next issued before the last is waited for).
+__device__ __forceinline__ void cp16(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// chunk i of the CTA's list -> its offset in k (and v): `Offset` maps it
+template <class Offset>
+__device__ __forceinline__ unsigned stream(const uint4* kb, const uint4* vb, long long c0, long long c1, Offset offset) {
+  extern __shared__ uint4 sbuf[];  // [2 stages][2 U][THREADS]
+  int stage = 0;
+  for (long long i0 = c0 + threadIdx.x; i0 < c1; i0 += (long long)THREADS * U) {
+    uint4* st = sbuf + stage * 2 * U * THREADS;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const long long i = i0 + (long long)u * THREADS;
+      if (i < c1) {
+        const long long off = offset(i);
+        cp16((unsigned)__cvta_generic_to_shared(st + u * THREADS + threadIdx.x), kb + off);
+        cp16((unsigned)__cvta_generic_to_shared(st + (U + u) * THREADS + threadIdx.x), vb + off);
+      }
+    }
+    commit();
+    wait_group<1>();  // the group before this one has landed
+    stage ^= 1;
+  }
+  wait_group<0>();
+  __syncthreads();
+  const uint4 r = sbuf[threadIdx.x];  // one chunk read back (the copies are not dead)
+  return r.x ^ r.w;
+}
+
+// one CTA per (b, h): `rows` rows of `row_chunks` chunks, heads * row_chunks chunks apart
+extern "C" __global__ void __launch_bounds__(THREADS) head(const uint4* k, const uint4* v, unsigned* out,
+                                                           int heads, int rows, int row_chunks) {
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+  const long long stride = (long long)heads * row_chunks;
+  const long long base = (long long)b * rows * stride + (long long)h * row_chunks;
+  out[blockIdx.x * THREADS + threadIdx.x] = stream(k + base, v + base, 0, (long long)rows * row_chunks,
+      [=](long long i) { return (i / row_chunks) * stride + i % row_chunks; });
+}
+
+// one CTA per (b, key range): the contiguous chunks of batch row b (every head) in
+// `ranges` equal ranges
+extern "C" __global__ void __launch_bounds__(THREADS) row(const uint4* k, const uint4* v, unsigned* out,
+                                                          int ranges, long long row_chunks_all) {
+  const int b = blockIdx.x / ranges, r = blockIdx.x % ranges;
+  const long long per = (row_chunks_all + ranges - 1) / ranges;
+  const long long c0 = (long long)r * per, c1 = min(c0 + per, row_chunks_all);
+  const long long base = (long long)b * row_chunks_all;
+  out[blockIdx.x * THREADS + threadIdx.x] = stream(k + base, v + base, c0, c1, [](long long i) { return i; });
+}
+"""
+
+
+def module(u: int):
+    return cupy.RawModule(code=f"#define THREADS {THREADS}\n#define U {u}\n" + SRC, options=("-std=c++17",))
+
+
+def smem_bytes(u: int) -> int:
+    return 2 * 2 * u * THREADS * 16
+
+
+def time_call(fn, reps: int) -> float:
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(reps):
+        FLUSH.fill(0)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="D1,D2")
+    parser.add_argument("--u", default="2,4,8", help="chunks of K (and of V) a thread copies per group")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    dev = cupy.cuda.Device()
+    sms = dev.attributes["MultiProcessorCount"]
+    print(cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(), f"{sms} SMs, {THREADS} threads a CTA")
+    for name in args.cases.split(","):
+        batch, seqlen, heads, d = CASES[name]
+        k = cupy.random.randint(0, 2**31 - 1, size=batch * seqlen * heads * d // 2, dtype=np.int64).astype(np.int32)
+        v = cupy.random.randint(0, 2**31 - 1, size=k.size, dtype=np.int64).astype(np.int32)
+        nbytes = 2 * k.nbytes
+        row_chunks = d * 2 // 16  # 16-byte chunks of one head's key row
+        row_all = seqlen * heads * row_chunks  # chunks of one batch row, every head
+        ranges_even = -(-sms // batch)  # key ranges per batch row so that the grid is a multiple of the SMs
+        while (batch * ranges_even) % sms and ranges_even < 64:
+            ranges_even += 1
+        out = cupy.empty(max(batch * heads, batch * ranges_even, 2 * sms) * THREADS, dtype=cupy.uint32)
+        print(f"{name}: B{batch} S{seqlen} Hkv{heads} D{d}, K and V {nbytes / 1e6:.0f} MB")
+        for u in (int(x) for x in args.u.split(",")):
+            mod = module(u)
+            k_head, k_row = mod.get_function("head"), mod.get_function("row")
+            smem = smem_bytes(u)
+            for f in (k_head, k_row):
+                f.max_dynamic_shared_size_bytes = smem
+            launch = lambda f, grid, *a: f((grid,), (THREADS,), (k, v, out, *a), shared_mem=smem)  # noqa: E731
+            patterns = {
+                "head": lambda: launch(k_head, batch * heads, np.int32(heads), np.int32(seqlen), np.int32(row_chunks)),
+                "row": lambda: launch(k_row, batch * heads, np.int32(heads), np.int64(row_all)),
+                f"row{batch * ranges_even}": lambda: launch(k_row, batch * ranges_even, np.int32(ranges_even), np.int64(row_all)),
+                "flat": lambda: launch(k_row, 2 * sms, np.int32(2 * sms), np.int64(row_all * batch)),
+            }
+            best = {p: float("inf") for p in patterns}
+            order = list(patterns)
+            for r in range(args.rounds):
+                for p in order if r % 2 == 0 else order[::-1]:
+                    patterns[p]()  # warm-up
+                    best[p] = min(best[p], time_call(patterns[p], args.reps))
+            print(f"  U {u} ({smem // 1024} KB a CTA in flight at most)")
+            for p in patterns:
+                print(f"    {p:8s} {best[p]:9.2f} us  {nbytes / best[p] / 1e3:8.1f} GB/s  {best['head'] / best[p]:6.3f} x head's speed")
+
+
+if __name__ == "__main__":
+    main()
