@@ -49,13 +49,15 @@
 #                                               sanitizer on tiled and the backward, bwd_ab.py, p_rounding.py
 #                                               (torch's errors beside the rounding models on the same inputs),
 #                                               G1-G3 beside torch
+#   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
+#                                               each under PROBE_S seconds: measurements, no tests
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
 #                                               PENDING_ONLY in a copy of this tree: hopper_ab.py (this tree
 #                                               against the copy; with PENDING_SOFTCAP also with that softcap)
 #                                               and p_rounding.py's errors in both trees (PENDING_ERROR_CASES,
-#                                               none: skipped)
+#                                               none: skipped); PENDING_ALIBI=1 adds a run with ALiBi
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -202,6 +204,12 @@ case "$stage" in
         timeout -s KILL "${AB_S:-200}" python3 benchmarks/dev/hopper_ab.py "$d" --cases "${PENDING_CASES:-H1,H2,H3,H4,N1,H6}" \
           --rounds 3 --softcap "$PENDING_SOFTCAP" >"$out/ab_${name}_softcap.txt" 2>&1
         echo "== $name: hopper_ab softcap $PENDING_SOFTCAP rc $? in $((SECONDS - t0)) s"; reap; tail -12 "$out/ab_${name}_softcap.txt"
+      fi
+      if [ -n "${PENDING_ALIBI:-}" ]; then  # both trees again with ALiBi
+        t0=$SECONDS
+        timeout -s KILL "${AB_S:-200}" python3 benchmarks/dev/hopper_ab.py "$d" --cases "${PENDING_CASES:-H1,H2,H3,H4,N1,H6}" \
+          --rounds 3 --alibi >"$out/ab_${name}_alibi.txt" 2>&1
+        echo "== $name: hopper_ab alibi rc $? in $((SECONDS - t0)) s"; reap; tail -12 "$out/ab_${name}_alibi.txt"
       fi
       [ "${PENDING_ERROR_CASES:-}" != none ] && errors_both "$d" "${PENDING_ERROR_CASES:-P03,H3,H4}" "ab_${name}_errors"
     done ;;
@@ -355,6 +363,17 @@ case "$stage" in
           reap
         fi
       fi
+    done ;;
+  probe)
+    # measurements of the machine and of layouts, no tests, each under a limit: the multi-function
+    # unit's and the conversions' rates (mufu_rate.py), decode's orders of reads without attention
+    # (decode_read_pattern.py), D1 and D2 split in clusters (decode_cluster_ab.py)
+    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
+    for cmd in "mufu_rate.py" "decode_read_pattern.py --cases D1,D2" "decode_cluster_ab.py --cases D1,D2 --rounds 2"; do
+      t0=$SECONDS; f="$out/probe_${cmd%%.py*}.txt"
+      # shellcheck disable=SC2086
+      timeout -s KILL "${PROBE_S:-120}" python3 benchmarks/dev/$cmd >"$f" 2>&1
+      echo "== $cmd: rc $? in $((SECONDS - t0)) s"; reap; tail -24 "$f" | cut -c1-160
     done ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
