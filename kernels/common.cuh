@@ -635,10 +635,13 @@ __device__ __forceinline__ A softcap_nat(A x, const ModParams& mp) {
 }
 // The score modifiers' value and, with GRAD, their slope d score / d x in *grad
 // (the softcap's 1 - tanh^2; 1 without a softcap): the backward pass's chain rule
-// (kernels/backward.cu). A score_mod has no derivative here.
+// (kernels/backward.cu). A score_mod has no derivative here. dist: ALiBi's
+// distance |t + diag - j| as A (the form below computes it; the tensor-core
+// kernels' fragments count it in float from a key tile's first key: no
+// conversion per score).
 template <class M, bool GRAD, typename A>
 __device__ __forceinline__ A score_nat_grad(A x, const ModParams& mp, const Seq& sq, int t, int h, float slope, int j,
-                                            A* grad) {
+                                            A dist, A* grad) {
     static_assert(!(GRAD && M::SCORE), "the backward pass takes no score_mod");
     if (M::SOFTCAP) {
         const A th = softcap_tanh<M>(x, mp);
@@ -649,9 +652,15 @@ __device__ __forceinline__ A score_nat_grad(A x, const ModParams& mp, const Seq&
     }
     // one rounding, spelled out: a multiply and a subtract are fused or not at ptxas' choice,
     // which may differ between two copies of the same loop
-    if (M::ALIBI) x = fma(-(A)slope, (A)abs(t + sq.diag - j), x);
+    if (M::ALIBI) x = fma(-(A)slope, dist, x);
     if (M::SCORE) x = user_score_mod<A>(x, sq.b, h, t, j, sq.seqlen_q, sq.len, mp);
     return x;
+}
+template <class M, bool GRAD, typename A>
+__device__ __forceinline__ A score_nat_grad(A x, const ModParams& mp, const Seq& sq, int t, int h, float slope, int j,
+                                            A* grad) {
+    const A dist = M::ALIBI ? (A)abs(t + sq.diag - j) : (A)0;
+    return score_nat_grad<M, GRAD, A>(x, mp, sq, t, h, slope, j, dist, grad);
 }
 template <class M, typename A>
 __device__ __forceinline__ A score_nat(A x, const ModParams& mp, const Seq& sq, int t, int h, float slope, int j) {
@@ -706,8 +715,8 @@ __device__ __forceinline__ bool visible(const ModParams& mp, const Seq& sq, cons
     return ok;
 }
 template <class M, typename A>
-__device__ __forceinline__ A score_nat(A x, const ModParams& mp, const Seq& sq, const Diag& r, int j) {
-    return score_nat<M, A>(x, mp, sq, r.c - sq.diag, r.h, r.slope, j);
+__device__ __forceinline__ A score_nat(A x, const ModParams& mp, const Seq& sq, const Diag& r, int j, A dist) {
+    return score_nat_grad<M, false, A>(x, mp, sq, r.c - sq.diag, r.h, r.slope, j, dist, nullptr);
 }
 template <class M, typename A>
 __device__ __forceinline__ A score_nat_grad(A x, const ModParams& mp, const Seq& sq, const Diag& r, int j, A& grad) {

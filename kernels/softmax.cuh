@@ -146,7 +146,10 @@ __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane,
 }
 
 // The same for the tensor-core prefill kernels, with the rows held as mods::Diag,
-// on scores in natural units (mods::score_nat).
+// on scores in natural units (mods::score_nat). ALiBi's distance |c - j| is counted
+// in float from the row's c - key0 - 2 (lane % 4), converted once a tile: the same
+// value as a conversion per score while |c - j| < 2^24, without the conversion
+// (at the multi-function unit's rate, as the exponential is).
 template <class M, bool CAUSAL, int NT>
 __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane, const ModParams& mp,
                                           const mods::Seq& sq, const mods::Diag (&row)[2], bool mask) {
@@ -156,8 +159,9 @@ __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane,
         for (int e = 0; e < 4; ++e) {
             const int j = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
             const mods::Diag& r = row[e >> 1];
+            const float dist = M::ALIBI ? fabsf((float)(r.c - key0 - (lane & 3) * 2) - (float)(nt * 8 + (e & 1))) : 0.f;
             s[nt][e] = (mask && !mods::visible<M, CAUSAL>(mp, sq, r, j)) ? neg_inf<float>()
-                                                                      : mods::score_nat<M>(s[nt][e], mp, sq, r, j);
+                                                                      : mods::score_nat<M>(s[nt][e], mp, sq, r, j, dist);
         }
 }
 

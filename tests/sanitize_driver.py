@@ -40,11 +40,15 @@ DTYPES = ["float32", "float16", "bfloat16", "float64"]
 BACKWARD_TOLERANCE = {"float32": 1e-5, "float16": 4e-3, "bfloat16": 3e-2, "float64": 1e-10}
 
 
-def backward(failures: int, runs: int) -> tuple[int, int]:
+def backward(failures: int, runs: int, part: str = "") -> tuple[int, int]:
     """attention_backward (kernels/backward.cu: preprocess, dQ, dK/dV) through the same cases;
     float32 twice, the second time as on a GPU of one SM, where its dK/dV kernel takes the
-    wide key blocks (_specs.BWD_TF32_DKDV_WIDE)."""
+    wide key blocks (_specs.BWD_TF32_DKDV_WIDE); then with the modifiers. part "cases" or
+    "mods": only one of the two."""
     from cupy_gqa import _plan
+
+    if part == "mods":
+        return _backward_modifiers(failures, runs)
 
     sm_count = _plan.sm_count
     try:
@@ -54,7 +58,7 @@ def backward(failures: int, runs: int) -> tuple[int, int]:
             failures, runs = _backward_cases(failures, runs, DTYPES if sms is None else ["float32"])
     finally:
         _plan.sm_count = sm_count
-    return _backward_modifiers(failures, runs)
+    return (failures, runs) if part == "cases" else _backward_modifiers(failures, runs)
 
 
 def _backward_modifiers(failures: int, runs: int) -> tuple[int, int]:
@@ -217,10 +221,14 @@ def main(kernels) -> int:
     _plan.HopperLaunch.ctas = lambda self, device: min(2, self.grid[0])
     for name in kernels:
         kernel, _, part = name.partition(":")
-        if part not in ("", "seq", "mods"):
-            raise SystemExit(f"sanitize_driver: unknown part {part!r} of {name!r} (family, family:seq or family:mods)")
+        if part not in ("", "seq", "mods") and name != "backward:cases":
+            raise SystemExit(
+                f"sanitize_driver: unknown part {part!r} of {name!r} (family, family:seq, family:mods, backward:cases)"
+            )
         if kernel == "backward":
-            failures, runs = backward(failures, runs)
+            if part == "seq":
+                raise SystemExit("sanitize_driver: backward has no per-sequence part (backward:cases, backward:mods)")
+            failures, runs = backward(failures, runs, part)
             continue
         if part == "seq":
             failures, runs = per_sequence(kernel, failures, runs)
@@ -268,5 +276,5 @@ def main(kernels) -> int:
 if __name__ == "__main__":
     # sanitize_driver.py [kernel ...]: only these kernel families (default: all, and "backward":
     # attention_backward's kernels); "family:seq", "family:mods": only that family's per-sequence
-    # calls, or its modifier calls
+    # calls, or its modifier calls; "backward:cases", "backward:mods": the backward without or with modifiers
     sys.exit(main(sys.argv[1:] or (*cupy_gqa.KERNELS, "backward")))
