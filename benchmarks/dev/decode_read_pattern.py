@@ -3,6 +3,7 @@
 reads them, against other orders of the same bytes: no attention, only loads.
 
     python3 benchmarks/dev/decode_read_pattern.py [--cases D1,D2] [--u 2,4,8] [--reps 20]
+                                                  [--tma 64x2,64x4,128x2,128x3]
 
 K and V are (batch, seqlen_k, num_kv_heads, head_dim) bf16, as D1 and D2 of
 bench_attention.py. Each pattern copies both arrays once, whole, into shared
@@ -20,16 +21,28 @@ and 8, 16 to 64 KB a CTA):
           CTAs) is a multiple of the SMs: every SM the same number
   flat    the arrays as one contiguous stream, two CTAs per SM (the ceiling of
           this copy loop)
+and, with --tma (TxS: T keys a copy, S stages in flight), the head order by bulk
+tensor copies (TMA) on mbarriers, as kernels/hopper.cu loads its key tiles: one
+thread of each (batch, KV head) CTA issues, per tile of T keys, the boxes of 64
+head-dim columns by T keys of K and of V (the tensor maps of cupy_gqa/_tma.py)
+onto the stage's mbarrier, S tiles in flight (tma TxS: 512 T S bytes a CTA at
+head dim 128). Whether the copy engine streams faster than 16-byte cp.async is
+the question behind a decode kernel on bulk copies (benchmarks/NOTES_decode.md).
 GPU time by CUDA events, a 256 MB buffer zeroed before each repetition (no K
 or V in L2), the median of REPS; GB/s over the bytes of K and V. If `row`
 reads faster than `head` by more than the 2 % that D1 and D2 trail cuDNN by,
 the order of the heads' reads is worth a kernel (benchmarks/NOTES_decode.md).
 """
 import argparse
+import pathlib
 import statistics
 
 import cupy
 import numpy as np
+
+from cupy_gqa import _tma
+
+KERNELS = pathlib.Path(__file__).resolve().parents[2] / "kernels"
 
 FLUSH = cupy.empty(256 * 2**20 // 4, dtype=cupy.int32)
 CASES = {"D1": (16, 8192, 8, 128), "D2": (64, 2048, 8, 128), "D05": (16, 8192, 1, 128)}
@@ -94,6 +107,58 @@ extern "C" __global__ void __launch_bounds__(THREADS) row(const uint4* k, const 
 """
 
 
+# The head order by bulk tensor copies (TMA): thread 0 of the CTA of (b, h) issues the
+# boxes of K's and V's key tile i (64 columns by T keys, every 64-column slab) onto
+# stage i % S's mbarrier, after waiting for that stage's last tile; the other threads
+# wait at the end. The maps live in global memory (generic addresses; written before
+# the launch).
+TMA_SRC = r"""
+#include "sm90.cuh"
+using namespace sm90;
+extern "C" __global__ void __launch_bounds__(THREADS) tma_head(const TensorMap* kmap, const TensorMap* vmap,
+                                                               unsigned* out, int heads, int rows) {
+  extern __shared__ __align__(1024) unsigned char sbuf[];  // [S stages][K, V][SLABS][T rows][128 bytes]
+  __shared__ __align__(8) unsigned long long bars[S];
+  constexpr unsigned SLAB = T * 128, STAGE = 2 * SLABS * SLAB;
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+  const unsigned base = (unsigned)__cvta_generic_to_shared(sbuf);
+  const unsigned bar0 = (unsigned)__cvta_generic_to_shared(bars);
+  const int tiles = (rows + T - 1) / T;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) mbar_init(bar0 + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int i = 0; i < tiles; ++i) {
+      const int s = i % S;
+      if (i >= S) mbar_wait(bar0 + 8 * s, (i / S - 1) & 1);
+      mbar_expect_tx(bar0 + 8 * s, STAGE);
+      for (int sl = 0; sl < SLABS; ++sl) {
+        tma_load_4d(base + s * STAGE + sl * SLAB, *kmap, bar0 + 8 * s, sl * 64, i * T, h, b);
+        tma_load_4d(base + s * STAGE + (SLABS + sl) * SLAB, *vmap, bar0 + 8 * s, sl * 64, i * T, h, b);
+      }
+    }
+    for (int i = tiles > S ? tiles - S : 0; i < tiles; ++i) mbar_wait(bar0 + 8 * (i % S), (i / S) & 1);
+  }
+  __syncthreads();
+  const uint4 r = reinterpret_cast<const uint4*>(sbuf)[threadIdx.x];  // read back (the copies are not dead)
+  out[blockIdx.x * THREADS + threadIdx.x] = r.x ^ r.w;
+}
+"""
+
+
+def tma_module(t: int, stages: int, slabs: int):
+    return cupy.RawModule(
+        code=f"#define THREADS {THREADS}\n#define T {t}\n#define S {stages}\n#define SLABS {slabs}\n" + TMA_SRC,
+        options=("-std=c++17", f"-I{KERNELS}"),
+    )
+
+
+def tma_map(ptr: int, shape: tuple, t: int) -> cupy.ndarray:
+    """The tensor map of a (batch, seqlen, heads, head_dim) 16-bit array at ptr, in device memory."""
+    batch, seqlen, heads, d = shape
+    strides = (seqlen * heads * d * 2, heads * d * 2, d * 2, 2)
+    return cupy.asarray(np.frombuffer(_tma.tile_map(ptr, shape, strides, 2, t), dtype=np.uint8))
+
+
 def module(u: int):
     return cupy.RawModule(code=f"#define THREADS {THREADS}\n#define U {u}\n" + SRC, options=("-std=c++17",))
 
@@ -121,6 +186,8 @@ def main():
     parser.add_argument("--u", default="2,4,8", help="chunks of K (and of V) a thread copies per group")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tma", default="64x2,64x4,128x2,128x3",
+                        help="bulk tensor copies in the head order: T keys a copy x S stages ('' for none)")
     args = parser.parse_args()
     dev = cupy.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
@@ -159,6 +226,21 @@ def main():
             print(f"  U {u} ({smem // 1024} KB a CTA in flight at most)")
             for p in patterns:
                 print(f"    {p:8s} {best[p]:9.2f} us  {nbytes / best[p] / 1e3:8.1f} GB/s  {best['head'] / best[p]:6.3f} x head's speed")
+        head_us = best["head"]  # (the last U's)
+        for ts in filter(None, args.tma.split(",")):
+            t, stages = (int(x) for x in ts.split("x"))
+            slabs = d // 64
+            smem = stages * 2 * slabs * t * 128
+            f = tma_module(t, stages, slabs).get_function("tma_head")
+            f.max_dynamic_shared_size_bytes = smem
+            maps = (tma_map(k.data.ptr, (batch, seqlen, heads, d), t), tma_map(v.data.ptr, (batch, seqlen, heads, d), t))
+            run = lambda: f((batch * heads,), (THREADS,), (*maps, out, np.int32(heads), np.int32(seqlen)), shared_mem=smem)  # noqa: E731
+            us = float("inf")
+            for _ in range(args.rounds):
+                run()
+                us = min(us, time_call(run, args.reps))
+            print(f"  tma {t}x{stages} ({smem // 1024} KB a CTA in flight)")
+            print(f"    {'head':8s} {us:9.2f} us  {nbytes / us / 1e3:8.1f} GB/s  {head_us / us:6.3f} x cp.async head's speed (last U)")
 
 
 if __name__ == "__main__":
