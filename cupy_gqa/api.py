@@ -301,7 +301,13 @@ def _torch_grad_needed(q, k, v, sinks=None) -> bool:
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         return False
-    wants = any(getattr(x, "requires_grad", False) is True for x in (q, k, v, sinks))
+    # (each argument in turn, not a generator: this runs on every torch call's repeat path)
+    wants = (
+        q.requires_grad
+        or getattr(k, "requires_grad", False) is True
+        or getattr(v, "requires_grad", False) is True
+        or (sinks is not None and getattr(sinks, "requires_grad", False) is True)
+    )
     return wants and torch.is_grad_enabled()
 
 
