@@ -91,11 +91,23 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_logreport(report):
     """With CUPY_GQA_FAILURE_LOG set, each failure's report is appended to that file as it
     comes (with pytest-xdist, by the controller): a run stopped by a time limit keeps the
-    tracebacks that pytest would only have printed at its end."""
+    tracebacks that pytest would only have printed at its end. With CUPY_GQA_DURATION_LOG,
+    each test's time likewise."""
     path = os.environ.get("CUPY_GQA_FAILURE_LOG")
     if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
         with open(path, "a") as f:
             f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+    # CUPY_GQA_DURATION_LOG: each test's time (setup, call and teardown, seconds) as it ends, so
+    # that a run stopped by its limit still says where the time went
+    path = os.environ.get("CUPY_GQA_DURATION_LOG")
+    if path and report.when == "teardown" and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as f:
+            f.write(f"{report.duration + _durations.pop(report.nodeid, 0.0):.3f} {report.nodeid}\n")
+    elif path and "PYTEST_XDIST_WORKER" not in os.environ:
+        _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+_durations: dict = {}  # setup and call times of the tests not yet torn down (CUPY_GQA_DURATION_LOG)
 
 
 def random_qkv(batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, dtype, seed=0, scale=1.0):

@@ -91,12 +91,20 @@ case "$stage" in
     fi
     # each failure's traceback goes to gpu_tests_failures.txt as it comes (tests/conftest.py):
     # a failure that only shows beside the other workers' load keeps its message
-    rm -f "$out/gpu_tests_failures.txt"
-    CUPY_GQA_FAILURE_LOG="$out/gpu_tests_failures.txt" timeout -s KILL "${TESTS_LIMIT_S:-420}" \
+    # and each test's time to gpu_tests_durations.txt (the slowest and the files' sums printed)
+    rm -f "$out/gpu_tests_failures.txt" "$out/gpu_tests_durations.txt"
+    CUPY_GQA_FAILURE_LOG="$out/gpu_tests_failures.txt" CUPY_GQA_DURATION_LOG="$out/gpu_tests_durations.txt" \
+      timeout -s KILL "${TESTS_LIMIT_S:-420}" \
       python3 -m pytest -v -n "${TESTS_WORKERS:-16}" -p no:cacheprovider -rf "$@" >"$out/gpu_tests.txt" 2>&1
     rc=$?
     nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
     grep -E "^=+ .*(passed|failed)" "$out/gpu_tests.txt" | tail -1
+    if [ -s "$out/gpu_tests_durations.txt" ]; then
+      echo "== test time by file (s, summed over workers), then the slowest tests"
+      awk '{split($2, a, "::"); t[a[1]] += $1} END {for (f in t) printf "%8.1f %s\n", t[f], f}' \
+        "$out/gpu_tests_durations.txt" | sort -rn | head -12
+      sort -rn "$out/gpu_tests_durations.txt" | head -10 | cut -c1-160
+    fi
     grep -E " FAILED | ERROR " "$out/gpu_tests.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u | head -40
     [ -s "$out/gpu_tests_failures.txt" ] && grep -E "^=== |^E " "$out/gpu_tests_failures.txt" | head -40
     # the failures again, one process, with their tracebacks: a suite stopped by its limit prints none
