@@ -51,6 +51,9 @@
 #                                               G1-G3 beside torch
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
+#   benchmarks/dev/device_check.sh next         the next call of NOTES.md by the card that came: on an H200 bench_model
+#                                               and the sweep (results); elsewhere probe, then the GPU suite in the
+#                                               rest of the call (NEXT_S, default 580 s)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -383,5 +386,18 @@ case "$stage" in
       timeout -s KILL "${PROBE_S:-120}" python3 benchmarks/dev/$cmd >"$f" 2>&1
       echo "== $cmd: rc $? in $((SECONDS - t0)) s"; reap; tail -24 "$f" | cut -c1-160
     done ;;
+  next)
+    # the next call of NOTES.md ("Next, on an H200"), by the card that came: on an H200 bench_model
+    # and the shape sweep (the results stage); on another card the probes, then the GPU suite in what
+    # is left of the call (NEXT_S, default 580 s)
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    echo "next on: $gpu"
+    if [[ "$gpu" == *H200* ]]; then
+      RESULTS_LIMITS="280 280 0" MODEL_ARGS="--reps 5" bash "$0" results --sweep --no-compile-probe
+    else
+      t0=$SECONDS
+      PROBE_S=${PROBE_S:-60} bash "$0" probe
+      TESTS_LIMIT_S=$(( ${NEXT_S:-580} - (SECONDS - t0) - 40 )) bash "$0" tests
+    fi ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
