@@ -3,7 +3,7 @@
 reads them, against other orders of the same bytes: no attention, only loads.
 
     python3 benchmarks/dev/decode_read_pattern.py [--cases D1,D2] [--u 2,4,8] [--reps 20]
-                                                  [--tma 64x2,64x4,128x2,128x3]
+                                                  [--tma 32x4,32x8,64x2,64x4,128x2,128x3]
 
 K and V are (batch, seqlen_k, num_kv_heads, head_dim) bf16, as D1 and D2 of
 bench_attention.py. Each pattern copies both arrays once, whole, into shared
@@ -142,6 +142,51 @@ extern "C" __global__ void __launch_bounds__(THREADS) tma_head(const TensorMap* 
   const uint4 r = reinterpret_cast<const uint4*>(sbuf)[threadIdx.x];  // read back (the copies are not dead)
   out[blockIdx.x * THREADS + threadIdx.x] = r.x ^ r.w;
 }
+
+// The same order by one-dimensional bulk copies (no tensor map): lane i < T of warp 0 copies
+// key row i of the tile, K's and V's (SLABS * 128 bytes each, rows padded by 16 bytes in
+// shared memory, as a decode tile without the swizzle would lie), onto the stage's mbarrier.
+#if T <= 32
+__device__ __forceinline__ void bulk_row(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+extern "C" __global__ void __launch_bounds__(THREADS) bulk_head(const unsigned char* k, const unsigned char* v,
+                                                                unsigned* out, int heads, int rows) {
+  extern __shared__ __align__(1024) unsigned char sbuf[];  // [S stages][K, V][T rows][ROW + 16 bytes]
+  __shared__ __align__(8) unsigned long long bars[S];
+  constexpr unsigned ROW = SLABS * 128, PITCH = ROW + 16, STAGE = 2 * T * PITCH;
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads, lane = threadIdx.x;
+  const unsigned base = (unsigned)__cvta_generic_to_shared(sbuf);
+  const unsigned bar0 = (unsigned)__cvta_generic_to_shared(bars);
+  const long long key_stride = (long long)heads * ROW;
+  const unsigned char* kh = k + ((long long)b * rows * heads + h) * ROW;
+  const unsigned char* vh = v + ((long long)b * rows * heads + h) * ROW;
+  const int tiles = (rows + T - 1) / T;
+  if (threadIdx.x < 32) {
+    if (lane == 0) {
+      for (int s = 0; s < S; ++s) mbar_init(bar0 + 8 * s, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncwarp();
+    for (int i = 0; i < tiles; ++i) {
+      const int s = i % S, n = min(T, rows - i * T);
+      if (i >= S) mbar_wait(bar0 + 8 * s, (i / S - 1) & 1);
+      if (lane == 0) mbar_expect_tx(bar0 + 8 * s, 2 * n * ROW);
+      __syncwarp();
+      if (lane < n) {
+        const long long off = (long long)(i * T + lane) * key_stride;
+        bulk_row(base + s * STAGE + lane * PITCH, kh + off, ROW, bar0 + 8 * s);
+        bulk_row(base + s * STAGE + (T + lane) * PITCH, vh + off, ROW, bar0 + 8 * s);
+      }
+    }
+    for (int i = tiles > S ? tiles - S : 0; i < tiles; ++i) mbar_wait(bar0 + 8 * (i % S), (i / S) & 1);
+  }
+  __syncthreads();
+  const uint4 r = reinterpret_cast<const uint4*>(sbuf)[threadIdx.x];
+  out[blockIdx.x * THREADS + threadIdx.x] = r.x ^ r.w;
+}
+#endif
 """
 
 
@@ -186,7 +231,7 @@ def main():
     parser.add_argument("--u", default="2,4,8", help="chunks of K (and of V) a thread copies per group")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tma", default="64x2,64x4,128x2,128x3",
+    parser.add_argument("--tma", default="32x4,32x8,64x2,64x4,128x2,128x3",
                         help="bulk tensor copies in the head order: T keys a copy x S stages ('' for none)")
     args = parser.parse_args()
     dev = cupy.cuda.Device()
@@ -241,6 +286,17 @@ def main():
                 us = min(us, time_call(run, args.reps))
             print(f"  tma {t}x{stages} ({smem // 1024} KB a CTA in flight)")
             print(f"    {'head':8s} {us:9.2f} us  {nbytes / us / 1e3:8.1f} GB/s  {head_us / us:6.3f} x cp.async head's speed (last U)")
+            if t <= 32:  # the same by one-dimensional bulk copies, a lane per key row
+                smem_b = stages * 2 * t * (slabs * 128 + 16)
+                fb = tma_module(t, stages, slabs).get_function("bulk_head")
+                fb.max_dynamic_shared_size_bytes = smem_b
+                run_b = lambda: fb((batch * heads,), (THREADS,), (k, v, out, np.int32(heads), np.int32(seqlen)), shared_mem=smem_b)  # noqa: E731
+                us_b = float("inf")
+                for _ in range(args.rounds):
+                    run_b()
+                    us_b = min(us_b, time_call(run_b, args.reps))
+                print(f"  bulk rows {t}x{stages} ({smem_b // 1024} KB a CTA in flight)")
+                print(f"    {'head':8s} {us_b:9.2f} us  {nbytes / us_b / 1e3:8.1f} GB/s  {head_us / us_b:6.3f} x cp.async head's speed (last U)")
 
 
 if __name__ == "__main__":
