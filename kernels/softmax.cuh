@@ -147,9 +147,9 @@ __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane,
 
 // The same for the tensor-core prefill kernels, with the rows held as mods::Diag,
 // on scores in natural units (mods::score_nat). ALiBi's distance |c - j| is counted
-// in float from the row's c - key0 - 2 (lane % 4), converted once a tile: the same
-// value as a conversion per score while |c - j| < 2^24, without the conversion
-// (at the multi-function unit's rate, as the exponential is).
+// in float from the row's c - key0 - 2 (lane % 4), which the unmasked tile's loop
+// converts once a row (the masked loop, a branch per score, once a score): the same
+// value as a conversion per score while |c - j| < 2^24.
 template <class M, bool CAUSAL, int NT>
 __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane, const ModParams& mp,
                                           const mods::Seq& sq, const mods::Diag (&row)[2], bool mask) {

@@ -275,28 +275,21 @@ def main():
         for ts in filter(None, args.tma.split(",")):
             t, stages = (int(x) for x in ts.split("x"))
             slabs = d // 64
-            smem = stages * 2 * slabs * t * 128
-            f = tma_module(t, stages, slabs).get_function("tma_head")
-            f.max_dynamic_shared_size_bytes = smem
+            mod = tma_module(t, stages, slabs)
             maps = (tma_map(k.data.ptr, (batch, seqlen, heads, d), t), tma_map(v.data.ptr, (batch, seqlen, heads, d), t))
-            run = lambda: f((batch * heads,), (THREADS,), (*maps, out, np.int32(heads), np.int32(seqlen)), shared_mem=smem)  # noqa: E731
-            us = float("inf")
-            for _ in range(args.rounds):
-                run()
-                us = min(us, time_call(run, args.reps))
-            print(f"  tma {t}x{stages} ({smem // 1024} KB a CTA in flight)")
-            print(f"    {'head':8s} {us:9.2f} us  {nbytes / us / 1e3:8.1f} GB/s  {head_us / us:6.3f} x cp.async head's speed (last U)")
+            runs = [("tma", "tma_head", stages * 2 * slabs * t * 128, maps)]
             if t <= 32:  # the same by one-dimensional bulk copies, a lane per key row
-                smem_b = stages * 2 * t * (slabs * 128 + 16)
-                fb = tma_module(t, stages, slabs).get_function("bulk_head")
-                fb.max_dynamic_shared_size_bytes = smem_b
-                run_b = lambda: fb((batch * heads,), (THREADS,), (k, v, out, np.int32(heads), np.int32(seqlen)), shared_mem=smem_b)  # noqa: E731
-                us_b = float("inf")
+                runs.append(("bulk rows", "bulk_head", stages * 2 * t * (slabs * 128 + 16), (k, v)))
+            for label, name, smem, sources in runs:
+                f = mod.get_function(name)
+                f.max_dynamic_shared_size_bytes = smem
+                run = lambda: f((batch * heads,), (THREADS,), (*sources, out, np.int32(heads), np.int32(seqlen)), shared_mem=smem)  # noqa: E731, B023
+                us = float("inf")
                 for _ in range(args.rounds):
-                    run_b()
-                    us_b = min(us_b, time_call(run_b, args.reps))
-                print(f"  bulk rows {t}x{stages} ({smem_b // 1024} KB a CTA in flight)")
-                print(f"    {'head':8s} {us_b:9.2f} us  {nbytes / us_b / 1e3:8.1f} GB/s  {head_us / us_b:6.3f} x cp.async head's speed (last U)")
+                    run()
+                    us = min(us, time_call(run, args.reps))
+                print(f"  {label} {t}x{stages} ({smem // 1024} KB a CTA in flight)")
+                print(f"    {'head':8s} {us:9.2f} us  {nbytes / us / 1e3:8.1f} GB/s  {head_us / us:6.3f} x cp.async head's speed (last U)")
 
 
 if __name__ == "__main__":
