@@ -540,30 +540,8 @@ def tile_counter(device: int) -> int:
     return counter_ring(device).ptr + 4 * (next(_next_counter) % COUNTER_SLOTS)
 
 
-class _KeptMaps:
-    """The tensor maps (_tma.py) of a plan's arrays: each encoded by the driver
-    (``_encode_map``) at the first launch with its address and kept for the next
-    (up to MAPS_KEPT; a serving loop reuses its cache's)."""
-
-    MAPS_KEPT = 64
-
-    def _tensor_map(self, which: int, ptr: int) -> bytes:
-        """The map of argument ``which`` (0 q, 1 k, 2 v, 3 out) at ``ptr``."""
-        maps = self.__dict__.setdefault("_maps", {})
-        encoded = maps.get((which, ptr))
-        if encoded is None:
-            encoded = self._encode_map(which, ptr)
-            if len(maps) >= self.MAPS_KEPT:
-                maps.clear()
-            maps[(which, ptr)] = encoded
-        return encoded
-
-    def _encode_map(self, which: int, ptr: int) -> bytes:
-        raise NotImplementedError
-
-
 @dataclass(frozen=True, eq=False)
-class HopperLaunch(_KeptMaps, Launch):
+class HopperLaunch(Launch):
     """A hopper launch: the prefill grid, and the tensor maps of K and V (and,
     where ``bulk_qo``, of q and out) for the kernel's bulk copies
     (kernels/hopper.cu), encoded by the driver (_tma.py) at the first launch
@@ -572,6 +550,8 @@ class HopperLaunch(_KeptMaps, Launch):
     layouts: tuple = ()  # (shape, byte strides, itemsize) of q, k, v and out
     bulk_qo: bool = False  # q and out by bulk copies too (hopper_bulk_qo)
     extra_args = ("k_map", "v_map", "q_map", "o_map")
+
+    MAPS_KEPT = 64  # encoded tensor maps kept per plan (a serving loop reuses its cache's)
 
     @property
     def fixed_args(self) -> tuple:
@@ -597,13 +577,21 @@ class HopperLaunch(_KeptMaps, Launch):
             packed(stream, q, k, v, out, lse, seqlens_k, blobs=maps, seq=seq, counter=tile_counter(device),
                    grid_x=self.ctas(device))  # fmt: skip
 
-    def _encode_map(self, which: int, ptr: int) -> bytes:
-        shape, strides, itemsize = self.layouts[which]
-        if which in (1, 2):  # key tiles
-            return _tma.tile_map(ptr, shape, strides, itemsize, self.spec.block_n)
-        # packed rows: a consumer warpgroup's rows of the tile, whole positions
-        group = self.problem.group_size
-        return _tma.packed_map(ptr, shape, strides, itemsize, group, hopper_wg_rows(group, True) // group)
+    def _tensor_map(self, which: int, ptr: int) -> bytes:
+        """The map of argument ``which`` (0 q, 1 k, 2 v, 3 out) at ``ptr``."""
+        maps = self.__dict__.setdefault("_maps", {})
+        encoded = maps.get((which, ptr))
+        if encoded is None:
+            shape, strides, itemsize = self.layouts[which]
+            if which in (1, 2):  # key tiles
+                encoded = _tma.tile_map(ptr, shape, strides, itemsize, self.spec.block_n)
+            else:  # packed rows: a consumer warpgroup's rows of the tile, whole positions
+                group = self.problem.group_size
+                encoded = _tma.packed_map(ptr, shape, strides, itemsize, group, hopper_wg_rows(group, True) // group)
+            if len(maps) >= self.MAPS_KEPT:
+                maps.clear()
+            maps[(which, ptr)] = encoded
+        return encoded
 
 
 @functools.lru_cache(maxsize=4096)
@@ -919,7 +907,7 @@ def sm_count(device: int) -> int:
 
 
 @dataclass(frozen=True, eq=False)
-class DecodeLaunch(_KeptMaps, _PackedPerDevice):
+class DecodeLaunch(_PackedPerDevice):
     """The split-KV decode kernel and, with num_splits > 1, its combine kernel
     (or, ``cluster``, none: the cluster kernel merges its own splits).
 
@@ -932,11 +920,7 @@ class DecodeLaunch(_KeptMaps, _PackedPerDevice):
     from CuPy's memory pool on the current stream and returns to the pool when
     the call returns (the pool is stream-ordered, so nothing waits), except
     while the stream is captured into a CUDA graph, which such a buffer would
-    outlive: that raises a ValueError.
-
-    ``bulk``: the kernel reads K and V by bulk tensor copies (decode_bulk), through
-    their tensor maps, passed after its other arguments (``layouts``: _layout's
-    (shape, byte strides, itemsize) of q, k, v and out)."""
+    outlive: that raises a ValueError."""
 
     spec: _specs.Spec
     combine: _specs.Spec
@@ -947,16 +931,6 @@ class DecodeLaunch(_KeptMaps, _PackedPerDevice):
     workspace_rows: int  # packed rows: batch * num_q_heads * seqlen_q
     problem: Problem  # the call: its head_dim (the workspace's rows; spec's may be padded), its modifiers' ModParams
     cluster: bool = False  # spec is the cluster kernel of num_splits splits (_specs.decode_cluster_spec)
-    bulk: bool = False  # spec is a bulk-copy kernel (_specs.decode_bulk_spec)
-    layouts: tuple = ()
-
-    @property
-    def extra_args(self) -> tuple:
-        return ("k_map", "v_map") if self.bulk else ()
-
-    def _encode_map(self, which: int, ptr: int) -> bytes:
-        shape, strides, itemsize = self.layouts[which]
-        return _tma.tile_map(ptr, shape, strides, itemsize, _specs.DECODE_MMA_BN)
 
     @property
     def combined(self) -> bool:
@@ -980,7 +954,7 @@ class DecodeLaunch(_KeptMaps, _PackedPerDevice):
         kernel = get_kernel(self.spec)
         mods = self.problem.mod_args(self.spec, device)
         seq = self.problem.seq_args()
-        args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods, *seq, *self.extra_args)
+        args = ("q", "k", "v", "out", "lse", "seqlens_k", params, "part_o", "part_lse", ns, *mods, *seq)
         kernels, keep = [(kernel.kernel.ptr, self.grid[0], self.spec.threads, self.spec.smem, args)], [kernel]
         if self.combined:
             combine = get_kernel(self.combine)
@@ -998,8 +972,7 @@ class DecodeLaunch(_KeptMaps, _PackedPerDevice):
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
                seq: tuple = ()) -> None:
         """``workspace``: the address of a checked workspace when combined."""
-        blobs = (self._tensor_map(1, k), self._tensor_map(2, v)) if self.bulk else ()
-        self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace if self.combined else 0, blobs=blobs, seq=seq)
+        self.packed()(stream, q, k, v, out, lse, seqlens_k, workspace if self.combined else 0, seq=seq)
 
     def workspace_message(self) -> str:
         return f"this call splits the keys into {self.num_splits} ranges and needs a float32 workspace of {self.workspace_bytes} bytes"
@@ -1064,27 +1037,9 @@ def check_workspace(workspace, needed: int, others: dict) -> None:
                 raise ValueError(f"workspace: must not overlap the memory of {name}")
 
 
-def decode_bulk(problem: Problem, layout: tuple, arch: _specs.Arch) -> bool:
-    """Whether the tensor-core decode kernel reads this call's K and V by bulk
-    tensor copies (_specs.decode_bulk_spec): on an architecture with them, for
-    contiguous K/V (per-sequence calls keep cp.async) that the copy engine steps
-    through (``layout``: _layout's of q, k, v, out), with a driver that encodes
-    tensor maps."""
-    if not (arch.bulk_copies and problem.seq is None and problem.dtype in _specs.DECODE_MMA_DTYPES):
-        return False
-    if not all(min(shape) > 0 and _tma.geometry_issue(shape, strides) is None for shape, strides, _ in layout[1:3]):
-        return False
-    return _tma.available()
-
-
-def _decode_plan(problem: Problem, layout: tuple, spec: _specs.Spec, num_splits: int, cluster: bool = False,
-                 bulk_arch: _specs.Arch | None = None) -> DecodeLaunch:
+def _decode_plan(problem: Problem, layout: tuple, spec: _specs.Spec, num_splits: int, cluster: bool = False) -> DecodeLaunch:
     """The launch of decode kernel ``spec`` with ``num_splits`` key ranges, as
-    clusters where ``cluster`` (decode_cluster holds), with K and V by bulk
-    copies on ``bulk_arch`` where given (decode_bulk holds) and its shared
-    memory fits the kernel."""
-    bulk = _specs.decode_bulk_spec(spec, bulk_arch) if bulk_arch is not None else None
-    spec = spec if bulk is None else bulk
+    clusters where ``cluster`` (decode_cluster holds)."""
     row_blocks = math.ceil(problem.seqlen_q * problem.group_size / spec.block_m)
     blocks = problem.batch * problem.num_kv_heads * row_blocks * num_splits
     if blocks > MAX_GRID_X:
@@ -1094,8 +1049,7 @@ def _decode_plan(problem: Problem, layout: tuple, spec: _specs.Spec, num_splits:
     combine_blocks = grid_stride_blocks(packed_rows * problem.head_dim // 4 * decode_combine_lanes(num_splits), combine.threads)
     params = make_params(problem, layout)
     kernel = _specs.decode_cluster_spec(spec, num_splits) if cluster else problem.spec(spec)
-    return DecodeLaunch(kernel, combine, (blocks,), (combine_blocks,), params, num_splits, packed_rows, problem, cluster,
-                        bulk is not None, layout)
+    return DecodeLaunch(kernel, combine, (blocks,), (combine_blocks,), params, num_splits, packed_rows, problem, cluster)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1103,8 +1057,7 @@ def plan_decode(problem: Problem, layout: tuple, sms: int, arch: _specs.Arch) ->
     """Decode's launch as decode_dispatch chooses it, on ``sms`` SMs of ``arch``."""
     choice = decode_dispatch(problem, sms, arch)
     spec = _specs.decode_spec(problem.dtype, problem.head_dim, choice.block_m, arch)
-    cluster = decode_cluster(problem, spec, choice.num_splits, arch)
-    return _decode_plan(problem, layout, spec, choice.num_splits, cluster, arch if decode_bulk(problem, layout, arch) else None)
+    return _decode_plan(problem, layout, spec, choice.num_splits, decode_cluster(problem, spec, choice.num_splits, arch))
 
 
 def _check_decode(problem: Problem, q, k, v, out) -> None:
@@ -1130,16 +1083,13 @@ def launch_decode(problem: Problem, q, k, v, out, lse, seqlens_k, *, checked: bo
 
 
 def _launch_decode_forced_splits(problem: Problem, q, k, v, out, lse, seqlens_k, num_splits: int, workspace=None,
-                                 block_m: int | None = None, cluster: bool | None = None,
-                                 bulk: bool | None = None) -> DecodeLaunch:
+                                 block_m: int | None = None, cluster: bool | None = None) -> DecodeLaunch:
     """launch_decode with ``num_splits`` key ranges (and ``block_m`` rows per
     CTA, when given) in place of decode_dispatch's choice: for the tests of
     the split path and the row layouts, and benchmarks/dev, not the API.
     ``cluster``: the splits merged in clusters (True: a ValueError where
     decode_cluster does not hold) or by the combine (False); None: as
-    decode_cluster says. ``bulk``: K and V by bulk copies (True: a ValueError
-    where decode_bulk does not hold) or by cp.async (False); None: as
-    decode_bulk says."""
+    decode_cluster says."""
     _check_decode(problem, q, k, v, out)
     device = q.device.id
     arch = device_arch(device)
@@ -1151,12 +1101,7 @@ def _launch_decode_forced_splits(problem: Problem, q, k, v, out, lse, seqlens_k,
     can = decode_cluster(problem, spec, num_splits, arch)
     if cluster and not can:
         raise ValueError(f"cluster: no cluster kernel for {num_splits} splits of this call on {arch.name}")
-    layout = _layout(q, k, v, out)
-    can_bulk = decode_bulk(problem, layout, arch) and _specs.decode_bulk_spec(spec, arch) is not None
-    if bulk and not can_bulk:
-        raise ValueError(f"bulk: no bulk-copy decode kernel for this call on {arch.name}")
-    use_bulk = can_bulk if bulk is None else bulk
-    plan = _decode_plan(problem, layout, spec, num_splits, can if cluster is None else cluster, arch if use_bulk else None)
+    plan = _decode_plan(problem, _layout(q, k, v, out), spec, num_splits, can if cluster is None else cluster)
     plan(q, k, v, out, lse, seqlens_k, workspace)
     return plan
 

@@ -32,11 +32,6 @@ class Arch:
         """Programmatic dependent launches (griddepcontrol; 9.0 and newer)."""
         return int(self.name[3:]) >= 90
 
-    @property
-    def bulk_copies(self) -> bool:
-        """Bulk tensor copies (TMA) onto mbarriers (9.0 and newer)."""
-        return int(self.name[3:]) >= 90
-
 
 ARCHS = {
     a.name: a
@@ -183,7 +178,7 @@ def seq_check_specs(arch: "Arch") -> tuple:
     for spec in specs_for(arch):
         if spec.source == "tiled_tf32.cu" and spec.head_dim not in TILED_F32_SEQ_HEAD_DIMS:
             continue
-        if spec.family in SEQ_FAMILIES and not is_decode_cluster(spec) and not is_decode_bulk(spec):  # contiguous only
+        if spec.family in SEQ_FAMILIES and not is_decode_cluster(spec):  # the cluster kernel: contiguous only
             for addr in seq_addrs(spec.family):
                 s = with_seq(spec, addr)
                 if s is not spec:
@@ -201,8 +196,7 @@ def seq_mods_check_specs(arch: "Arch", flags: int = 15) -> tuple:
     for spec in specs_for(arch):
         if spec.source == "tiled_tf32.cu" and spec.head_dim not in TILED_F32_SEQ_HEAD_DIMS:
             continue
-        if (spec.family in SEQ_FAMILIES and not is_decode_cluster(spec) and not is_decode_bulk(spec)
-                and not is_f16x2_prep(spec)):
+        if spec.family in SEQ_FAMILIES and not is_decode_cluster(spec) and not is_f16x2_prep(spec):
             for addr in seq_addrs(spec.family):
                 s = with_seq(with_mods(spec, flags), addr)
                 picked.setdefault(s.name, s)
@@ -656,23 +650,17 @@ def decode_mma_stages(head_dim: int, row_warps: int) -> int:
     return 1 + (DECODE_MMA_STAGES[head_dim] - 1) * row_warps
 
 
-def decode_mma_smem(head_dim: int, stages: int, row_warps: int = 1, bulk: bool = False) -> int:
+def decode_mma_smem(head_dim: int, stages: int, row_warps: int = 1) -> int:
     """Dynamic shared memory of decode_mma_attention: the Q tile (16 * row_warps
     rows padded by 8 elements), then each key stream's stages of a K and a V
-    tile (swizzled slabs of 64 columns), or, when larger, the fp32 (m, l, o) of
-    every stream's rows that replace them (decode_detail::MmaSmem; the kernel
-    refuses to compile with another SMEM_BYTES). The cluster kernel's partial
-    result reuses that space. ``bulk`` (decode_mma_attention_bulk): the stages
-    from a 1024-byte boundary, an 8-byte mbarrier per stage of each stream, and
-    1024 bytes of slack to align the base."""
+    tile (swizzled rows of head_dim elements), or, when larger, the fp32
+    (m, l, o) of every stream's rows that replace them (decode_detail::MmaSmem;
+    the kernel refuses to compile with another SMEM_BYTES). The cluster
+    kernel's partial result reuses that space."""
     rows, streams = 16 * row_warps, DECODE_MMA_WARPS // row_warps
     stages_bytes = streams * stages * 2 * DECODE_MMA_BN * head_dim * 2
     merge_bytes = streams * rows * (head_dim + 2) * 4 + (streams + 3) * rows * 4  # + write_cta_result's row values
-    q_bytes = rows * (head_dim + 8) * 2
-    if not bulk:
-        return q_bytes + max(stages_bytes, merge_bytes)
-    data_end = -(-q_bytes // 1024) * 1024 + max(stages_bytes, merge_bytes)
-    return -(-data_end // 8) * 8 + 8 * streams * stages + 1024
+    return rows * (head_dim + 8) * 2 + max(stages_bytes, merge_bytes)
 
 
 def decode_mma_spec(dtype: str, head_dim: int, stages: int | None = None, row_warps: int = 1) -> Spec:
@@ -702,40 +690,15 @@ DECODE_CLUSTERS = (2, 4, 8)
 
 def is_decode_cluster(spec: Spec) -> bool:
     """Whether ``spec`` is a cluster kernel of decode (no modifier or per-sequence instantiations)."""
-    return spec.name.startswith(("decode_mma_attention_cluster<", "decode_mma_attention_bulk_cluster<"))
+    return spec.name.startswith("decode_mma_attention_cluster<")
 
 
 def decode_cluster_spec(spec: Spec, cluster: int) -> Spec:
-    """decode_mma_attention ``spec`` (or its bulk kernel) as its cluster kernel of ``cluster`` splits."""
+    """decode_mma_attention ``spec`` as its cluster kernel of ``cluster`` splits."""
     kernel, args = spec.name.split("<", 1)
-    assert kernel in ("decode_mma_attention", "decode_mma_attention_bulk") and cluster in DECODE_CLUSTERS, (spec.name, cluster)
+    assert kernel == "decode_mma_attention" and cluster in DECODE_CLUSTERS, (spec.name, cluster)
     head, smem = args[:-1].rsplit(", ", 1)  # T, HEAD_DIM, ROW_WARPS, STAGES | SMEM_BYTES
-    return replace(spec, name=f"{kernel}_cluster<{head}, {cluster}, {smem}>")
-
-
-# K and V by bulk tensor copies (decode_mma_attention_bulk; architectures with
-# them, Arch.bulk_copies): one thread of each key stream issues a tile's boxes
-# onto its stage's mbarrier, in place of every lane's 16-byte cp.async; the same
-# tiles in the same layout, so the same results bit for bit. Contiguous K/V
-# (per-sequence calls keep cp.async), the tensor maps encoded per address
-# (_plan.DecodeLaunch, _tma.tile_map).
-def is_decode_bulk(spec: Spec) -> bool:
-    """Whether ``spec`` is a bulk-copy kernel of decode (no per-sequence instantiations)."""
-    return spec.name.startswith("decode_mma_attention_bulk")
-
-
-def decode_bulk_spec(spec: Spec, arch: Arch) -> Spec | None:
-    """decode_mma_attention ``spec`` as its bulk-copy kernel on ``arch``, or None
-    where ``arch`` has no bulk copies or its shared memory does not fit it."""
-    kernel, args = spec.name.split("<", 1)
-    assert kernel == "decode_mma_attention", spec.name
-    if not arch.bulk_copies:
-        return None
-    ctype, head_dim, row_warps, stages, _ = args[:-1].split(", ")
-    smem = decode_mma_smem(int(head_dim), int(stages), int(row_warps), bulk=True)
-    if smem > arch.smem:
-        return None
-    return replace(spec, name=f"decode_mma_attention_bulk<{ctype}, {head_dim}, {row_warps}, {stages}, {smem}>", smem=smem)
+    return replace(spec, name=f"decode_mma_attention_cluster<{head}, {cluster}, {smem}>")
 
 
 def decode_cuda_core_spec(dtype: str, head_dim: int, rows: int) -> Spec:
@@ -1243,12 +1206,10 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
     for dtype in DECODE_DTYPES:
         for head_dim in DECODE_HEAD_DIMS:
             for spec in decode_specs(dtype, head_dim, arch):
-                bulk = decode_bulk_spec(spec, arch) if spec.sm80 else None
-                for s in (spec, bulk) if bulk is not None else (spec,):
-                    add(s)
-                    if s.sm80 and arch.clusters:
-                        for cluster in DECODE_CLUSTERS:
-                            add(decode_cluster_spec(s, cluster))
+                add(spec)
+                if spec.sm80 and arch.clusters:
+                    for cluster in DECODE_CLUSTERS:
+                        add(decode_cluster_spec(spec, cluster))
         add(DECODE_COMBINE[dtype])
     for dtype in DTYPES:  # the backward pass
         add(BWD_PREPROCESS[dtype])

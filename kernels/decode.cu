@@ -79,7 +79,6 @@
 // aligned pointers and strides.
 #include "common.cuh"
 #include "softmax.cuh"
-#include "sm90.cuh"
 
 // Constants are enumerators: NVRTC would emit a namespace-scope constexpr
 // variable as an (unused) global in every cubin.
@@ -600,22 +599,18 @@ __device__ __forceinline__ void copy_16(unsigned dst, const void* src, bool pred
 }
 
 // Element offset of 16-byte chunk c of row r (r % 8 == swz) in a K/V tile:
-// slabs of 64 columns (sm90.cuh's 128-byte swizzled slabs, what a bulk tensor
-// copy of a 64-column box writes), DECODE_MMA_BN rows of 128 bytes each, chunk
-// c % 8 of a row stored at (c % 8) ^ (r % 8): the 8 row addresses of an
-// ldmatrix hit 8 different bank groups and each 128-byte piece of a row lands
-// in one aligned 128-byte piece of shared memory (a row padded by 16 bytes
-// would split most such copies in two: twice the L2 requests).
-constexpr int KV_SLAB = DECODE_MMA_BN * 64;  // elements of one slab of a K/V tile
+// rows of exactly HEAD_DIM elements, chunk c stored at c ^ (r % 8), so the 8
+// row addresses of an ldmatrix hit 8 different bank groups and each 128-byte
+// piece of a row lands in one aligned 128-byte piece of shared memory (a row
+// padded to HEAD_DIM + 8 would split most such copies in two: twice the L2
+// requests).
+template <int HEAD_DIM>
 __device__ __forceinline__ int kv_at(int r, int c, int swz) {
-    return (c / 8) * KV_SLAB + r * 64 + ((c % 8) ^ swz) * 8;
+    return r * HEAD_DIM + (c ^ swz) * 8;
 }
 
 // The shared-memory layout of decode_mma_attention (see above): offsets in bytes.
-// BULK (K and V by bulk tensor copies): the stages from a 1024-byte boundary
-// (the swizzle's atom) of a base aligned so at run time (1024 bytes of slack at
-// the end), and an mbarrier per stage of each stream after everything else.
-template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, bool BULK = false>
+template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES>
 struct MmaSmem {
     enum : int {
         ROWS = 16 * ROW_WARPS,                   // packed rows of the CTA
@@ -624,17 +619,14 @@ struct MmaSmem {
         TILE = DECODE_MMA_BN * HEAD_DIM,         // one K (or V) tile, elements (kv_at)
         STREAM = STAGES * 2 * TILE,              // one stream's stages [STAGES][K, V], elements
         Q = 0,                                   // [ROWS][Q_ROW] of T
-        Q_END = Q + ROWS * Q_ROW * (int)sizeof(T),
-        KV = BULK ? (Q_END + 1023) / 1024 * 1024 : Q_END,  // [STREAMS][STREAM] of T
+        KV = Q + ROWS * Q_ROW * (int)sizeof(T),  // [STREAMS][STREAM] of T
         KV_END = KV + STREAMS * STREAM * (int)sizeof(T),
         M_W = KV,                                // the merge, over the stages: m [STREAMS][ROWS] fp32,
         L_W = M_W + STREAMS * ROWS * (int)sizeof(float),  // l [STREAMS][ROWS],
         O_W = L_W + STREAMS * ROWS * (int)sizeof(float),  // o [STREAMS][ROWS][HEAD_DIM]
         ROW_W = O_W + STREAMS * ROWS * HEAD_DIM * (int)sizeof(float),  // write_cta_result's per-row values
         MERGE_END = ROW_W + row_scratch<STREAMS, ROWS>() * (int)sizeof(float),
-        DATA_END = KV_END > MERGE_END ? KV_END : MERGE_END,
-        BARS = (DATA_END + 7) / 8 * 8,           // (BULK) mbarriers [STREAMS][STAGES]
-        BYTES = BULK ? BARS + STREAMS * STAGES * 8 + 1024 : DATA_END,
+        BYTES = KV_END > MERGE_END ? KV_END : MERGE_END,
         // (cluster kernel) the CTA's partial result for its cluster (SmemPart): o [ROWS][HEAD_DIM]
         // over stream 0's o (each thread writes the element it has merged, after reading it),
         // lse [ROWS] over Q (unused after the last tile)
@@ -718,21 +710,16 @@ __device__ __forceinline__ void cluster_merge(const float* po, const float* pl, 
 // The kernel's body, for the kernel without modifiers (M = NoMods) and the one
 // with them (decode_mma_attention_mods, common.cuh: modifiers).
 // ADDR: the per-sequence addressing (common.cuh: Sequence; 0: contiguous) of sp.
-// BULK (sm_90, contiguous K/V): the K and V tiles by bulk tensor copies through
-// k_map and v_map (cupy_gqa/_tma.py: tile_map, boxes of 64 columns by
-// DECODE_MMA_BN keys), issued by one thread of each stream onto its stage's
-// mbarrier, in place of every lane's cp.async; the same tiles, the same layout.
-template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, class M, int ADDR = 0, int CLUSTER = 1,
-          bool BULK = false>
+template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, class M, int ADDR = 0, int CLUSTER = 1>
 __device__ __forceinline__ void decode_mma_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams& p,
     float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams& mp,
-    const SeqParams* sp = nullptr, const sm90::TensorMap* k_map = nullptr, const sm90::TensorMap* v_map = nullptr)
+    const SeqParams* sp = nullptr)
 {
     using namespace decode_detail;
     constexpr int NW = DECODE_MMA_WARPS, THREADS = NW * 32;
-    using L = MmaSmem<T, HEAD_DIM, ROW_WARPS, STAGES, BULK>;
+    using L = MmaSmem<T, HEAD_DIM, ROW_WARPS, STAGES>;
     constexpr int ROWS = L::ROWS, NS = L::STREAMS, BN = DECODE_MMA_BN;
     constexpr int D = HEAD_DIM, ROW = L::Q_ROW;     // padded smem row, elements
     constexpr int CH = D / 8;                       // 16-byte chunks per row
@@ -751,14 +738,11 @@ __device__ __forceinline__ void decode_mma_body(
     static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout");
     static_assert(D % 16 == 0 && CH >= 8 && CH <= 32 && 32 % CH == 0 && BN % 16 == 0 && BN % RPP == 0, "tile shapes");
     static_assert(NW % ROW_WARPS == 0 && PASSES >= 1 && PASSES * RPP * ROW_WARPS == BN, "ROW_WARPS: 1, 2 or 4");
-    static_assert(!BULK || (ADDR == 0 && D % 64 == 0), "bulk copies: contiguous K/V, whole 64-column slabs");
     const float NEG_INF = neg_inf<float>();
     const float scale_log2 = (float)p.scale_log2;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    // (BULK) the layout from the first 1024-byte boundary (MmaSmem's slack)
-    unsigned char* const smem = BULK ? smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
-    T* sQ = reinterpret_cast<T*>(smem + L::Q);
+    T* sQ = reinterpret_cast<T*>(smem_raw + L::Q);
     allow_dependent_launch();  // the combine's CTAs may start (they wait for this kernel)
 
     // --- which work: (b, kv_head, row block, split) -------------------------
@@ -854,10 +838,10 @@ __device__ __forceinline__ void decode_mma_body(
     // shared memory: rows ld_r + RPP * i for i < SWZ_P have distinct swizzles (kv_at);
     // pass i + SWZ_P is row + 8, the same swizzle, 8 * D elements further
     constexpr int SWZ_P = 8 / RPP < PASSES ? 8 / RPP : PASSES;
-    const T* sW = reinterpret_cast<T*>(smem + L::KV) + stream * L::STREAM;  // this stream's stages: [STAGES][K, V][slabs][BN][64]
+    const T* sW = reinterpret_cast<T*>(smem_raw + L::KV) + stream * L::STREAM;  // this stream's stages: [STAGES][K, V][BN][D]
     unsigned dst[SWZ_P];
 #pragma unroll
-    for (int i = 0; i < SWZ_P; ++i) dst[i] = smem_addr(sW + kv_at(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7));
+    for (int i = 0; i < SWZ_P; ++i) dst[i] = smem_addr(sW + kv_at<D>(ld_r + i * RPP, ld_ch, (ld_r + i * RPP) & 7));
     // the next tile this stream copies: its first key, and (contiguous) the lane's rows of it
     int next_key0 = k_begin + (stream + i_first * NS) * BN;
     const T* k_next = k + sqn.k_batch() * p.k_stride[0] + sqn.k0() * ks + kv_head * p.k_stride[2] + (ld_r + (index_t)next_key0) * ks + src_ch * 8;
@@ -869,45 +853,9 @@ __device__ __forceinline__ void decode_mma_body(
         if (key0 < k_end) span = sqn.page_span(key0, min(BN, k_end - key0));
     };
     if constexpr (Sequence<ADDR>::PAGED) look_up(next_key0);
-    // (BULK) stage s of stream f completes phase by phase on mbarrier bars + 8 * (f * STAGES + s),
-    // once each of the stream's lanes has arrived (and the bulk copies' bytes have landed)
-    [[maybe_unused]] const unsigned bars = smem_addr(smem + L::BARS);
-    if constexpr (BULK) {
-        if (threadIdx.x == 0) {
-#pragma unroll
-            for (int i = 0; i < NS * STAGES; ++i) sm90::mbar_init(bars + 8 * i, ROW_WARPS * 32);
-        }
-        __syncthreads();
-    }
     // copy the stream's next tile (keys next_key0 .. + BN, zero past k_end) into stage `stage`
     auto load_tile = [&](int stage) {
         const int key0 = next_key0;
-        [[maybe_unused]] const unsigned bar = bars + 8 * (stream * STAGES + stage);
-        if constexpr (BULK) {
-            // a tile inside the sequence's keys, or inside the array (the copy engine fills
-            // rows past its end with zeros), by bulk copies: one box per 64-column slab of K
-            // and of V, from one thread; the tile that holds the end of a sequence that ends
-            // before the array (seqlens_k) by the lanes' cp.async below, which zero the keys
-            // past it (an unused slot of a cache, which may hold a NaN that P V must not see)
-            if (key0 + BN <= len || len == p.seqlen_k) {
-                next_key0 = key0 + NS * BN;
-                k_next += k_step;  // (kept in step for a last tile by cp.async)
-                v_next += v_step;
-                if (rt == 0 && lane == 0) {
-                    const unsigned st = smem_addr(sW) + stage * 2 * TILE * (int)sizeof(T);
-                    sm90::mbar_expect_tx(bar, 2 * TILE * (int)sizeof(T));
-#pragma unroll
-                    for (int sl = 0; sl < D / 64; ++sl) {
-                        sm90::tma_load_4d(st + sl * KV_SLAB * (int)sizeof(T), *k_map, bar, sl * 64, key0, kv_head, b);
-                        sm90::tma_load_4d(st + (TILE + sl * KV_SLAB) * (int)sizeof(T), *v_map, bar, sl * 64, key0,
-                                          kv_head, b);
-                    }
-                } else {
-                    sm90::mbar_arrive(bar);
-                }
-                return;
-            }
-        }
         const T* kp = k_next;  // the lane's row of pass 0; pass i: kp + i * k_pass
         const T* vp = v_next;
         [[maybe_unused]] index_t k_jump = 0, v_jump = 0;  // (pages) from the first page's rows to the second's
@@ -935,7 +883,7 @@ __device__ __forceinline__ void decode_mma_body(
         const T* v_safe = vp - (index_t)ld_r * vs;
 #pragma unroll
         for (int i = 0; i < PASSES; ++i) {
-            const unsigned d = dst[i % SWZ_P] + st + (i / SWZ_P) * 8 * 64 * (int)sizeof(T);
+            const unsigned d = dst[i % SWZ_P] + st + (i / SWZ_P) * 8 * D * (int)sizeof(T);
             const T* ki = kp;
             const T* vi = vp;
             if constexpr (Sequence<ADDR>::PAGED && Sequence<ADDR>::LEFTPAD) {  // (a tile starts on a page's
@@ -950,8 +898,6 @@ __device__ __forceinline__ void decode_mma_body(
             kp += k_pass;
             vp += v_pass;
         }
-        // (BULK) the lane's arrival, once its copies have landed
-        if constexpr (BULK) asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -973,8 +919,8 @@ __device__ __forceinline__ void decode_mma_body(
     unsigned k_off[4], v_off[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        k_off[j] = kv_at(k_row, k_ch + 2 * j, swz) * (int)sizeof(T);
-        v_off[j] = (TILE + kv_at(v_row, v_ch + 2 * j, swz)) * (int)sizeof(T);
+        k_off[j] = kv_at<D>(k_row, k_ch + 2 * j, swz) * (int)sizeof(T);
+        v_off[j] = (TILE + kv_at<D>(v_row, v_ch + 2 * j, swz)) * (int)sizeof(T);
     }
     cp_async_wait<STAGES - 1>();  // the Q group, for this thread ..
     __syncthreads();              // .. and for all
@@ -993,10 +939,7 @@ __device__ __forceinline__ void decode_mma_body(
     l_run[0] = l_run[1] = 0.f;
 
     for (int i = i_first; i < my_tiles; ++i) {
-        if constexpr (BULK)
-            sm90::mbar_wait(bars + 8 * (stream * STAGES + i % STAGES), ((i - i_first) / STAGES) & 1);  // tile i landed
-        else
-            cp_async_wait<STAGES - 2>();   // tile i landed, for this lane ..
+        cp_async_wait<STAGES - 2>();   // tile i landed, for this lane ..
         stream_sync<ROW_WARPS>(stream);  // .. and the stream; stage (i - 1) % STAGES is free again
         if (i + STAGES - 1 < my_tiles) load_tile((i + STAGES - 1) % STAGES);
         cp_async_commit();
@@ -1021,7 +964,7 @@ __device__ __forceinline__ void decode_mma_body(
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np) {
                 unsigned kb[4];
-                ldmatrix_x4(kb, sK_st + k_off[kd % 4] + (kd / 4) * KV_SLAB * (int)sizeof(T) + np * 16 * 64 * (int)sizeof(T));
+                ldmatrix_x4(kb, sK_st + k_off[kd % 4] + (kd / 4) * 64 * (int)sizeof(T) + np * 16 * D * (int)sizeof(T));
                 mma_16816<T>(s[2 * np], qa, kb[0], kb[1]);
                 mma_16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
             }
@@ -1050,7 +993,7 @@ __device__ __forceinline__ void decode_mma_body(
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
                 unsigned vb[4];
-                ldmatrix_x4_trans(vb, sK_st + v_off[dp % 4] + (dp / 4) * KV_SLAB * (int)sizeof(T) + kk * 16 * 64 * (int)sizeof(T));
+                ldmatrix_x4_trans(vb, sK_st + v_off[dp % 4] + (dp / 4) * 64 * (int)sizeof(T) + kk * 16 * D * (int)sizeof(T));
                 if constexpr (P_PAIR) {
                     mma_16816<T>(o[2 * dp], pr, vb[0], vb[1]);
                     mma_16816<T>(o[2 * dp + 1], pr, vb[2], vb[3]);
@@ -1074,10 +1017,10 @@ __device__ __forceinline__ void decode_mma_body(
     // --- merge the warps (write_cta_result), through the freed stages ------------
     cp_async_wait<0>();
     __syncthreads();
-    float* m_w = reinterpret_cast<float*>(smem + L::M_W);
-    float* l_w = reinterpret_cast<float*>(smem + L::L_W);
-    float* o_w = reinterpret_cast<float*>(smem + L::O_W);
-    float* row_w = reinterpret_cast<float*>(smem + L::ROW_W);
+    float* m_w = reinterpret_cast<float*>(smem_raw + L::M_W);
+    float* l_w = reinterpret_cast<float*>(smem_raw + L::L_W);
+    float* o_w = reinterpret_cast<float*>(smem_raw + L::O_W);
+    float* row_w = reinterpret_cast<float*>(smem_raw + L::ROW_W);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         float l = l_run[hf];
@@ -1102,8 +1045,8 @@ __device__ __forceinline__ void decode_mma_body(
     } else {
         // the split's partial result into this CTA's shared memory, then the
         // cluster's CTAs (the row block's splits) merge them (cluster_merge)
-        float* po = reinterpret_cast<float*>(smem + L::PART_O);
-        float* pl = reinterpret_cast<float*>(smem + L::PART_LSE);
+        float* po = reinterpret_cast<float*>(smem_raw + L::PART_O);
+        float* pl = reinterpret_cast<float*>(smem_raw + L::PART_LSE);
         write_cta_result<T, HEAD_DIM, ROWS, NS, THREADS, M>(m_w, l_w, o_w, row_w, out, lse, p, b, kv_head, rb, CLUSTER, len,
                                                              SmemPart<HEAD_DIM>{po, pl}, &mp, sqn);
         cluster_merge<T, HEAD_DIM, ROWS, THREADS, CLUSTER>(po, pl, out, lse, p, b, kv_head, rb, len, sqn);
@@ -1146,45 +1089,6 @@ __global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention
     decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>>(q, k, v, out, lse, seqlens_k, p, part_o, part_lse,
                                                                  num_splits, mp);
 }
-
-// The same three with K and V by bulk tensor copies (BULK; sm_90): k_map and
-// v_map are the tensor maps of k and v (cupy_gqa/_tma.py: tile_map, boxes of
-// DECODE_MMA_BN keys), after the other arguments.
-#if __CUDA_ARCH__ >= 900
-template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES>
-__global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention_bulk(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits,
-    const __grid_constant__ sm90::TensorMap k_map, const __grid_constant__ sm90::TensorMap v_map)
-{
-    decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, NoMods, 0, 1, true>(
-        q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits, ModParams{}, nullptr, &k_map, &v_map);
-}
-
-template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int CLUSTER, int SMEM_BYTES>
-__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention_bulk_cluster(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits,
-    const __grid_constant__ sm90::TensorMap k_map, const __grid_constant__ sm90::TensorMap v_map)
-{
-    static_assert(CLUSTER >= 2 && CLUSTER <= 8, "a portable cluster: 2 to 8 CTAs");
-    decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, NoMods, 0, CLUSTER, true>(
-        q, k, v, out, lse, seqlens_k, p, nullptr, nullptr, CLUSTER, ModParams{}, nullptr, &k_map, &v_map);
-}
-
-template <typename T, int HEAD_DIM, int ROW_WARPS, int STAGES, int SMEM_BYTES, int FLAGS>
-__global__ void __launch_bounds__(DECODE_MMA_WARPS * 32, 1) decode_mma_attention_bulk_mods(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ seqlens_k, const AttnParams p,
-    float* __restrict__ part_o, float* __restrict__ part_lse, const int num_splits, const ModParams mp,
-    const __grid_constant__ sm90::TensorMap k_map, const __grid_constant__ sm90::TensorMap v_map)
-{
-    decode_mma_body<T, HEAD_DIM, ROW_WARPS, STAGES, SMEM_BYTES, Mods<FLAGS, sizeof(T) == 2>, 0, 1, true>(
-        q, k, v, out, lse, seqlens_k, p, part_o, part_lse, num_splits, mp, nullptr, &k_map, &v_map);
-}
-#endif
 
 // Merge the num_splits partial results of each packed row (see the top); M:
 // the modifiers, of which only the sinks act here.

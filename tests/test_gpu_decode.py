@@ -26,13 +26,11 @@ GROUPS = {"MHA": (8, 8), "GQA4": (8, 2), "GQA8": (16, 2), "GQA16": (16, 1)}
 
 
 def check(q, k, v, *, causal=True, seqlens_k=None, lens_on="host", kernel="decode", num_splits=None, block_m=None,
-          cluster=None, bulk=None, what=""):
+          cluster=None, what=""):
     """One GPU call into NaN-poisoned out / lse, compared with the reference
     (num_splits, block_m: the decode kernel with that many key ranges and rows
     per CTA in place of decode_dispatch's choice; cluster: its splits merged
-    by their cluster (True) or by the combine (False), None: as decode_cluster
-    says; bulk: K and V by bulk copies (True) or cp.async (False), None: as
-    decode_bulk says). Returns out and lse (host arrays)."""
+    by their cluster (True) or by the combine (False), None: as decode_cluster says)."""
     dtype = q.dtype.name
     qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
     out = cupy.full(q.shape, np.nan, dtype=q.dtype)
@@ -45,14 +43,11 @@ def check(q, k, v, *, causal=True, seqlens_k=None, lens_on="host", kernel="decod
         lse = cupy.full((q.shape[0], q.shape[2], q.shape[1]), np.nan, dtype=cupy.float32)
         lens_d = None if lens is None else cupy.asarray(lens, dtype=cupy.int32)
         plan = _plan._launch_decode_forced_splits(problem, qd, kd, vd, out, lse, lens_d, num_splits, block_m=block_m,
-                                                  cluster=cluster, bulk=bulk)
+                                                  cluster=cluster)
         assert cluster is None or plan.cluster == cluster
-        assert bulk is None or plan.bulk == bulk
     ref, ref_lse = reference_attention(q, k, v, causal=causal, seqlens_k=seqlens_k)
-    got, got_lse = cupy.asnumpy(out), cupy.asnumpy(lse)
-    assert_close(got, ref, TOLERANCE[dtype], f"{kernel} {dtype} out {what}")
-    assert_lse_close(got_lse, ref_lse, 1e-5, f"{kernel} {dtype} lse {what}")
-    return got, got_lse
+    assert_close(cupy.asnumpy(out), ref, TOLERANCE[dtype], f"{kernel} {dtype} out {what}")
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5, f"{kernel} {dtype} lse {what}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -236,41 +231,6 @@ def test_cluster_refused_where_it_does_not_apply():
     lse = cupy.empty((1, 8, 1), dtype=cupy.float32)
     with pytest.raises(ValueError, match="cluster: no cluster kernel for 4 splits"):
         _plan._launch_decode_forced_splits(problem, q, k, v, out, lse, None, 4, cluster=True)
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("head_dim", [64, 80, 128, 200, 256])
-def test_bulk_copies_match_cp_async(dtype, head_dim):
-    """K and V by bulk tensor copies (decode_mma_attention_bulk, sm_90) give the
-    cp.async kernel's results bit for bit, both against the reference: every
-    rows-per-CTA layout, split and not, in clusters, with ragged device lengths
-    (0 and full included) over a cache whose unused slots hold NaN (the tile
-    that holds a sequence's end goes by cp.async), padded head dims (the copy
-    engine fills the columns past head_dim with zeros), a key count that is not
-    a multiple of the tile, and non-causal."""
-    if not _clusters():
-        pytest.skip("bulk tensor copies: compute capability 9.0 or newer")
-    q, k, v = random_qkv(3, 3, 1000, 16, 2, head_dim, dtype, seed=head_dim)
-    lens = np.array([1000, 0, 77], dtype=np.int32)
-    k[2, 77:] = np.nan
-    v[2, 77:] = np.nan
-    runs = [(block_m, splits, False, True) for block_m in (16, 32, 64) for splits in (1, 3)]
-    runs += [(16, 4, True, True), (32, 1, False, False)]
-    for block_m, splits, cluster, causal in runs:
-        what = f"D{head_dim} block_m={block_m} splits={splits} cluster={cluster} causal={causal}"
-        got = [check(q, k, v, causal=causal, num_splits=splits, block_m=block_m, cluster=cluster, bulk=bulk,
-                     seqlens_k=lens, lens_on="device", what=f"{what} bulk={bulk}") for bulk in (False, True)]
-        np.testing.assert_array_equal(got[1][0], got[0][0], err_msg=what)
-        np.testing.assert_array_equal(got[1][1], got[0][1], err_msg=what)
-
-
-def test_bulk_copies_refused_where_they_do_not_apply():
-    q, k, v = (cupy.asarray(x) for x in random_qkv(1, 1, 3000, 8, 2, 64, "float32", seed=1))
-    problem = _plan.Problem.of(q, k, dtype="float32", causal=True, softmax_scale=0.125)
-    out = cupy.empty_like(q)
-    lse = cupy.empty((1, 8, 1), dtype=cupy.float32)
-    with pytest.raises(ValueError, match="bulk: no bulk-copy decode kernel"):
-        _plan._launch_decode_forced_splits(problem, q, k, v, out, lse, None, 1, bulk=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,5 +1,4 @@
 """Launch plans (cupy_gqa/_plan.py) and the specialization table, as pure functions."""
-import dataclasses
 import itertools
 import math
 import re
@@ -397,40 +396,6 @@ def test_hopper_launch_at_head_dim_64_encodes_no_map_of_out(monkeypatch):
     (_, buf), = launched
     assert buf[args[9] : args[9] + 128] == bytes([3]) * 128  # q's map, the third encoded
     assert buf[args[10] : args[10] + 128] == bytes(128)  # no map of out
-
-
-def test_decode_launch_on_hopper_passes_tensor_maps_of_k_and_v(monkeypatch):
-    """On sm_90 the tensor-core decode kernel reads contiguous K and V by bulk
-    copies (decode_mma_attention_bulk, its shared memory grown by the mbarriers
-    and the alignment's slack): the launch passes the tensor maps of K and V
-    (boxes of the decode tile's keys), after the parameter struct, the
-    workspace's halves and the split count, each encoded once per address.
-    Older architectures, float32 and per-sequence calls keep cp.async."""
-    launched, encoded = _stand_in_launches(monkeypatch)
-    monkeypatch.setattr(_tma, "available", lambda: True)
-    problem = _plan.Problem(16, 1, 8192, 32, 8, 128, "bfloat16", True, 128**-0.5)
-    q_layout = ((16, 1, 32, 128), (32 * 256, 32 * 256, 256, 2), 2)
-    kv_layout = ((16, 8192, 8, 128), (8192 * 8 * 256, 8 * 256, 256, 2), 2)
-    layout = (q_layout, kv_layout, kv_layout, q_layout)
-    plan = _plan.plan_decode(problem, layout, 132, _specs.ARCHS["sm_90"])
-    assert plan.bulk and plan.spec.name.startswith("decode_mma_attention_bulk<")
-    cp_spec = _specs.decode_spec("bfloat16", 128, plan.spec.block_m, _specs.ARCHS["sm_90"])
-    assert plan.spec.smem == _specs.decode_mma_smem(128, 3, plan.spec.block_m // 16, bulk=True) > cp_spec.smem
-    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, plan.packed().values())))
-    plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
-    plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)  # the same addresses: no new encoding
-    assert encoded == [("tile", 4096, *kv_layout, _specs.DECODE_MMA_BN), ("tile", 8192, *kv_layout, _specs.DECODE_MMA_BN)]
-    args = plan.packed().arg_addresses(0)
-    assert len(args) == 12  # q k v out lse seqlens_k, params, part_o part_lse num_splits, k_map v_map
-    (_, buf) = launched[-1]
-    assert buf[args[10] : args[10] + 128] == bytes([1]) * 128 and buf[args[11] : args[11] + 128] == bytes([2]) * 128
-    assert not _plan.plan_decode(problem, layout, 108, _specs.ARCHS["sm_80"]).bulk
-    f32 = _plan.Problem(16, 1, 8192, 32, 8, 128, "float32", True, 128**-0.5)
-    f32_layout = tuple((shape, tuple(2 * x for x in st[:3]) + (4,), 4) for shape, st, _ in layout)
-    assert not _plan.plan_decode(f32, f32_layout, 132, _specs.ARCHS["sm_90"]).bulk
-    assert not _plan.decode_bulk(dataclasses.replace(problem, seq=object()), layout, _specs.ARCHS["sm_90"])
-    monkeypatch.setattr(_tma, "available", lambda: False)  # a driver without tensor maps
-    assert not _plan.decode_bulk(problem, layout, _specs.ARCHS["sm_90"])
 
 
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", [(39, 3), (48, 1), (128, 1)])

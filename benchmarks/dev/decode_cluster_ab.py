@@ -1,10 +1,8 @@
 #!/usr/bin/env python3
 """A split decode call merged by its thread-block clusters against the same
-call merged by the combine kernel (kernels/decode.cu), at forced split counts;
-with --bulk each configuration twice, K and V by cp.async and by bulk tensor
-copies (decode_mma_attention_bulk), whose outputs must agree bit for bit.
+call merged by the combine kernel (kernels/decode.cu), at forced split counts.
 
-    python3 benchmarks/dev/decode_cluster_ab.py [--cases D01,D02] [--rounds 4] [--bulk]
+    python3 benchmarks/dev/decode_cluster_ab.py [--cases D01,D02] [--rounds 4]
 
 Per case and (splits, merge), three numbers:
   gpu_us    CUDA events around one call, a 256 MB buffer zeroed before each
@@ -51,7 +49,7 @@ def inputs(shape):
     return rnd(batch, sq, hq, d), rnd(batch, sk, hkv, d), rnd(batch, sk, hkv, d)
 
 
-def setup(shape, qkv, splits, cluster, bulk):
+def setup(shape, qkv, splits, cluster):
     batch, sq, sk, hq, hkv, d = shape
     q, k, v = qkv
     out = cupy.empty_like(q)
@@ -60,8 +58,7 @@ def setup(shape, qkv, splits, cluster, bulk):
     arch = _specs.arch_of(*divmod(int(cupy.cuda.Device().compute_capability), 10))
     block_m = _plan.decode_dispatch(problem, _plan.sm_count(0), arch).block_m
     spec = _specs.decode_spec("bfloat16", d, block_m, arch)
-    plan = _plan._decode_plan(problem, _plan._layout(q, k, v, out), spec, splits, cluster, arch if bulk else None)
-    assert plan.bulk == bulk, (spec.name, bulk)
+    plan = _plan._decode_plan(problem, _plan._layout(q, k, v, out), spec, splits, cluster)
     work = cupy.empty(max(plan.workspace_bytes // 4, 1), dtype=cupy.float32)
     return plan, (q, k, v, out, lse), work
 
@@ -108,17 +105,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--bulk", action="store_true", help="each configuration by cp.async and by bulk copies")
     args = ap.parse_args()
     dev = cupy.cuda.Device()
     print(f"{cupy.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}  cupy {cupy.__version__}  "
           f"{args.rounds} rounds; best of the rounds' medians")
-    print(f"{'case':14s} {'splits':>6s} {'merge':>8s} {'copy':>6s} {'gpu_us':>8s} {'loop_us':>8s} {'host_us':>8s}  dispatch")
+    print(f"{'case':14s} {'splits':>6s} {'merge':>8s} {'gpu_us':>8s} {'loop_us':>8s} {'host_us':>8s}  dispatch")
     for name in args.cases.split(","):
         shape, configs = CASES[name]
-        configs = [(s, c, b) for s, c in configs for b in ((False, True) if args.bulk else (False,))]
         qkv = inputs(shape)
-        setups = [setup(shape, qkv, s, c, b) for s, c, b in configs]
+        setups = [setup(shape, qkv, s, c) for s, c in configs]
         best = {i: [math.inf] * 3 for i in range(len(configs))}
         for r in range(args.rounds):
             order = range(len(configs)) if r % 2 == 0 else reversed(range(len(configs)))
@@ -129,10 +124,11 @@ def main() -> int:
         problem = _plan.Problem(*shape[:6], "bfloat16", True, 1 / math.sqrt(shape[5]))
         arch = _specs.arch_of(*divmod(int(dev.compute_capability), 10))
         choice = _plan.decode_dispatch(problem, _plan.sm_count(dev.id), arch)
-        for i, (s, c, b) in enumerate(configs):
+        for i, (s, c) in enumerate(configs):
             g, lp, h = best[i]
-            line = f"{name:14s} {s:6d} {'cluster' if c else 'combine':>8s} {'bulk' if b else 'cp':>6s} {g:8.2f} {lp:8.2f} {h:8.2f}"
-            print(f"{line}  {choice.block_m} rows, {choice.num_splits} splits" if i == 0 else line)
+            print(f"{name:14s} {s:6d} {'cluster' if c else 'combine':>8s} {g:8.2f} {lp:8.2f} {h:8.2f}  "
+                  f"{choice.block_m} rows, {choice.num_splits} splits" if i == 0 else
+                  f"{name:14s} {s:6d} {'cluster' if c else 'combine':>8s} {g:8.2f} {lp:8.2f} {h:8.2f}")
         # every configuration's output against the first's (the same inputs)
         outs = []
         for plan, arrays, work in setups:
@@ -141,9 +137,6 @@ def main() -> int:
             outs.append(cupy.asnumpy(out.astype(cupy.float32)))
         ref = outs[0]
         print(f"{name:14s} max |out - first config's|: " + ", ".join(f"{np.abs(o - ref).max():.2e}" for o in outs[1:]))
-        if args.bulk:  # each configuration's two copies, bit for bit
-            same = [bool((outs[i] == outs[i + 1]).all()) for i in range(0, len(outs), 2)]
-            print(f"{name:14s} bulk == cp.async bit for bit: {same}")
     return 0
 
 
