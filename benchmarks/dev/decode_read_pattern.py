@@ -3,7 +3,7 @@
 reads them, against other orders of the same bytes: no attention, only loads.
 
     python3 benchmarks/dev/decode_read_pattern.py [--cases D1,D2] [--u 2,4,8] [--reps 20]
-                                                  [--tma 32x4,32x8,64x2,64x4,128x2,128x3]
+                                                  [--tma 16x4,16x8,32x4,32x8,64x2,64x4,128x2,128x3]
 
 K and V are (batch, seqlen_k, num_kv_heads, head_dim) bf16, as D1 and D2 of
 bench_attention.py. Each pattern copies both arrays once, whole, into shared
@@ -231,7 +231,7 @@ def main():
     parser.add_argument("--u", default="2,4,8", help="chunks of K (and of V) a thread copies per group")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tma", default="32x4,32x8,64x2,64x4,128x2,128x3",
+    parser.add_argument("--tma", default="16x4,16x8,32x4,32x8,64x2,64x4,128x2,128x3",
                         help="bulk tensor copies in the head order: T keys a copy x S stages ('' for none)")
     args = parser.parse_args()
     dev = cupy.cuda.Device()

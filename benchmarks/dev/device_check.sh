@@ -52,8 +52,8 @@
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
 #   benchmarks/dev/device_check.sh next         the next call of NOTES.md by the card that came: on an H200 bench_model
-#                                               and the sweep (results); elsewhere probe, then the GPU suite in the
-#                                               rest of the call (NEXT_S, default 580 s)
+#                                               and the sweep (results); elsewhere probe, then the sanitizer's hopper
+#                                               and tiled groups in the rest of the call (NEXT_S, default 580 s)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -388,8 +388,8 @@ case "$stage" in
     done ;;
   next)
     # the next call of NOTES.md ("Next, on an H200"), by the card that came: on an H200 bench_model
-    # and the shape sweep (the results stage); on another card the probes, then the GPU suite in what
-    # is left of the call (NEXT_S, default 580 s)
+    # and the shape sweep (the results stage); on another card the probes, then the sanitizer's plain
+    # hopper and tiled groups (four tools, a process each) in what is left of the call (NEXT_S, default 580 s)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     echo "next on: $gpu"
     if [[ "$gpu" == *H200* ]]; then
@@ -397,7 +397,11 @@ case "$stage" in
     else
       t0=$SECONDS
       PROBE_S=${PROBE_S:-60} bash "$0" probe
-      TESTS_LIMIT_S=$(( ${NEXT_S:-580} - (SECONDS - t0) - 40 )) bash "$0" tests
+      SANITIZE_GROUPS="hopper|tiled" timeout -s KILL $(( ${NEXT_S:-580} - (SECONDS - t0) - 20 )) \
+        bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"
+      echo "sanitize rc $?"
+      nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
+      for f in "$out"/sanitize/*.txt; do echo "$(basename "$f"): $(grep -hE 'sanitize_driver:|SUMMARY|FAIL' "$f" | tr -s ' ' | tr '\n' ' ')"; done
     fi ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
