@@ -88,6 +88,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_durations: dict = {}  # setup and call times of the tests not yet torn down (CUPY_GQA_DURATION_LOG)
+
+
 def pytest_runtest_logreport(report):
     """With CUPY_GQA_FAILURE_LOG set, each failure's report is appended to that file as it
     comes (with pytest-xdist, by the controller): a run stopped by a time limit keeps the
@@ -105,9 +108,6 @@ def pytest_runtest_logreport(report):
             f.write(f"{report.duration + _durations.pop(report.nodeid, 0.0):.3f} {report.nodeid}\n")
     elif path and "PYTEST_XDIST_WORKER" not in os.environ:
         _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
-
-
-_durations: dict = {}  # setup and call times of the tests not yet torn down (CUPY_GQA_DURATION_LOG)
 
 
 def random_qkv(batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, dtype, seed=0, scale=1.0):

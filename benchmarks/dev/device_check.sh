@@ -67,6 +67,8 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/device_check}
 mkdir -p "$out"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+# a hung kernel must not eat the call: what a part leaves running on the GPU is killed after it
+reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
 stage=${1:-tests}
 shift || true
 # errors_both DIR CASES PREFIX: p_rounding.py's errors (cupy_gqa's kernels, torch's, the models) on CASES
@@ -77,7 +79,7 @@ errors_both() {
     (cd "$t" && PYTHONPATH="$t" timeout -s KILL 120 python3 benchmarks/dev/p_rounding.py --cases "$2" --device cuda) \
       >"$out/$3_$(basename "$t").txt" 2>&1
     echo "== p_rounding in $(basename "$t"): rc $?"
-    nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
+    reap
     grep -E "cupy_gqa|torch" "$out/$3_$(basename "$t").txt" | tail -15
   done
 }
@@ -100,7 +102,7 @@ case "$stage" in
       timeout -s KILL "${TESTS_LIMIT_S:-420}" \
       python3 -m pytest -v -n "${TESTS_WORKERS:-16}" -p no:cacheprovider -rf "$@" >"$out/gpu_tests.txt" 2>&1
     rc=$?
-    nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
+    reap
     grep -E "^=+ .*(passed|failed)" "$out/gpu_tests.txt" | tail -1
     if [ -s "$out/gpu_tests_durations.txt" ]; then
       echo "== test time by file (s, summed over workers), then the slowest tests"
@@ -116,7 +118,7 @@ case "$stage" in
     if [ ${#failed[@]} -gt 0 ]; then
       timeout -s KILL "${RETRY_LIMIT_S:-90}" python3 -m pytest -q -p no:cacheprovider --tb=short "${failed[@]}" \
         >"$out/gpu_tests_failed.txt" 2>&1
-      nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
+      reap
       grep -E "^E |Error|assert|passed|failed" "$out/gpu_tests_failed.txt" | head -40
     fi
     exit $rc ;;
@@ -132,7 +134,6 @@ case "$stage" in
     exit $rc ;;
   prefill)
     # a hung kernel must not eat the call: every part has a limit, and GPU processes left behind are killed
-    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     timeout -s KILL 150 python3 -m pytest -q -x -n 12 -p no:cacheprovider tests/test_gpu_kernels.py \
       tests/test_gpu_decode.py tests/test_gpu_fuzz.py -k "hopper or other_architectures" >"$out/gpu_tests.txt" 2>&1
     echo "tests rc $?"; reap; grep -E "passed|failed|FAILED" "$out/gpu_tests.txt" | tail -5
@@ -145,7 +146,6 @@ case "$stage" in
     NVDISASM=nvdisasm timeout 60 python3 benchmarks/dev/sass_stats.py hopper >"$out/sass.txt" 2>&1
     cut -c1-60,140- "$out/sass.txt" | tail -8 ;;
   backward)
-    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     timeout -s KILL 200 python3 -m pytest -q -n 16 -p no:cacheprovider tests/test_gpu_backward.py \
       tests/test_gpu_interop.py "$@" >"$out/gpu_tests.txt" 2>&1
     echo "tests rc $?"; reap; grep -E "passed|failed|FAILED" "$out/gpu_tests.txt" | tail -30
@@ -153,7 +153,6 @@ case "$stage" in
     SANITIZE_GROUPS="backward:cases|backward:mods" timeout -s KILL 360 bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize" >"$out/sanitize.txt" 2>&1
     echo "sanitize rc $?"; reap; cat "$out/sanitize.txt"; grep -h "FAIL" "$out"/sanitize/*.txt | head -20 ;;
   seq)
-    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     t0=$SECONDS
     timeout -s KILL 240 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_seq.py tests/test_gpu_decode.py \
       tests/test_gpu_graphs.py tests/test_gpu_interop.py tests/test_fast.py >"$out/gpu_tests.txt" 2>&1
@@ -166,7 +165,6 @@ case "$stage" in
       bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"
     echo "sanitize rc $? in $((SECONDS - t0)) s"; reap ;;
   first)
-    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     part() {  # part NAME LIMIT_S COMMAND...: run, report rc, time and the pytest summary or the output's tail
       local name=$1 limit=$2; shift 2; local t0=$SECONDS
       timeout -s KILL "$limit" "$@" >"$out/first_$name.txt" 2>&1
@@ -191,7 +189,6 @@ case "$stage" in
     grep -hE "^\| (G1|G2|G3) \| (cupy_gqa\[auto\]|torch_flash|torch_efficient_expanded) " "$out"/first_bench/*.md \
       | cut -d'|' -f2-9 ;;
   ab)
-    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     here=$PWD
     IFS=';' read -r -a runs <<<"${BWD_AB_ARGS:-}"  # invocations, separated by ';'
     for i in "${!runs[@]}"; do
@@ -225,7 +222,6 @@ case "$stage" in
       [ "${PENDING_ERROR_CASES:-}" != none ] && errors_both "$d" "${PENDING_ERROR_CASES:-P03,H3,H4}" "ab_${name}_errors"
     done ;;
   bwd_sm90)
-    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     kind=${BWD_SM90:-ws}  # (the calls' own; mma for the other kernels)
     t0=$SECONDS
     CUPY_GQA_TEST_BWD_SM90=$kind timeout -s KILL 240 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
@@ -238,7 +234,6 @@ case "$stage" in
     CUPY_GQA_TEST_BWD_SM90=$kind SANITIZE_KERNELS=backward timeout -s KILL 180 bash tests/sanitize.sh >"$out/sanitize.txt" 2>&1
     echo "sanitize rc $? in $((SECONDS - t0)) s"; reap; grep -E "ERROR SUMMARY|sanitize_driver:|exit code|FAIL" "$out/sanitize.txt" ;;
   f32)
-    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     t0=$SECONDS
     timeout -s KILL 150 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_f32_products.py \
       >"$out/f32_tests.txt" 2>&1
@@ -255,7 +250,6 @@ case "$stage" in
     CUPY_GQA_TEST_F32_PRODUCTS=f16x2 SANITIZE_KERNELS=tiled timeout -s KILL 200 bash tests/sanitize.sh >"$out/sanitize.txt" 2>&1
     echo "sanitize rc $? in $((SECONDS - t0)) s"; reap; grep -E "ERROR SUMMARY|sanitize_driver:|exit code|FAIL" "$out/sanitize.txt" ;;
   results)
-    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     read -r lb lm lt <<<"${RESULTS_LIMITS:-330 0 90}"
     mkdir -p "$out/results"
     if [ "$lb" -gt 0 ]; then
@@ -280,7 +274,7 @@ case "$stage" in
       --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 "${PROFILE_SCRIPT:-benchmarks/dev/profile_prefill.py}" "$@" \
       >"$out/profile.txt" 2>&1
     rc=$?
-    nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
+    reap
     grep -E "^  [a-z_]+.*\(|Duration|Throughput|Achieved Occupancy|Registers Per|Block Limit|Stall|Issued Warp|No Eligible|Pipe|SM Busy|Issue Slots|Dispatch|^D[0-9]" \
       "$out/profile.txt" | cut -c1-150 | head -120
     exit $rc ;;
@@ -295,7 +289,6 @@ case "$stage" in
     # tree and, with DECODE_STAGES_ARGS, in the copy.
     # PENDING_ONLY (names or globs, space-separated) picks patches; PENDING_SOFTCAP=30 adds a hopper_ab.py
     # run of the cases with that softcap on both sides, PENDING_ALIBI=1 one with ALiBi
-    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     here=$PWD
     shopt -s nullglob
     patches=()
@@ -379,7 +372,6 @@ case "$stage" in
     # measurements of the machine and of layouts, no tests, each under a limit: the multi-function
     # unit's and the conversions' rates (mufu_rate.py), decode's orders of reads without attention
     # (decode_read_pattern.py), D1 and D2 split in clusters (decode_cluster_ab.py)
-    reap() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; }
     for cmd in "mufu_rate.py" "decode_read_pattern.py --cases D1,D2" "decode_cluster_ab.py --cases D1,D2 --rounds 2"; do
       t0=$SECONDS; f="$out/probe_${cmd%%.py*}.txt"
       # shellcheck disable=SC2086
@@ -399,9 +391,16 @@ case "$stage" in
       PROBE_S=${PROBE_S:-60} bash "$0" probe
       SANITIZE_GROUPS="hopper|tiled" timeout -s KILL $(( ${NEXT_S:-580} - (SECONDS - t0) - 20 )) \
         bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"
-      echo "sanitize rc $?"
-      nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
-      for f in "$out"/sanitize/*.txt; do echo "$(basename "$f"): $(grep -hE 'sanitize_driver:|SUMMARY|FAIL' "$f" | tr -s ' ' | tr '\n' ' ')"; done
+      rc=$?
+      echo "sanitize rc $rc"
+      reap
+      # stopped by its limit, the script printed no summary: what each process had reached
+      if [ "$rc" -ne 0 ]; then
+        for f in "$out"/sanitize/*.txt; do
+          echo "$(basename "$f"): $(grep -hE 'sanitize_driver:|SUMMARY|FAIL' "$f" | tr -s ' ' | tr '\n' ' ')"
+        done
+      fi
+      exit $rc
     fi ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
