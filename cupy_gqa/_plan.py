@@ -449,9 +449,6 @@ def _scale_issue(problem: Problem) -> str | None:
 
 def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
     """Why kernels/hopper.cu cannot run this call, or None if it can."""
-    if problem.seq is not None and problem.seq.flags not in _specs.seq_addrs("hopper"):
-        # its bulk copies read K and V as one strided array (varlen, left padding), not through pages
-        return f"{problem.seq.describe()} (paged K/V, which its bulk tensor copies don't read)"
     if problem.dtype not in _specs.HOPPER_DTYPES:
         return f"dtype {problem.dtype} (it takes {', '.join(_specs.HOPPER_DTYPES)})"
     if problem.head_dim % 8:
@@ -461,10 +458,16 @@ def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
         return f"a device of compute capability {cc[0]}.{cc[1]} (it runs on 9.0, Hopper)"
     if not _tma.available():
         return "a CUDA driver without tensor maps (cuTensorMapEncodeTiled)"
-    issue = _tma.geometry_issue(k.shape, k.strides) or _tma.geometry_issue(v.shape, v.strides)
-    if issue is not None:
-        return f"k or v with {issue}"
+    if not _paged(problem):  # (pages go by the threads' copies, through the block table)
+        issue = _tma.geometry_issue(k.shape, k.strides) or _tma.geometry_issue(v.shape, v.strides)
+        if issue is not None:
+            return f"k or v with {issue}"
     return _scale_issue(problem) or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
+
+
+def _paged(problem: Problem) -> bool:
+    """Whether k and v are page pools (kernels/common.cuh: SEQ_PAGED)."""
+    return problem.seq is not None and problem.seq.paged
 
 
 HOPPER_MIN_WG_ROWS = 56  # the fewest packed rows of a warpgroup's 64 that bulk copies of Q and out may leave it
@@ -564,7 +567,10 @@ class HopperLaunch(Launch):
 
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
                seq: tuple = ()) -> None:
-        maps = (self._tensor_map(1, k), self._tensor_map(2, v))
+        if _paged(self.problem):  # the kernel reads pages by cp.async, not by tensor maps
+            maps = (bytes(_launch.BLOB_BYTES),) * 2
+        else:
+            maps = (self._tensor_map(1, k), self._tensor_map(2, v))
         if self.bulk_qo:
             # at head dim 64 the kernel writes out from its registers (kernels/hopper.cu: epilogue)
             maps += (self._tensor_map(0, q),)

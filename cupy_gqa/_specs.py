@@ -144,16 +144,12 @@ SEQ_FAMILIES = ("rowwise", "tiled", "hopper", "decode")  # the kernel families w
 # registers spill (the calls run rowwise).
 TILED_F32_SEQ_HEAD_DIMS = (32, 64, 96, 128)
 SEQ_ADDRS = (1, 2, 4, 6)  # the SEQ_* sums the API makes (_seq.py): varlen; paged; left padding; paged and left padding
-# The hopper kernel's: its bulk copies read K and V as one strided array, so no
-# pages (kernels/hopper.cu; paged calls run tiled or decode).
-HOPPER_SEQ_ADDRS = (1, 4)
 
 
 def seq_addrs(family: str) -> tuple:
-    """The SEQ_* sums kernel family ``family`` takes (SEQ_ADDRS, or fewer)."""
-    if family not in SEQ_FAMILIES:
-        return ()
-    return HOPPER_SEQ_ADDRS if family == "hopper" else SEQ_ADDRS
+    """The SEQ_* sums kernel family ``family`` takes (every family of
+    SEQ_FAMILIES takes them all)."""
+    return SEQ_ADDRS if family in SEQ_FAMILIES else ()
 
 
 def with_seq(spec: Spec, addr: int) -> Spec:

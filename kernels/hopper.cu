@@ -91,15 +91,20 @@
  * (softmax.cuh: frag_mods), and a sink joins the denominator in the epilogue.
  *
  * Per-sequence addressing (hopper_attention_seq<..., ADDR>; common.cuh:
- * Sequence, SEQ_*): varlen (SEQ_VARLEN) and left padding (SEQ_LEFTPAD), not
- * paged K/V (the bulk copies read one strided array, not pages). The CTA's
+ * Sequence, SEQ_*): varlen (SEQ_VARLEN), paged K/V (SEQ_PAGED) and left padding
+ * (SEQ_LEFTPAD). The CTA's
  * sequence (prefill_tile_seq) gives its queries' rows (Q loads, out and lse
  * stores), its key count and its first key k0: a CTA past its sequence's
  * packed rows returns before any copy. The tensor maps are those of k and v as the
  * call passes them -- (1, total_k, heads, head_dim) for varlen -- so key tile
  * j of the sequence is the box at row k0 + j * BLOCK_N (batch coordinate 0
  * for varlen, b for left padding); the cp.async path reads from the same
- * first key. The contiguous kernels are this body with ADDR 0, unchanged.
+ * first key. Paged K/V (pages of any multiple of 16 keys) goes by the producer
+ * warpgroup's cp.async for every tile, each key row through the block table;
+ * each thread's copies count on the stage's full mbarrier as they land
+ * (cp.async.mbarrier.arrive), so the producer never waits for its own copies,
+ * and the consumers fence the async proxy after their wait. The contiguous
+ * kernels are this body with ADDR 0, unchanged.
  *
  * Head dims.  Any head_dim that is a multiple of 8 up to HEAD_DIM_PAD runs;
  * the columns past head_dim are zero in shared memory (Q and K: they add
@@ -224,7 +229,6 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES>;
     static_assert(SMEM_BYTES == L::BYTES, "SMEM_BYTES is not the size of the shared-memory layout (HopperSmem)");
     static_assert(STAGES >= 2, "the consumers hold V_{j-1} (P V) while V_j arrives");
-    static_assert((ADDR & SEQ_PAGED) == 0, "paged K/V: the bulk copies take no pages");
     constexpr int CHP = HEAD_DIM_PAD / 8;      // 16-byte chunks per padded row
     constexpr int KD = HEAD_DIM_PAD / 16;      // k-steps of Q K^T
     constexpr int NT = BLOCK_N / 8;            // n8 tiles of S (keys)
@@ -343,8 +347,28 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                                        (index_t)kvh * p.v_stride[2];
                 const index_t k_stride_s = p.k_stride[1], v_stride_s = p.v_stride[1];
                 // one tile of K or V: chunk c is row c / CHP (key j * BLOCK_N + row), column chunk c % CHP
-                auto load_tile = [&](unsigned dst, const T* base_ptr, index_t stride_s, const T* dummy, int j) {
-                    if constexpr (128 % CHP == 0) {
+                // (s0: the stride of axis 0, a page's with paged K/V, whose key rows go
+                // through the block table: common.cuh, Sequence::kv_row)
+                auto load_tile = [&](unsigned dst, const T* base_ptr, index_t s0, index_t stride_s, const T* dummy, int j) {
+                    if constexpr (Sequence<ADDR>::PAGED) {
+                        auto row_chunk = [&](int c) {
+                            const int r = c / CHP, ch = c % CHP;
+                            const int key = j * BLOCK_N + r;
+                            const bool ok = key < seqlen_k && ch < ch_used;
+                            cp_async_16(dst + (ch / 8) * L::KV_SLAB + swizzle128(r, ch % 8),
+                                        ok ? (const void*)(base_ptr + sqn.kv_row(key, s0, stride_s) + ch * 8)
+                                           : (const void*)dummy,
+                                        ok);
+                        };
+                        if constexpr (NWG > 2) {
+                            // not unrolled: the producer of three consumer warpgroups has 32 registers
+#pragma unroll 1
+                            for (int c = pt; c < BLOCK_N * CHP; c += 128) row_chunk(c);
+                        } else {
+#pragma unroll 4
+                            for (int c = pt; c < BLOCK_N * CHP; c += 128) row_chunk(c);
+                        }
+                    } else if constexpr (128 % CHP == 0) {
                         // each thread keeps one column chunk and walks rows RS apart: one
                         // pointer step and one compare per copy (head dims 64, 128, 256)
                         constexpr int RS = 128 / CHP;
@@ -396,9 +420,17 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                     else return sqn.k0() + seqlen_k == (Sequence<ADDR>::VARLEN ? sp->total_k : p.seqlen_k);
                 };
                 const int map_b = Sequence<ADDR>::VARLEN ? 0 : b, map_k0 = sqn.k0();
-                auto fill = [&](unsigned full, unsigned dst, const TensorMap& map, const T* base_ptr, index_t stride_s,
-                                const T* dummy, int j) {
-                    if (j * BLOCK_N + BLOCK_N <= seqlen_k || ends_array()) {
+                auto fill = [&](unsigned full, unsigned dst, const TensorMap& map, const T* base_ptr, index_t s0,
+                                index_t stride_s, const T* dummy, int j) {
+                    if constexpr (Sequence<ADDR>::PAGED) {
+                        // paged K/V: every tile by the warpgroup's cp.async through the block
+                        // table, the stage's full mbarrier waiting for each thread's copies to
+                        // land (the consumers' proxy fence follows their wait: wait_kv below)
+                        load_tile(dst, base_ptr, s0, stride_s, dummy, j);
+                        cp_async_mbar_track(full);
+                        producer_sync<NWG>();  // every thread's copies tracked before the counted arrival
+                        if (pt == 0) mbar_arrive(full);
+                    } else if (j * BLOCK_N + BLOCK_N <= seqlen_k || ends_array()) {
                         if (pt == 0) {
                             mbar_expect_tx(full, L::KV_BYTES);
 #pragma unroll
@@ -406,19 +438,19 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                                 tma_load_4d(dst + sl * L::KV_SLAB, map, full, sl * 64, map_k0 + j * BLOCK_N, kvh, map_b);
                         }
                     } else {
-                        load_tile(dst, base_ptr, stride_s, dummy, j);
+                        load_tile(dst, base_ptr, s0, stride_s, dummy, j);
                         copies_arrive(full);
                     }
                 };
                 auto fill_k = [&](int i) {  // key tile j0 + i, ring position ring + i
                     const int r = ring + i, stage = r % STAGES;
                     if (r >= STAGES) mbar_wait(k_empty(stage), ((r / STAGES) + 1) & 1);  // its use r - STAGES is done
-                    fill(k_full(stage), sK + stage * L::KV_BYTES, k_map, kbase, k_stride_s, k, j0 + i);
+                    fill(k_full(stage), sK + stage * L::KV_BYTES, k_map, kbase, p.k_stride[0], k_stride_s, k, j0 + i);
                 };
                 auto fill_v = [&](int i) {
                     const int r = ring + i, stage = r % STAGES;
                     if (r >= STAGES) mbar_wait(v_empty(stage), ((r / STAGES) + 1) & 1);
-                    fill(v_full(stage), sV + stage * L::KV_BYTES, v_map, vbase, v_stride_s, v, j0 + i);
+                    fill(v_full(stage), sV + stage * L::KV_BYTES, v_map, vbase, p.v_stride[0], v_stride_s, v, j0 + i);
                 };
                 if (num_n > 0) fill_k(0);
                 for (int h = 0; h < NWG; ++h) {
@@ -615,8 +647,15 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 Wgmma<T, HEAD_DIM_PAD>::rs(flat(o), pa[kk], desc_v + (unsigned long long)((kk * 16 * 128) >> 4), 1);
             wgmma_commit();
         };
-        auto wait_k = [&](int j) { mbar_wait(k_full((ring + j) % STAGES), ((ring + j) / STAGES) & 1); };
-        auto wait_v = [&](int j) { mbar_wait(v_full((ring + j) % STAGES), ((ring + j) / STAGES) & 1); };
+        // A stage's K or V has landed. Paged K/V came by the producer's cp.async (generic
+        // proxy), which no thread fenced after they landed: this thread's proxy fence
+        // orders them before its wgmma reads (async proxy).
+        auto wait_kv = [&](unsigned full, int r) {
+            mbar_wait(full, (r / STAGES) & 1);
+            if constexpr (Sequence<ADDR>::PAGED) fence_proxy_async();
+        };
+        auto wait_k = [&](int j) { wait_kv(k_full((ring + j) % STAGES), ring + j); };
+        auto wait_v = [&](int j) { wait_kv(v_full((ring + j) % STAGES), ring + j); };
 
         // Mask S of key tile j (tiles crossing the diagonal or the end of the keys), then
         // P = exp2(S * scale_log2 - m) in place (softmax.cuh, lazy rescale).

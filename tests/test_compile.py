@@ -286,20 +286,15 @@ def test_seq_modifier_instantiation_names():
     assert _specs.with_seq(_specs.with_mods(combine, 7), 4).name == "decode_combine_seq<__half, 4>"
 
 
-def test_hopper_seq_instantiations_cover_varlen_and_left_padding():
-    """seq_check_specs (compile --seq) holds hopper's varlen and left-padded kernels
-    of every table entry, and no paged one (the bulk copies take no pages)."""
-    from cupy_gqa import _specs
-
+def test_hopper_seq_instantiations_cover_every_addressing():
+    """seq_check_specs (compile --seq) holds hopper's varlen, paged, left-padded
+    and paged left-padded kernels of every table entry."""
     hopper = [s for s in specs_for(ARCHS["sm_90"]) if s.family == "hopper"]
     names = {s.name for s in _hopper_seq_specs()}
-    assert len(names) == 2 * len(hopper)
+    assert len(names) == 4 * len(hopper)
     for spec in hopper:
-        for addr in (1, 4):
+        for addr in (1, 2, 4, 6):
             assert spec.name.replace("hopper_attention<", "hopper_attention_seq<")[:-1] + f", {addr}>" in names
-    assert not any(n.endswith((", 2>", ", 6>")) for n in names)
-    with pytest.raises(AssertionError):
-        _specs.with_seq(hopper[0], 2)
 
 
 def test_compile_command_takes_the_seq_instantiations(capsys, monkeypatch):

@@ -26,8 +26,6 @@ def _skip_unsupported(kernel, dtype, seqlen_q=1, paged=False):
         pytest.skip("decode: at most 16 query tokens")
     if kernel == "hopper" and (cc != 90 or dtype not in ("float16", "bfloat16")):
         pytest.skip("hopper: compute capability 9.0, fp16 / bf16")
-    if kernel == "hopper" and paged:
-        pytest.skip("hopper: no paged K/V (test_hopper_refuses_paged_calls)")
 
 
 def _tolerance(kernel, dtype):
@@ -84,14 +82,38 @@ def test_varlen_host_offsets_and_torch():
     assert_close(out.cpu().numpy(), reference_varlen(q, k, v, cu_q, cu_k)[0], TOLERANCE["float16"])
 
 
-def test_hopper_refuses_paged_calls():
-    _skip_unsupported("hopper", "bfloat16")
-    rng = np.random.default_rng(2)
-    k, v, table = _pool(2, 16, 2, 1, 64, "bfloat16", rng)
-    q = rng.standard_normal((2, 3, 4, 64)).astype(NP_DTYPES["bfloat16"])
-    with pytest.raises(ValueError, match=r"kernel: 'hopper' does not support this call: block_table \(paged K/V"):
-        cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), block_table=cupy.asarray(table),
-                           seqlens_k=cupy.asarray(np.int32([5, 20])), kernel="hopper")  # fmt: skip
+@pytest.mark.parametrize("kernel", ["auto", "hopper", "tiled"])
+@pytest.mark.parametrize("head_dim,page_size", [(64, 16), (80, 48), (128, 16), (128, 256), (192, 32), (256, 64)])
+@pytest.mark.parametrize("leftpad", [False, True])
+def test_paged_long(kernel, head_dim, page_size, leftpad):
+    """Prefill and chunked prefill against paged caches long enough for several
+    key tiles of every prefill kernel, pages shuffled in the pool: lengths that
+    end inside a page and inside a tile, a sequence with no key, queries fewer
+    than the keys; NaN in every page and slot that no sequence reads (so a key
+    read past a sequence's end, or a wrong page, shows). Auto takes hopper on
+    9.0 at these lengths."""
+    dtype = "bfloat16"
+    _skip_unsupported(kernel, dtype, 2000, paged=True)
+    if kernel == "tiled" and head_dim == 80:
+        pytest.skip("tiled: no head_dim 80")
+    rng = np.random.default_rng(head_dim + page_size + leftpad)
+    max_pages = -(-1300 // page_size)
+    seqlens = np.array([1300, 0, 777, 1100], dtype=np.int32)
+    pads = np.array([0, 0, 130, 1099], dtype=np.int32) if leftpad else None  # none, none, some, all but one
+    k, v, table = _pool(len(seqlens), page_size, max_pages, 4, head_dim, dtype, rng, spare=3)
+    used = np.zeros(k.shape[:2], dtype=bool)
+    for b, n in enumerate(seqlens):
+        for j in range(pads[b] if leftpad else 0, n):
+            used[table[b, j // page_size], j % page_size] = True
+    k[~used], v[~used] = np.nan, np.nan  # never read
+    q = rng.standard_normal((len(seqlens), 700, 16, head_dim)).astype(NP_DTYPES[dtype])
+    index = {"block_table": table, "seqlens_k": seqlens, "cache_leftpad": pads}
+    ref, ref_lse = reference_kvcache(q, k, v, **index)
+    out = cupy.full(q.shape, np.nan, dtype=q.dtype)
+    res, lse = cupy_gqa.attention(*(cupy.asarray(x) for x in (q, k, v)), out=out, return_lse=True, kernel=kernel,
+                                  **{n: cupy.asarray(a) for n, a in index.items() if a is not None})  # fmt: skip
+    assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype], f"paged {kernel} D{head_dim} page {page_size}")
+    assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
 
 
 @pytest.mark.parametrize("kernel", ["auto", "hopper", "tiled"])

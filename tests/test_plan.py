@@ -656,21 +656,17 @@ def _varlen_arrays(total_q, total_k, head_dim=128, itemsize=2):
     return view(total_q, 32), view(total_k, 8), view(total_k, 8), view(total_q, 32)
 
 
-@pytest.mark.parametrize("flags, ok", [(1, True), (4, True), (2, False), (6, False)])
-def test_hopper_takes_varlen_and_left_padding_not_pages(monkeypatch, flags, ok):
-    """hopper runs varlen and left-padded calls (its bulk copies read K and V as one
-    strided array); paged K/V it refuses, and those calls run tiled."""
+@pytest.mark.parametrize("flags", [1, 2, 4, 6])
+def test_hopper_takes_every_per_sequence_addressing(monkeypatch, flags):
+    """hopper runs varlen, paged and left-padded calls, and auto takes it for a
+    long prefill of each (paged K/V goes by its producer's cp.async, varlen and
+    left padding by its bulk copies of one strided array)."""
     monkeypatch.setattr(_plan, "compute_capability", lambda device: (9, 0))
     monkeypatch.setattr(_tma, "available", lambda: True)
     problem = _seq_problem(flags, 4096, 4096, total_q=42052, total_k=42052)
     arrays = _varlen_arrays(42052, 42052)
-    reason = _plan.hopper_unsupported(problem, *arrays)
-    if ok:
-        assert reason is None
-        assert _plan.choose_kernel(problem, *arrays) == "hopper"
-    else:
-        assert reason is not None and "paged K/V" in reason and "block_table" in reason
-        assert _plan.choose_kernel(problem, *arrays) == "tiled"
+    assert _plan.hopper_unsupported(problem, *arrays) is None
+    assert _plan.choose_kernel(problem, *arrays) == "hopper"
 
 
 def test_auto_takes_hopper_for_varlen_from_max_seqlen_k(monkeypatch):

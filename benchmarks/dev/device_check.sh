@@ -35,6 +35,10 @@
 #                                               padding): their GPU tests with decode, graphs and interop, a
 #                                               D1/P1-P3/V1 bench, then the sanitizer on every family's
 #                                               per-sequence calls (each tool a process)
+#   benchmarks/dev/device_check.sh paged        one call for prefill on paged caches: the per-sequence, graph and
+#                                               repeat-call GPU tests, paged_prefill.py (hopper on pages, tiled on
+#                                               pages, hopper on the same keys contiguous), then the sanitizer's
+#                                               hopper per-sequence group (each tool a process)
 #   benchmarks/dev/device_check.sh f32          one call for float32's two schemes of precision="highest"
 #                                               (cupy_gqa/_specs.py: F32_PRODUCTS): both through
 #                                               tests/test_gpu_f32_products.py, fp16 pairs through the float32
@@ -163,6 +167,16 @@ case "$stage" in
     t0=$SECONDS
     SANITIZE_GROUPS="hopper:seq|tiled:seq|rowwise:seq|decode:seq" timeout -s KILL 240 \
       bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"
+    echo "sanitize rc $? in $((SECONDS - t0)) s"; reap ;;
+  paged)
+    t0=$SECONDS
+    timeout -s KILL 240 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_seq.py tests/test_gpu_graphs.py \
+      tests/test_fast.py "$@" >"$out/gpu_tests.txt" 2>&1
+    echo "tests rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/gpu_tests.txt" | tail -20
+    timeout -s KILL 120 python3 benchmarks/dev/paged_prefill.py >"$out/paged_prefill.txt" 2>&1
+    echo "paged_prefill rc $?"; reap; cat "$out/paged_prefill.txt"
+    t0=$SECONDS
+    SANITIZE_GROUPS="hopper:seq" timeout -s KILL 200 bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"
     echo "sanitize rc $? in $((SECONDS - t0)) s"; reap ;;
   first)
     part() {  # part NAME LIMIT_S COMMAND...: run, report rc, time and the pytest summary or the output's tail
