@@ -408,9 +408,16 @@ struct Sequence {
     // Element offset of key j's row from k + k_batch() * s0 + k0() * s1 + head * s2.
     __device__ __forceinline__ index_t kv_row(index_t j, index_t s0, index_t s1) const {
         if (!PAGED) return j * s1;
-        const int jj = (LEFTPAD ? k0_ : 0) + (int)j;
-        const int slot = jj / page_size;
-        return (index_t)pages[slot] * s0 + (index_t)(jj - slot * page_size) * s1;
+        int slot, row;
+        page_of((int)j, slot, row);
+        return (index_t)pages[slot] * s0 + (index_t)row * s1;
+    }
+    // PAGED: where key j is: its page's slot in the sequence's row of block_table,
+    // and its row in that page.
+    __device__ __forceinline__ void page_of(int j, int& slot, int& row) const {
+        const int jj = (LEFTPAD ? k0_ : 0) + j;
+        slot = jj / page_size;
+        row = jj - slot * page_size;
     }
     // PAGED: the pages that keys j .. j + n - 1 (n <= page_size, all below len) lie
     // on, at most two, and key j's row in the first: read from the block table one

@@ -350,7 +350,35 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 // (s0: the stride of axis 0, a page's with paged K/V, whose key rows go
                 // through the block table: common.cuh, Sequence::kv_row)
                 auto load_tile = [&](unsigned dst, const T* base_ptr, index_t s0, index_t stride_s, const T* dummy, int j) {
-                    if constexpr (Sequence<ADDR>::PAGED) {
+                    if constexpr (Sequence<ADDR>::PAGED && 128 % CHP == 0) {
+                        // each thread keeps one column chunk and walks rows RS apart, as below;
+                        // RS < 16 <= page_size, so a step crosses at most one page boundary, and
+                        // the block table is read once a page (keys past the end read nothing)
+                        constexpr int RS = 128 / CHP;
+                        const int ch = pt % CHP, r0 = pt / CHP;
+                        const bool col_ok = ch < ch_used;
+                        const unsigned d0 = dst + (ch / 8) * L::KV_SLAB;
+                        const int key0 = j * BLOCK_N + r0;
+                        int slot, row;
+                        sqn.page_of(key0, slot, row);
+                        int page = key0 < seqlen_k ? sqn.pages[slot] : 0;
+                        const T* const col = base_ptr + ch * 8;
+#pragma unroll
+                        for (int i = 0; i < BLOCK_N / RS; ++i) {
+                            const int key = key0 + i * RS;
+                            const bool ok = col_ok && key < seqlen_k;
+                            cp_async_16(d0 + swizzle128(r0 + i * RS, ch % 8),
+                                        ok ? (const void*)(col + (index_t)page * s0 + (index_t)row * stride_s)
+                                           : (const void*)dummy,
+                                        ok);
+                            row += RS;
+                            if (row >= sqn.page_size) {
+                                row -= sqn.page_size;
+                                ++slot;
+                                if (key + RS < seqlen_k) page = sqn.pages[slot];
+                            }
+                        }
+                    } else if constexpr (Sequence<ADDR>::PAGED) {
                         auto row_chunk = [&](int c) {
                             const int r = c / CHP, ch = c % CHP;
                             const int key = j * BLOCK_N + r;
