@@ -458,10 +458,9 @@ def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
         return f"a device of compute capability {cc[0]}.{cc[1]} (it runs on 9.0, Hopper)"
     if not _tma.available():
         return "a CUDA driver without tensor maps (cuTensorMapEncodeTiled)"
-    if not _paged(problem):  # (pages go by the threads' copies, through the block table)
-        issue = _tma.geometry_issue(k.shape, k.strides) or _tma.geometry_issue(v.shape, v.strides)
-        if issue is not None:
-            return f"k or v with {issue}"
+    issue = _tma.geometry_issue(k.shape, k.strides) or _tma.geometry_issue(v.shape, v.strides)
+    if issue is not None:
+        return f"k or v with {issue}"
     return _scale_issue(problem) or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
@@ -567,10 +566,7 @@ class HopperLaunch(Launch):
 
     def launch(self, stream: int, q: int, k: int, v: int, out: int, lse: int, seqlens_k: int, workspace: int = 0,
                seq: tuple = ()) -> None:
-        if _paged(self.problem):  # the kernel reads pages by cp.async, not by tensor maps
-            maps = (bytes(_launch.BLOB_BYTES),) * 2
-        else:
-            maps = (self._tensor_map(1, k), self._tensor_map(2, v))
+        maps = (self._tensor_map(1, k), self._tensor_map(2, v))
         if self.bulk_qo:
             # at head dim 64 the kernel writes out from its registers (kernels/hopper.cu: epilogue)
             maps += (self._tensor_map(0, q),)
@@ -589,8 +585,11 @@ class HopperLaunch(Launch):
         encoded = maps.get((which, ptr))
         if encoded is None:
             shape, strides, itemsize = self.layouts[which]
-            if which in (1, 2):  # key tiles
-                encoded = _tma.tile_map(ptr, shape, strides, itemsize, self.spec.block_n)
+            if which in (1, 2):  # key tiles; of a paged pool, boxes that never cross a page (kernels/hopper.cu)
+                rows = self.spec.block_n
+                if _paged(self.problem):
+                    rows = math.gcd(self.problem.seq.page_size, rows)
+                encoded = _tma.tile_map(ptr, shape, strides, itemsize, rows)
             else:  # packed rows: a consumer warpgroup's rows of the tile, whole positions
                 group = self.problem.group_size
                 encoded = _tma.packed_map(ptr, shape, strides, itemsize, group, hopper_wg_rows(group, True) // group)

@@ -99,12 +99,18 @@
  * call passes them -- (1, total_k, heads, head_dim) for varlen -- so key tile
  * j of the sequence is the box at row k0 + j * BLOCK_N (batch coordinate 0
  * for varlen, b for left padding); the cp.async path reads from the same
- * first key. Paged K/V (pages of any multiple of 16 keys) goes by the producer
- * warpgroup's cp.async for every tile, each key row through the block table;
- * each thread's copies count on the stage's full mbarrier as they land
- * (cp.async.mbarrier.arrive), so the producer never waits for its own copies,
- * and the consumers fence the async proxy after their wait. The contiguous
- * kernels are this body with ADDR 0, unchanged.
+ * first key. Paged K/V (pages of any multiple of 16 keys): the tensor maps
+ * see the pools as (num_pages, page_size, heads, head_dim) arrays, and a key
+ * tile inside its sequence is boxes of kv_box = gcd(page_size, BLOCK_N) rows,
+ * each at its page (from the block table) and its row in it: a box never
+ * crosses a page, since tiles and pages both start at multiples of kv_box. The
+ * tile that holds the sequence's end goes by the warpgroup's cp.async, each
+ * row through the block table (a page's slots past the end are stale). With
+ * left padding as well, tiles start at any key of a page, so every tile goes
+ * by cp.async (KV_BY_THREADS): each producer thread's copies are one counted
+ * arrival on the stage's full mbarrier as they land, so the producer never
+ * waits for its own copies, and the consumers fence the async proxy after
+ * their wait. The contiguous kernels are this body with ADDR 0, unchanged.
  *
  * Head dims.  Any head_dim that is a multiple of 8 up to HEAD_DIM_PAD runs;
  * the columns past head_dim are zero in shared memory (Q and K: they add
@@ -234,6 +240,10 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     constexpr int NT = BLOCK_N / 8;            // n8 tiles of S (keys)
     constexpr int DT = HEAD_DIM_PAD / 8;       // n8 tiles of O (head dims)
     constexpr int CONSUMERS = BLOCK_M / 64 * 128;
+    // Paged K/V with left padding: every K/V tile by the producer warpgroup's cp.async,
+    // each thread's copies one counted arrival on the stage's full mbarrier as they land
+    // (the copy engine's boxes could cross a page there: see the top)
+    constexpr bool KV_BY_THREADS = Sequence<ADDR>::PAGED && Sequence<ADDR>::LEFTPAD;
 
     const int seqlen_q = p.seqlen_q, num_q_heads = p.num_q_heads;
 
@@ -294,8 +304,9 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 mbar_init(q_empty(h, qs), 128);    // every thread of warpgroup h
             }
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(k_full(s), 1);           // one producer thread arrives (and the copies' bytes land)
-            mbar_init(v_full(s), 1);
+            // one producer thread arrives (and the copies' bytes land); KV_BY_THREADS: each producer thread
+            mbar_init(k_full(s), KV_BY_THREADS ? 128 : 1);
+            mbar_init(v_full(s), KV_BY_THREADS ? 128 : 1);
             mbar_init(k_empty(s), CONSUMERS);  // every consumer thread arrives
             mbar_init(v_empty(s), CONSUMERS);
         }
@@ -322,6 +333,11 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         regs_dec<producer_regs<NWG>()>();
         const int pt = tid - CONSUMERS;
         const int ch_used = p.head_dim / 8;    // chunks that hold data; the rest are zero
+        // paged K/V: the rows of a K/V box, the largest multiple of 16 that divides the page
+        // size and BLOCK_N (their gcd: cupy_gqa/_plan.py encodes the tensor maps with it)
+        int kv_box = BLOCK_N;
+        if constexpr (Sequence<ADDR>::PAGED)
+            while (sp->page_size % kv_box != 0 || BLOCK_N % kv_box != 0) kv_box -= 16;
         const int num_tiles = tr.m_tiles * p.batch * p.num_kv_heads;
         int tile = blockIdx.x, ring = 0, published = 0;
         while (tile >= 0) {
@@ -444,26 +460,34 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 // maps see k and v as they are: (1, total_k, ...) for varlen, key j of
                 // the sequence at row k0 + j, batch 0.
                 auto ends_array = [&] {  // the sequence's keys end where the array's rows do
+                    if constexpr (Sequence<ADDR>::PAGED) return false;  // (a page's other slots are stale)
                     if constexpr (ADDR == 0) return seqlen_k == p.seqlen_k;
                     else return sqn.k0() + seqlen_k == (Sequence<ADDR>::VARLEN ? sp->total_k : p.seqlen_k);
                 };
                 const int map_b = Sequence<ADDR>::VARLEN ? 0 : b, map_k0 = sqn.k0();
                 auto fill = [&](unsigned full, unsigned dst, const TensorMap& map, const T* base_ptr, index_t s0,
                                 index_t stride_s, const T* dummy, int j) {
-                    if constexpr (Sequence<ADDR>::PAGED) {
-                        // paged K/V: every tile by the warpgroup's cp.async through the block
-                        // table, the stage's full mbarrier waiting for each thread's copies to
-                        // land (the consumers' proxy fence follows their wait: wait_kv below)
+                    if constexpr (KV_BY_THREADS) {
                         load_tile(dst, base_ptr, s0, stride_s, dummy, j);
-                        cp_async_mbar_track(full);
-                        producer_sync<NWG>();  // every thread's copies tracked before the counted arrival
-                        if (pt == 0) mbar_arrive(full);
+                        cp_async_mbar_arrive(full);  // (the consumers' proxy fence follows their wait)
                     } else if (j * BLOCK_N + BLOCK_N <= seqlen_k || ends_array()) {
                         if (pt == 0) {
                             mbar_expect_tx(full, L::KV_BYTES);
+                            if constexpr (Sequence<ADDR>::PAGED) {
+                                // boxes of kv_box rows, none across a page, each from its page
+                                for (int r = 0; r < BLOCK_N; r += kv_box) {
+                                    int slot, row;
+                                    sqn.page_of(j * BLOCK_N + r, slot, row);
+                                    const int page = sqn.pages[slot];
 #pragma unroll
-                            for (int sl = 0; sl < L::SLABS; ++sl)
-                                tma_load_4d(dst + sl * L::KV_SLAB, map, full, sl * 64, map_k0 + j * BLOCK_N, kvh, map_b);
+                                    for (int sl = 0; sl < L::SLABS; ++sl)
+                                        tma_load_4d(dst + sl * L::KV_SLAB + r * 128, map, full, sl * 64, row, kvh, page);
+                                }
+                            } else {
+#pragma unroll
+                                for (int sl = 0; sl < L::SLABS; ++sl)
+                                    tma_load_4d(dst + sl * L::KV_SLAB, map, full, sl * 64, map_k0 + j * BLOCK_N, kvh, map_b);
+                            }
                         }
                     } else {
                         load_tile(dst, base_ptr, s0, stride_s, dummy, j);
@@ -675,12 +699,12 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 Wgmma<T, HEAD_DIM_PAD>::rs(flat(o), pa[kk], desc_v + (unsigned long long)((kk * 16 * 128) >> 4), 1);
             wgmma_commit();
         };
-        // A stage's K or V has landed. Paged K/V came by the producer's cp.async (generic
-        // proxy), which no thread fenced after they landed: this thread's proxy fence
-        // orders them before its wgmma reads (async proxy).
+        // A stage's K or V has landed. KV_BY_THREADS: it came by the producer's cp.async
+        // (generic proxy), which no thread fenced after they landed: this thread's proxy
+        // fence orders them before its wgmma reads (async proxy).
         auto wait_kv = [&](unsigned full, int r) {
             mbar_wait(full, (r / STAGES) & 1);
-            if constexpr (Sequence<ADDR>::PAGED) fence_proxy_async();
+            if constexpr (KV_BY_THREADS) fence_proxy_async();
         };
         auto wait_k = [&](int j) { wait_kv(k_full((ring + j) % STAGES), ring + j); };
         auto wait_v = [&](int j) { wait_kv(v_full((ring + j) % STAGES), ring + j); };

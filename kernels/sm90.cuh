@@ -75,11 +75,10 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 }
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-// The mbarrier's current phase also waits for every cp.async this thread has
-// issued so far to land: its pending count rises by one now and falls by one when
-// they have (no net arrival: some thread still makes the phase's counted ones).
-__device__ __forceinline__ void cp_async_mbar_track(unsigned bar) {
-    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+// One of the mbarrier's counted arrivals, made once every cp.async this thread
+// has issued so far has landed (the thread goes on at once).
+__device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
 // ---- bulk tensor copies (TMA) ----------------------------------------------------

@@ -94,8 +94,8 @@ def test_paged_long(kernel, head_dim, page_size, leftpad):
     9.0 at these lengths."""
     dtype = "bfloat16"
     _skip_unsupported(kernel, dtype, 2000, paged=True)
-    if kernel == "tiled" and head_dim == 80:
-        pytest.skip("tiled: no head_dim 80")
+    if kernel == "tiled" and head_dim in (80, 192):
+        pytest.skip(f"tiled: no head_dim {head_dim}")
     rng = np.random.default_rng(head_dim + page_size + leftpad)
     max_pages = -(-1300 // page_size)
     seqlens = np.array([1300, 0, 777, 1100], dtype=np.int32)
@@ -114,6 +114,23 @@ def test_paged_long(kernel, head_dim, page_size, leftpad):
                                   **{n: cupy.asarray(a) for n, a in index.items() if a is not None})  # fmt: skip
     assert_close(cupy.asnumpy(res), ref, TOLERANCE[dtype], f"paged {kernel} D{head_dim} page {page_size}")
     assert_lse_close(cupy.asnumpy(lse), ref_lse, 1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "hopper", "tiled"])
+def test_paged_bhsd(kernel):
+    """A pool laid out (num_pages, num_kv_heads, page_size, head_dim) with q and
+    out (batch, heads, seqlen, head_dim): the same keys through other strides."""
+    dtype = "float16"
+    _skip_unsupported(kernel, dtype, 300, paged=True)
+    rng = np.random.default_rng(12)
+    k, v, table = _pool(3, 64, 10, 2, 128, dtype, rng)  # (pages, page_size, heads, head_dim)
+    seqlens = np.array([640, 300, 65], dtype=np.int32)
+    q = rng.standard_normal((3, 300, 8, 128)).astype(NP_DTYPES[dtype])
+    ref, _ = reference_kvcache(q, k, v, seqlens_k=seqlens, block_table=table)
+    kt, vt, qt = (cupy.asarray(np.ascontiguousarray(x.transpose(0, 2, 1, 3))) for x in (k, v, q))
+    res = cupy_gqa.attention(qt, kt, vt, block_table=cupy.asarray(table), seqlens_k=cupy.asarray(seqlens),
+                             layout="bhsd", kernel=kernel)  # fmt: skip
+    assert_close(cupy.asnumpy(res).transpose(0, 2, 1, 3), ref, TOLERANCE[dtype], f"paged bhsd {kernel}")
 
 
 @pytest.mark.parametrize("kernel", ["auto", "hopper", "tiled"])
