@@ -471,23 +471,25 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                         load_tile(dst, base_ptr, s0, stride_s, dummy, j);
                         cp_async_mbar_arrive(full);  // (the consumers' proxy fence follows their wait)
                     } else if (j * BLOCK_N + BLOCK_N <= seqlen_k || ends_array()) {
-                        if (pt == 0) {
-                            mbar_expect_tx(full, L::KV_BYTES);
-                            if constexpr (Sequence<ADDR>::PAGED) {
-                                // boxes of kv_box rows, none across a page, each from its page
-                                for (int r = 0; r < BLOCK_N; r += kv_box) {
-                                    int slot, row;
-                                    sqn.page_of(j * BLOCK_N + r, slot, row);
-                                    const int page = sqn.pages[slot];
-#pragma unroll
-                                    for (int sl = 0; sl < L::SLABS; ++sl)
-                                        tma_load_4d(dst + sl * L::KV_SLAB + r * 128, map, full, sl * 64, row, kvh, page);
-                                }
-                            } else {
+                        if constexpr (Sequence<ADDR>::PAGED) {
+                            // boxes of kv_box rows, none across a page, each from its page: lane b of
+                            // the first warp reads box b's page from the block table and issues that
+                            // box (one load's latency a tile, not one a box); lane 0's arrival
+                            // announces the tile's bytes (the phase needs it, whichever lands first)
+                            if (pt == 0) mbar_expect_tx(full, L::KV_BYTES);
+                            if (pt < BLOCK_N / kv_box) {  // at most BLOCK_N / 16 <= 8 lanes
+                                int slot, row;
+                                sqn.page_of(j * BLOCK_N + pt * kv_box, slot, row);
+                                const int page = sqn.pages[slot];
 #pragma unroll
                                 for (int sl = 0; sl < L::SLABS; ++sl)
-                                    tma_load_4d(dst + sl * L::KV_SLAB, map, full, sl * 64, map_k0 + j * BLOCK_N, kvh, map_b);
+                                    tma_load_4d(dst + sl * L::KV_SLAB + pt * kv_box * 128, map, full, sl * 64, row, kvh, page);
                             }
+                        } else if (pt == 0) {
+                            mbar_expect_tx(full, L::KV_BYTES);
+#pragma unroll
+                            for (int sl = 0; sl < L::SLABS; ++sl)
+                                tma_load_4d(dst + sl * L::KV_SLAB, map, full, sl * 64, map_k0 + j * BLOCK_N, kvh, map_b);
                         }
                     } else {
                         load_tile(dst, base_ptr, s0, stride_s, dummy, j);
