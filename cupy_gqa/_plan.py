@@ -486,12 +486,13 @@ def hopper_bulk_qo(problem: Problem, q_layout: tuple, out_layout: tuple) -> bool
     it at least HOPPER_MIN_WG_ROWS of its 64 rows (every group that divides 64;
     3, 5, 6, 7, 9, 10, 12, 14, 15 and others that nearly do; these below head
     dim 256, whose kernel has no register to spare for the shorter blocks),
-    and q and out must be arrays the copy engine steps through; per-sequence
-    calls keep the threads' copies (a sequence's rows end inside the array,
-    and a store would run on). The layouts are _layout's (shape, byte
-    strides, itemsize)."""
+    and q and out must be arrays the copy engine steps through; varlen calls
+    keep the threads' copies (a sequence's rows end inside the packed array,
+    and a store would run on; paged and left-padded calls have q and out of
+    the contiguous shape). The layouts are _layout's (shape, byte strides,
+    itemsize)."""
     group = problem.group_size
-    if problem.seq is not None or group > 64 or hopper_wg_rows(group, True) < HOPPER_MIN_WG_ROWS:
+    if (problem.seq is not None and problem.seq.varlen) or group > 64 or hopper_wg_rows(group, True) < HOPPER_MIN_WG_ROWS:
         return False
     if 64 % group and _specs.hopper_head_dim_pad(problem.head_dim) == 256:
         return False

@@ -1255,13 +1255,10 @@ enum { WS_PRODUCER_REGS = 56, WS_CONSUMER_REGS = 224 };
 // The producer warpgroup's named barrier (id 1; 0 is __syncthreads).
 __device__ __forceinline__ void ws_producer_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
 
-// One 4-byte cp.async (zero-filled where !pred), and an arrival on an mbarrier
-// once this thread's cp.async so far have landed (counted in its init: .noinc).
+// One 4-byte cp.async (zero-filled where !pred); its arrival on an mbarrier once
+// landed: sm90::cp_async_mbar_arrive (counted in the mbarrier's init).
 __device__ __forceinline__ void cp_async_4(unsigned dst, const void* src, bool pred) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
 // The end of a ws kernel's prologue: the tiles every thread loaded by cp.async

@@ -82,8 +82,10 @@
  * 256 (whose producer has no register to spare for them). The copy engine
  * fills the rows and columns past the array's ends with zeros on loads and
  * drops them on stores, so the short last tile and padded head dims need no
- * code. With other groups, and for per-sequence calls (a sequence's rows end
- * inside the array), Q and out go by the threads' copies (wg_rows 64).
+ * code. Paged and left-padded calls have q and out of the contiguous shape
+ * and take the same copies. With other groups, and for varlen calls (a
+ * sequence's rows end inside the packed array), Q and out go by the threads'
+ * copies (wg_rows 64).
  *
  * Modifiers (hopper_attention_mods; common.cuh: modifiers).  The window's
  * left side moves the first key tile up (KeyRange.start); the scores are
@@ -278,7 +280,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // of q_map and o_map are (64 columns, group heads, wg_rows / group positions),
     // a warpgroup's packed rows in order (see the top). Else (and for per-sequence
     // addressing) by the threads' 16-byte copies.
-    const bool bulk_qo = ADDR == 0 && qo_bulk != 0;
+    const bool bulk_qo = !Sequence<ADDR>::VARLEN && qo_bulk != 0;
     const int tid = threadIdx.x;
     const int group = p.num_q_heads / p.num_kv_heads;
     const int wg_rows = wg_rows_of<HEAD_DIM_PAD>(group, bulk_qo);  // a warpgroup's packed rows (above)
@@ -338,6 +340,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         int kv_box = BLOCK_N;
         if constexpr (Sequence<ADDR>::PAGED)
             while (sp->page_size % kv_box != 0 || BLOCK_N % kv_box != 0) kv_box -= 16;
+        const int kv_boxes = BLOCK_N / kv_box;  // boxes a slab of a key tile
         const int num_tiles = tr.m_tiles * p.batch * p.num_kv_heads;
         int tile = blockIdx.x, ring = 0, published = 0;
         while (tile >= 0) {
@@ -379,8 +382,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                         sqn.page_of(key0, slot, row);
                         int page = key0 < seqlen_k ? sqn.pages[slot] : 0;
                         const T* const col = base_ptr + ch * 8;
-#pragma unroll
-                        for (int i = 0; i < BLOCK_N / RS; ++i) {
+                        auto row_step = [&](int i) {
                             const int key = key0 + i * RS;
                             const bool ok = col_ok && key < seqlen_k;
                             cp_async_16(d0 + swizzle128(r0 + i * RS, ch % 8),
@@ -393,6 +395,14 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                                 ++slot;
                                 if (key + RS < seqlen_k) page = sqn.pages[slot];
                             }
+                        };
+                        if constexpr (NWG > 2) {
+                            // not unrolled: the producer of three consumer warpgroups has 32 registers
+#pragma unroll 1
+                            for (int i = 0; i < BLOCK_N / RS; ++i) row_step(i);
+                        } else {
+#pragma unroll
+                            for (int i = 0; i < BLOCK_N / RS; ++i) row_step(i);
                         }
                     } else if constexpr (Sequence<ADDR>::PAGED) {
                         auto row_chunk = [&](int c) {
@@ -404,14 +414,9 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                                            : (const void*)dummy,
                                         ok);
                         };
-                        if constexpr (NWG > 2) {
-                            // not unrolled: the producer of three consumer warpgroups has 32 registers
+                        // (not unrolled: unrolled, the head-dim-192 producer spilled)
 #pragma unroll 1
-                            for (int c = pt; c < BLOCK_N * CHP; c += 128) row_chunk(c);
-                        } else {
-#pragma unroll 4
-                            for (int c = pt; c < BLOCK_N * CHP; c += 128) row_chunk(c);
-                        }
+                        for (int c = pt; c < BLOCK_N * CHP; c += 128) row_chunk(c);
                     } else if constexpr (128 % CHP == 0) {
                         // each thread keeps one column chunk and walks rows RS apart: one
                         // pointer step and one compare per copy (head dims 64, 128, 256)
@@ -476,8 +481,8 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                             // the first warp reads box b's page from the block table and issues that
                             // box (one load's latency a tile, not one a box); lane 0's arrival
                             // announces the tile's bytes (the phase needs it, whichever lands first)
-                            if (pt == 0) mbar_expect_tx(full, L::KV_BYTES);
-                            if (pt < BLOCK_N / kv_box) {  // at most BLOCK_N / 16 <= 8 lanes
+                            if (pt < kv_boxes) {  // at most BLOCK_N / 16 <= 8 lanes
+                                if (pt == 0) mbar_expect_tx(full, L::KV_BYTES);
                                 int slot, row;
                                 sqn.page_of(j * BLOCK_N + pt * kv_box, slot, row);
                                 const int page = sqn.pages[slot];

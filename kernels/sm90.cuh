@@ -75,8 +75,8 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 }
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-// One of the mbarrier's counted arrivals, made once every cp.async this thread
-// has issued so far has landed (the thread goes on at once).
+// One of the mbarrier's counted arrivals (.noinc: counted in its init), made once
+// every cp.async this thread has issued so far has landed (the thread goes on at once).
 __device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }

@@ -669,6 +669,31 @@ def test_hopper_takes_every_per_sequence_addressing(monkeypatch, flags):
     assert _plan.choose_kernel(problem, *arrays) == "hopper"
 
 
+@pytest.mark.parametrize("flags, bulk", [(1, False), (2, True), (4, True), (6, True)])
+def test_hopper_bulk_qo_of_per_sequence_calls(flags, bulk):
+    """q and out of paged and left-padded calls have the contiguous shape and go
+    by bulk copies; a varlen call's sequences end inside the packed rows, so
+    they keep the threads' copies. A paged call's K/V tensor maps take boxes of
+    gcd(page_size, block_n) rows, none across a page."""
+    problem = _seq_problem(flags, 512, 4096, batch=4, total_q=2048)
+    q = ((4, 512, 32, 128), (512 * 32 * 256, 32 * 256, 256, 2), 2)
+    if flags & 1:  # varlen: (1, total_q, heads, head_dim), axis 0 of stride 0
+        q = ((1, 2048, 32, 128), (0, 32 * 256, 256, 2), 2)
+    assert _plan.hopper_bulk_qo(problem, q, q) is bulk
+
+
+def test_hopper_paged_maps_take_boxes_inside_a_page(monkeypatch):
+    launched, encoded = _stand_in_launches(monkeypatch)
+    problem = _seq_problem(2, 512, 4096, batch=4)  # pages of 32 keys
+    q = ((4, 512, 32, 128), (512 * 32 * 256, 32 * 256, 256, 2), 2)
+    pool = ((4 * 128, 32, 8, 128), (32 * 8 * 256, 8 * 256, 256, 2), 2)
+    plan = _plan.plan_hopper(problem, (q, pool, pool, q))
+    monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append(a))
+    plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0, seq=(0x1000, 0x2000, 0x3000, 0))
+    tiles = [e for e in encoded if e[0] == "tile"]
+    assert tiles and all(e[-1] == math.gcd(32, plan.spec.block_n) == 32 for e in tiles)
+
+
 def test_auto_takes_hopper_for_varlen_from_max_seqlen_k(monkeypatch):
     """auto on 9.0 takes hopper for a varlen prefill by the contiguous rule, with
     max_seqlen_k as the keys (HOPPER_AUTO_MIN_KEYS); tiled below it, and hopper

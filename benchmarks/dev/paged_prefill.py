@@ -3,7 +3,7 @@
 kernel (tiled) on the same pages, and hopper on the same keys stored
 contiguously, timed in one process.
 
-    python3 benchmarks/dev/paged_prefill.py [--cases C1,C2,C3] [--pages 16,64,256]
+    python3 benchmarks/dev/paged_prefill.py [--cases C1,C2,C3] [--pages 16,64,256] [--other DIR]
 
 A case is a batch of sequences whose last seqlen_q keys are new queries
 (chunked prefill: seqlen_q < seqlen_k; a whole prompt: equal), bf16, causal
@@ -14,7 +14,9 @@ bench_attention's Timer (CUDA events, L2 flushed before each rep, the
 implementations in turn over its rounds). TFLOP/s on visible pairs. hopper on
 pages reads the same key tiles in the same order as hopper on the contiguous
 keys, so its output must equal that one's bit for bit ("equal"); tiled's
-relative difference from it is printed beside.
+relative difference from it is printed beside. --other DIR adds hopper on pages
+by the package of DIR (a copy of `cupy_gqa/` and `kernels/`, imported beside
+this one as in hopper_ab.py) to the same rounds: "other" is its time.
 """
 import argparse
 import os
@@ -38,8 +40,14 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--pages", default="16,64,256")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--other", default=None)
     args = ap.parse_args()
     torch, cupy, cupy_gqa = ba.load_gpu_stack()
+    other = None
+    if args.other:
+        from hopper_ab import load_copy
+
+        other = load_copy(args.other)
     timer = ba.Timer(torch, fast_reps=args.reps, slow_reps=max(5, args.reps // 3))
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cupy {cupy.__version__}")
     print(f"{'case':5} {'page':>5} {'hopper pages':>13} {'tiled pages':>12} {'hopper contig':>14} "
@@ -66,8 +74,14 @@ def main():
                 "tp": lambda: cupy_gqa.attention(q, pool_k, pool_v, kernel="tiled", out=outs["tp"], **paged),
                 "hc": lambda: cupy_gqa.attention(q, k, v, kernel="hopper", out=outs["hc"]),
             }
+            if other is not None:
+                outs["ob"] = torch.empty_like(q)
+                fns["ob"] = lambda: other.attention(q, pool_k, pool_v, kernel="hopper", out=outs["ob"], **paged)
             t = timer.many(fns)
             equal = torch.equal(outs["hp"], outs["hc"])
+            if other is not None:
+                print(f"      other (page {page}): {t['ob'].ms:.4f} ms, {t['ob'].ms / t['hp'].ms:.3f} of hopper on pages "
+                      f"here; equal {torch.equal(outs['ob'], outs['hp'])}")
             diff = ((outs["tp"].float() - outs["hc"].float()).norm() / outs["hc"].float().norm()).item()
             hp, tp, hc = (t[n].ms for n in ("hp", "tp", "hc"))
             print(f"{name:5} {page:5d} {hp:10.4f} ms {tp:9.4f} ms {hc:11.4f} ms {hp / hc:13.3f} {tp / hp:13.3f} "
