@@ -56,8 +56,8 @@
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
 #   benchmarks/dev/device_check.sh next         the next call of NOTES.md by the card that came: on an H200 bench_model
-#                                               and the sweep (results); elsewhere probe, then the sanitizer's hopper
-#                                               and tiled groups in the rest of the call (NEXT_S, default 580 s)
+#                                               and the sweep (results); elsewhere the whole GPU suite, then the
+#                                               sanitizer's hopper per-sequence group in the rest of the call (NEXT_S)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -394,26 +394,22 @@ case "$stage" in
     done ;;
   next)
     # the next call of NOTES.md ("Next, on an H200"), by the card that came: on an H200 bench_model
-    # and the shape sweep (the results stage); on another card the probes, then the sanitizer's plain
-    # hopper and tiled groups (four tools, a process each) in what is left of the call (NEXT_S, default 580 s)
+    # and the shape sweep (the results stage); on another card the whole GPU suite on the final kernels
+    # (NEXT_TESTS_S, default 440 s), then the sanitizer's hopper per-sequence group (four tools, a
+    # process each) in what is left of the call (NEXT_S, default 580 s)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     echo "next on: $gpu"
     if [[ "$gpu" == *H200* ]]; then
       RESULTS_LIMITS="280 280 0" MODEL_ARGS="--reps 5" bash "$0" results --sweep --no-compile-probe
     else
       t0=$SECONDS
-      PROBE_S=${PROBE_S:-60} bash "$0" probe
-      SANITIZE_GROUPS="hopper|tiled" timeout -s KILL $(( ${NEXT_S:-580} - (SECONDS - t0) - 20 )) \
+      TESTS_LIMIT_S=${NEXT_TESTS_S:-440} RETRY_LIMIT_S=30 bash "$0" tests
+      echo "tests rc $? in $((SECONDS - t0)) s"
+      SANITIZE_GROUPS="hopper:seq" timeout -s KILL $(( ${NEXT_S:-580} - (SECONDS - t0) - 10 )) \
         bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"
       rc=$?
       echo "sanitize rc $rc"
       reap
-      # stopped by its limit, the script printed no summary: what each process had reached
-      if [ "$rc" -ne 0 ]; then
-        for f in "$out"/sanitize/*.txt; do
-          echo "$(basename "$f"): $(grep -hE 'sanitize_driver:|SUMMARY|FAIL' "$f" | tr -s ' ' | tr '\n' ' ')"
-        done
-      fi
       exit $rc
     fi ;;
   *) echo "unknown stage $stage"; exit 2 ;;
