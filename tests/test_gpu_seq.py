@@ -83,15 +83,16 @@ def test_varlen_host_offsets_and_torch():
 
 
 @pytest.mark.parametrize("kernel", ["auto", "hopper", "tiled"])
-@pytest.mark.parametrize("head_dim,page_size", [(64, 16), (80, 48), (128, 16), (128, 256), (192, 32), (256, 64)])
+@pytest.mark.parametrize("head_dim,page_size", [(64, 16), (80, 48), (128, 16), (128, 256), (192, 32), (192, 48), (256, 64)])
 @pytest.mark.parametrize("leftpad", [False, True])
 def test_paged_long(kernel, head_dim, page_size, leftpad):
     """Prefill and chunked prefill against paged caches long enough for several
     key tiles of every prefill kernel, pages shuffled in the pool: lengths that
     end inside a page and inside a tile, a sequence with no key, queries fewer
     than the keys; NaN in every page and slot that no sequence reads (so a key
-    read past a sequence's end, or a wrong page, shows). Auto takes hopper on
-    9.0 at these lengths."""
+    read past a sequence's end, or a wrong page, shows). hopper's boxes are
+    gcd(page_size, key tile) rows: 16, 32, 48 and 128 here. Auto takes hopper
+    on 9.0 at these lengths."""
     dtype = "bfloat16"
     _skip_unsupported(kernel, dtype, 2000, paged=True)
     if kernel == "tiled" and head_dim in (80, 192):
