@@ -91,7 +91,7 @@ def test_paged_long(kernel, head_dim, page_size, leftpad):
     end inside a page and inside a tile, a sequence with no key, queries fewer
     than the keys; NaN in every page and slot that no sequence reads (so a key
     read past a sequence's end, or a wrong page, shows). hopper's boxes are
-    gcd(page_size, key tile) rows: 16, 32, 48 and 128 here. Auto takes hopper
+    gcd(page_size, key tile) rows: 16, 32, 48, 64 and 128 here. Auto takes hopper
     on 9.0 at these lengths."""
     dtype = "bfloat16"
     _skip_unsupported(kernel, dtype, 2000, paged=True)
