@@ -163,7 +163,7 @@ class Case:
         mask = "causal" if self.causal else "non-causal"
         kind = self.kind
         if kind == "paged":
-            kind = f"paged decode, pages of {PAGE_SIZES[self.name]} shuffled"
+            kind = f"paged {'decode' if self.seqlen_q == 1 else 'prefill'}, pages of {PAGE_SIZES[self.name]} shuffled"
         if kind == "varlen":
             s = f"varlen {self.batch} sequences of {VARLEN_MIN} to {VARLEN_MAX} tokens (seed {VARLEN_SEED})"
             return f"{s} Hq{self.num_q_heads} Hkv{self.num_kv_heads} D{self.head_dim} {self.dtype} {mask} prefill"
@@ -203,9 +203,12 @@ CASES: tuple[Case, ...] = (
     Case("P1", 16, 1, 8192, 32, 8, 128, "bf16", True, "paged"),
     Case("P2", 16, 1, 8192, 32, 8, 128, "bf16", True, "paged"),
     Case("P3", 16, 1, 8192, 32, 8, 128, "bf16", True, "paged"),
+    # chunked prefill on a paged cache: 2048 new tokens on 6144 cached ones (TFLOP/s as for H1)
+    Case("P4", 4, 2048, 8192, 32, 8, 128, "bf16", True, "paged"),
+    Case("P5", 4, 2048, 8192, 32, 8, 128, "bf16", True, "paged"),
     Case("V1", 16, 4096, 4096, 32, 8, 128, "bf16", True, "varlen"),
 )
-PAGE_SIZES = {"P1": 16, "P2": 64, "P3": 256}  # tokens per page of the paged cases
+PAGE_SIZES = {"P1": 16, "P2": 64, "P3": 256, "P4": 16, "P5": 256}  # tokens per page of the paged cases
 VARLEN_SEED, VARLEN_MIN, VARLEN_MAX = 0, 128, 4096  # V1's lengths: uniform in [128, 4096], this seed
 
 
@@ -1131,9 +1134,9 @@ def run_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row],
 
 
 def run_seq_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row], list[dict], bool]:
-    """A paged decode case (P*: D1's cache cut into pages of PAGE_SIZES[name] tokens,
-    shuffled in the pool; against cupy_gqa's contiguous D1 call of the same data,
-    rel_err relative to it) or a varlen prefill (V1: against torch's varlen_attn,
+    """A paged case (P1-P3: D1's cache cut into pages of PAGE_SIZES[name] tokens,
+    shuffled in the pool; P4, P5: a chunked prefill's cache so; against cupy_gqa's
+    contiguous call of the same data, rel_err relative to it) or a varlen prefill (V1: against torch's varlen_attn,
     torch.nn.attention.varlen, where torch has it, else torch_cudnn on the batch
     padded to the longest sequence; rel_err relative to that anchor's output)."""
     rows, skipped, failed = [], [], False
@@ -1144,7 +1147,7 @@ def run_seq_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[R
     if case.kind == "paged":
         page = PAGE_SIZES[case.name]
         per_seq = case.seqlen_k // page
-        q = randn(case.batch, 1, case.num_q_heads, case.head_dim)
+        q = randn(case.batch, case.seqlen_q, case.num_q_heads, case.head_dim)
         k_pool = randn(case.batch * per_seq, page, case.num_kv_heads, case.head_dim)
         v_pool = randn(case.batch * per_seq, page, case.num_kv_heads, case.head_dim)
         order = torch.randperm(case.batch * per_seq, generator=torch.Generator().manual_seed(0))
@@ -1226,7 +1229,7 @@ def run_seq_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[R
         row = Row(case.name, name, ms=t.ms, reps=t.reps, rel_err=err, ref_scope=scope, compile_s=first)
         row.tflops = flops / (t.ms * 1e-3) / 1e12
         row.gbps = nbytes / (t.ms * 1e-3) / 1e9
-        if case.kind == "paged":  # a call this short shows its host time when that is the longer part
+        if case.kind == "paged" and case.seqlen_q == 1:  # a decode this short shows host time where it is longer
             row.host_us = host_time_us(fn, torch.cuda.synchronize, timer.host_calls)
         rows.append(row)
         log("  " + _progress(row))

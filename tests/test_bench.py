@@ -147,6 +147,8 @@ EXPECTED_CASES = {
     "P1": (16, 1, 8192, 32, 8, 128, "bf16", True, "paged"),
     "P2": (16, 1, 8192, 32, 8, 128, "bf16", True, "paged"),
     "P3": (16, 1, 8192, 32, 8, 128, "bf16", True, "paged"),
+    "P4": (4, 2048, 8192, 32, 8, 128, "bf16", True, "paged"),
+    "P5": (4, 2048, 8192, 32, 8, 128, "bf16", True, "paged"),
     "V1": (16, 4096, 4096, 32, 8, 128, "bf16", True, "varlen"),
 }
 
@@ -581,7 +583,8 @@ def test_call_cases_select_alone_and_list(capsys):
 
 def test_call_cases_in_the_full_list_and_help():
     out = subprocess.run([sys.executable, str(BENCH_PATH), "--list"], capture_output=True, text=True, check=True).stdout
-    assert [line.split()[0] for line in out.splitlines()][-7:-4] == ["L1", "L2", "L3"]
+    names = [line.split()[0] for line in out.splitlines()]
+    assert names[-9:] == ["L1", "L2", "L3", "P1", "P2", "P3", "P4", "P5", "V1"]
     proc = _run_script("--help", env_extra={"CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0 and "L3   B8 Sq1 Sk1024" in proc.stdout
 
@@ -734,12 +737,15 @@ def test_method_text_states_the_call_constants():
 
 
 def test_seq_cases_list_and_lengths(capsys):
-    """P1-P3 (paged decode, pages of 16 / 64 / 256) and V1 (varlen prefill) are listed;
-    V1's lengths are fixed by the seed and within [128, 4096]."""
-    assert bench.main(["--cases", "P1,P2,P3,V1", "--list"]) == 0
+    """P1-P3 (paged decode, pages of 16 / 64 / 256), P4, P5 (paged chunked prefill,
+    pages of 16 / 256) and V1 (varlen prefill) are listed; V1's lengths are fixed
+    by the seed and within [128, 4096]."""
+    assert bench.main(["--cases", "P1,P2,P3,P4,P5,V1", "--list"]) == 0
     out = capsys.readouterr().out
-    for name, page in (("P1", 16), ("P2", 64), ("P3", 256)):
-        assert f"pages of {page} shuffled" in next(line for line in out.splitlines() if line.startswith(name))
+    for name, kind, page in (("P1", "decode", 16), ("P2", "decode", 64), ("P3", "decode", 256), ("P4", "prefill", 16),
+                             ("P5", "prefill", 256)):  # fmt: skip
+        line = next(line for line in out.splitlines() if line.startswith(name))
+        assert f"paged {kind}, pages of {page} shuffled" in line
     assert "varlen 16 sequences of 128 to 4096 tokens" in out
     lengths = bench.varlen_lengths(bench.CASE_BY_NAME["v1"])
     assert lengths == bench.varlen_lengths(bench.CASE_BY_NAME["v1"]) and len(lengths) == 16

@@ -161,9 +161,9 @@ case "$stage" in
     timeout -s KILL 240 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_seq.py tests/test_gpu_decode.py \
       tests/test_gpu_graphs.py tests/test_gpu_interop.py tests/test_fast.py >"$out/gpu_tests.txt" 2>&1
     echo "tests rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/gpu_tests.txt" | tail -20
-    timeout -s KILL 90 python3 benchmarks/bench_attention.py --cases D1,P1,P2,P3,V1 --no-plot --no-compile-probe \
+    timeout -s KILL 90 python3 benchmarks/bench_attention.py --cases D1,P1,P2,P3,P4,P5,V1 --no-plot --no-compile-probe \
       --out "$out/results" >"$out/bench.txt" 2>&1
-    echo "bench rc $?"; reap; grep -E "^\[.*(P[123]|D1|V1) " "$out/bench.txt" | grep -E "auto|contiguous|cudnn|varlen" | cut -c10-160
+    echo "bench rc $?"; reap; grep -E "^\[.*(P[1-5]|D1|V1) " "$out/bench.txt" | grep -E "auto|contiguous|cudnn|varlen" | cut -c10-160
     t0=$SECONDS
     SANITIZE_GROUPS="hopper:seq|tiled:seq|rowwise:seq|decode:seq" timeout -s KILL 240 \
       bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"
