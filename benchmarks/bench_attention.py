@@ -1136,9 +1136,10 @@ def run_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row],
 def run_seq_case(torch, cupy_gqa, timer: Timer, case: Case, log) -> tuple[list[Row], list[dict], bool]:
     """A paged case (P1-P3: D1's cache cut into pages of PAGE_SIZES[name] tokens,
     shuffled in the pool; P4, P5: a chunked prefill's cache so; against cupy_gqa's
-    contiguous call of the same data, rel_err relative to it) or a varlen prefill (V1: against torch's varlen_attn,
-    torch.nn.attention.varlen, where torch has it, else torch_cudnn on the batch
-    padded to the longest sequence; rel_err relative to that anchor's output)."""
+    contiguous call of the same data, rel_err relative to it) or a varlen prefill
+    (V1: against torch's varlen_attn, torch.nn.attention.varlen, where torch has
+    it, else torch_cudnn on the batch padded to the longest sequence; rel_err
+    relative to that anchor's output)."""
     rows, skipped, failed = [], [], False
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]

@@ -464,11 +464,6 @@ def hopper_unsupported(problem: Problem, q, k, v, out) -> str | None:
     return _scale_issue(problem) or _vector_issue(_layout(q, k, v, out), (q, k, v, out))
 
 
-def _paged(problem: Problem) -> bool:
-    """Whether k and v are page pools (kernels/common.cuh: SEQ_PAGED)."""
-    return problem.seq is not None and problem.seq.paged
-
-
 HOPPER_MIN_WG_ROWS = 56  # the fewest packed rows of a warpgroup's 64 that bulk copies of Q and out may leave it
 
 
@@ -588,7 +583,7 @@ class HopperLaunch(Launch):
             shape, strides, itemsize = self.layouts[which]
             if which in (1, 2):  # key tiles; of a paged pool, boxes that never cross a page (kernels/hopper.cu)
                 rows = self.spec.block_n
-                if _paged(self.problem):
+                if self.problem.seq is not None and self.problem.seq.paged:
                     rows = math.gcd(self.problem.seq.page_size, rows)
                 encoded = _tma.tile_map(ptr, shape, strides, itemsize, rows)
             else:  # packed rows: a consumer warpgroup's rows of the tile, whole positions

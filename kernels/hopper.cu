@@ -278,8 +278,8 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
 
     // Q in and out by bulk tensor copies (the host's choice, qo_bulk): the boxes
     // of q_map and o_map are (64 columns, group heads, wg_rows / group positions),
-    // a warpgroup's packed rows in order (see the top). Else (and for per-sequence
-    // addressing) by the threads' 16-byte copies.
+    // a warpgroup's packed rows in order (see the top). Else (and for varlen calls)
+    // by the threads' 16-byte copies.
     const bool bulk_qo = !Sequence<ADDR>::VARLEN && qo_bulk != 0;
     const int tid = threadIdx.x;
     const int group = p.num_q_heads / p.num_kv_heads;
