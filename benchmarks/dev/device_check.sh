@@ -38,7 +38,9 @@
 #   benchmarks/dev/device_check.sh paged        one call for prefill on paged caches: the per-sequence, graph and
 #                                               repeat-call GPU tests, paged_prefill.py (hopper on pages, tiled on
 #                                               pages, hopper on the same keys contiguous), then the sanitizer's
-#                                               hopper per-sequence group (each tool a process)
+#                                               hopper per-sequence group (each tool a process); PAGED_OTHER=DIR
+#                                               adds hopper on pages by DIR's package (paged_prefill.py --other),
+#                                               PAGED_PREFILL_ARGS more of its arguments
 #   benchmarks/dev/device_check.sh f32          one call for float32's two schemes of precision="highest"
 #                                               (cupy_gqa/_specs.py: F32_PRODUCTS): both through
 #                                               tests/test_gpu_f32_products.py, fp16 pairs through the float32
@@ -173,7 +175,8 @@ case "$stage" in
     timeout -s KILL 240 python3 -m pytest -q -n 16 -p no:cacheprovider -rf tests/test_gpu_seq.py tests/test_gpu_graphs.py \
       tests/test_fast.py "$@" >"$out/gpu_tests.txt" 2>&1
     echo "tests rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/gpu_tests.txt" | tail -20
-    timeout -s KILL 120 python3 benchmarks/dev/paged_prefill.py >"$out/paged_prefill.txt" 2>&1
+    timeout -s KILL "${PAGED_PREFILL_S:-120}" python3 benchmarks/dev/paged_prefill.py ${PAGED_OTHER:+--other "$PAGED_OTHER"} ${PAGED_PREFILL_ARGS:-} \
+      >"$out/paged_prefill.txt" 2>&1
     echo "paged_prefill rc $?"; reap; cat "$out/paged_prefill.txt"
     t0=$SECONDS
     SANITIZE_GROUPS="hopper:seq" timeout -s KILL 200 bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"

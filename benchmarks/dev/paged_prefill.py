@@ -3,7 +3,7 @@
 kernel (tiled) on the same pages, and hopper on the same keys stored
 contiguously, timed in one process.
 
-    python3 benchmarks/dev/paged_prefill.py [--cases C1,C2,C3] [--pages 16,64,256] [--other DIR]
+    python3 benchmarks/dev/paged_prefill.py [--cases C1,C2,C3] [--pages 16,64,256] [--other DIR] [--probes]
 
 A case is a batch of sequences whose last seqlen_q keys are new queries
 (chunked prefill: seqlen_q < seqlen_k; a whole prompt: equal), bf16, causal
@@ -41,6 +41,8 @@ def main():
     ap.add_argument("--pages", default="16,64,256")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--other", default=None)
+    ap.add_argument("--probes", action="store_true",
+                    help="also time the producer's cp.async path (left padding of 0) and pages in the pool's order")
     args = ap.parse_args()
     torch, cupy, cupy_gqa = ba.load_gpu_stack()
     other = None
@@ -77,7 +79,21 @@ def main():
             if other is not None:
                 outs["ob"] = torch.empty_like(q)
                 fns["ob"] = lambda: other.attention(q, pool_k, pool_v, kernel="hopper", out=outs["ob"], **paged)
+            if args.probes:
+                # the same call by the producer's cp.async (left padding of 0 keys takes that path), and
+                # by bulk copies from pages in the pool's order (sequence b's on pages b * max_pages ..)
+                zeros = torch.zeros(batch, dtype=torch.int32, device="cuda")
+                in_order = torch.arange(batch * max_pages, device="cuda", dtype=torch.int32).reshape(batch, max_pages)
+                outs["th"], outs["io"] = torch.empty_like(q), torch.empty_like(q)
+                fns["th"] = lambda: cupy_gqa.attention(q, pool_k, pool_v, kernel="hopper", out=outs["th"],
+                                                       cache_leftpad=zeros, **paged)
+                fns["io"] = lambda: cupy_gqa.attention(q, pool_k, pool_v, kernel="hopper", out=outs["io"],
+                                                       block_table=in_order, seqlens_k=lens)
             t = timer.many(fns)
+            if args.probes:
+                print(f"      threads' copies (page {page}): {t['th'].ms:.4f} ms, {t['th'].ms / t['hp'].ms:.3f} of hopper "
+                      f"on pages; equal {torch.equal(outs['th'], outs['hp'])}; pages in order: {t['io'].ms:.4f} ms, "
+                      f"{t['io'].ms / t['hp'].ms:.3f}")
             equal = torch.equal(outs["hp"], outs["hc"])
             if other is not None:
                 print(f"      other (page {page}): {t['ob'].ms:.4f} ms, {t['ob'].ms / t['hp'].ms:.3f} of hopper on pages "
