@@ -58,8 +58,8 @@
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
 #   benchmarks/dev/device_check.sh next         the next call of NOTES.md by the card that came: on an H200 bench_model
-#                                               and the sweep (results); elsewhere the whole GPU suite, then the
-#                                               sanitizer's hopper per-sequence group in the rest of the call (NEXT_S)
+#                                               and the sweep (results); elsewhere the paged stage for the pending
+#                                               block-table prefetch (patched here, the package before it beside)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -398,23 +398,20 @@ case "$stage" in
     done ;;
   next)
     # the next call of NOTES.md ("Next, on an H200"), by the card that came: on an H200 bench_model
-    # and the shape sweep (the results stage); on another card the whole GPU suite on the final kernels
-    # (NEXT_TESTS_S, default 440 s), then the sanitizer's hopper per-sequence group (four tools, a
-    # process each) in what is left of the call (NEXT_S, default 580 s)
+    # and the shape sweep (the results stage); on another card the paged stage for
+    # dev/pending/hopper_paged_prefetch.patch (NOTES_hopper, last section): this tree's package copied
+    # aside, the patch applied here, then the paged tests, paged_prefill.py with its probes and the copy
+    # timed in the same rounds, and the sanitizer's hopper per-sequence group
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     echo "next on: $gpu"
     if [[ "$gpu" == *H200* ]]; then
       RESULTS_LIMITS="280 280 0" MODEL_ARGS="--reps 5" bash "$0" results --sweep --no-compile-probe
     else
-      t0=$SECONDS
-      TESTS_LIMIT_S=${NEXT_TESTS_S:-440} RETRY_LIMIT_S=30 bash "$0" tests
-      echo "tests rc $? in $((SECONDS - t0)) s"
-      SANITIZE_GROUPS="hopper:seq" timeout -s KILL $(( ${NEXT_S:-580} - (SECONDS - t0) - 10 )) \
-        bash benchmarks/dev/sanitize_parallel.sh "$out/sanitize"
-      rc=$?
-      echo "sanitize rc $rc"
-      reap
-      exit $rc
+      base=benchmarks/dev/pending/base
+      rm -rf "$base" && mkdir -p "$base" && cp -r cupy_gqa kernels "$base"/
+      patch -p1 -s <benchmarks/dev/pending/hopper_paged_prefetch.patch || { echo "the patch does not apply"; exit 1; }
+      PAGED_OTHER=$base PAGED_PREFILL_S=170 PAGED_PREFILL_ARGS="--probes --cases C1,C2,C4" \
+        bash "$0" paged -k "paged or leftpad or kvcache"
     fi ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
