@@ -337,7 +337,7 @@ case "$stage" in
       if grep -qE "^diff --git a/kernels/(hopper.cu|softmax.cuh)" "$patch"; then
         (cd "$d" && export PYTHONPATH="$d" && timeout -s KILL "${PENDING_TESTS_S:-240}" python3 -m pytest -q -n 12 -p no:cacheprovider \
           -rf tests/test_gpu_kernels.py tests/test_gpu_seq.py tests/test_gpu_modifiers.py tests/test_gpu_graphs.py \
-          tests/test_gpu_fuzz.py -k hopper) >"$out/pending_${name}_tests.txt" 2>&1 &
+          tests/test_gpu_fuzz.py -k "hopper or twins") >"$out/pending_${name}_tests.txt" 2>&1 &
         (cd "$d" && PYTHONPATH="$d" SANITIZE_GROUPS=hopper timeout -s KILL "${PENDING_TESTS_S:-240}" \
           bash benchmarks/dev/sanitize_parallel.sh "$out/pending_${name}_san") >"$out/pending_${name}_san.txt" 2>&1 &
         wait
