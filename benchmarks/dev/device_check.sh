@@ -58,8 +58,8 @@
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
 #   benchmarks/dev/device_check.sh next         the next call of NOTES.md by the card that came: on an H200 bench_model
-#                                               and the sweep (results); elsewhere the paged stage for the pending
-#                                               block-table prefetch (patched here, the package before it beside)
+#                                               and the sweep (results); elsewhere the pending stage for the pending
+#                                               producer-warp decode (decode_producer.patch, with its timings)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -303,7 +303,9 @@ case "$stage" in
     # PENDING_ERROR_CASES also p_rounding.py's errors in both; with PENDING_CTA_COST=1 also
     # hopper_cta_cost.py in each); decode.cu -- the decode,
     # per-sequence and graph GPU tests and the sanitizer's decode group in the copy (at once),
-    # then p_rounding.py's errors (PENDING_ERROR_CASES) in both, and decode_stages.py --stages 3 in this
+    # then, with PENDING_DECODE_AB (its arguments), decode_cluster_ab.py --bulk in the copy, with
+    # PENDING_BENCH (cases) bench_attention.py in the copy, and unless PENDING_DECODE_STAGES=0
+    # p_rounding.py's errors (PENDING_ERROR_CASES) in both, and decode_stages.py --stages 3 in this
     # tree and, with DECODE_STAGES_ARGS, in the copy.
     # PENDING_ONLY (names or globs, space-separated) picks patches; PENDING_SOFTCAP=30 adds a hopper_ab.py
     # run of the cases with that softcap on both sides, PENDING_ALIBI=1 one with ALiBi
@@ -375,9 +377,25 @@ case "$stage" in
         wait
         echo "$name: decode tests and sanitizer in $((SECONDS - t0)) s"; reap
         grep -E "passed|failed|FAILED" "$out/pending_${name}_tests.txt" | tail -8; cat "$out/pending_${name}_san.txt"
-        echo "== decode_stages.py in this tree"
-        timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 2>&1 | tail -16; reap
-        errors_both "$d" "${PENDING_ERROR_CASES:-D1,D2,D06,D16,D24}" "pending_${name}_errors"
+        if [ -n "${PENDING_DECODE_AB:-}" ]; then
+          # decode_cluster_ab.py in the copy, each configuration by cp.async and by bulk copies
+          echo "== decode_cluster_ab.py --bulk $PENDING_DECODE_AB in the copy"
+          (cd "$d" && PYTHONPATH="$d" timeout -s KILL 200 python3 benchmarks/dev/decode_cluster_ab.py --bulk \
+            $PENDING_DECODE_AB) 2>&1 | tee "$out/pending_${name}_decode_ab.txt" | tail -40
+          reap
+        fi
+        if [ -n "${PENDING_BENCH:-}" ]; then
+          # bench_attention.py's cases in the copy, against torch's backends in the same run
+          echo "== bench_attention.py --cases $PENDING_BENCH in the copy"
+          (cd "$d" && PYTHONPATH="$d" timeout -s KILL 150 python3 benchmarks/bench_attention.py --cases "$PENDING_BENCH" \
+            --no-plot --no-compile-probe --out "$out/pending_${name}_bench") 2>&1 | tail -24
+          reap
+        fi
+        if [ "${PENDING_DECODE_STAGES:-1}" != 0 ]; then
+          echo "== decode_stages.py in this tree"
+          timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 2>&1 | tail -16; reap
+          errors_both "$d" "${PENDING_ERROR_CASES:-D1,D2,D06,D16,D24}" "pending_${name}_errors"
+        fi
         if [ -n "${DECODE_STAGES_ARGS:-}" ]; then
           echo "== decode_stages.py --stages 3 $DECODE_STAGES_ARGS in the copy"
           (cd "$d" && PYTHONPATH="$d" timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 \
@@ -398,20 +416,17 @@ case "$stage" in
     done ;;
   next)
     # the next call of NOTES.md ("Next, on an H200"), by the card that came: on an H200 bench_model
-    # and the shape sweep (the results stage); on another card the paged stage for
-    # dev/pending/hopper_paged_prefetch.patch (NOTES_hopper, last section): this tree's package copied
-    # aside, the patch applied here, then the paged tests, paged_prefill.py with its probes and the copy
-    # timed in the same rounds, and the sanitizer's hopper per-sequence group
+    # and the shape sweep (the results stage); on another card the pending stage for
+    # dev/pending/decode_producer.patch (NOTES_decode, last section): decode's GPU tests and
+    # sanitizer group in the patched copy, decode_cluster_ab.py --bulk there (cp.async and the
+    # producer warp's bulk copies in one process), D1 and D2 against torch's backends there
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     echo "next on: $gpu"
     if [[ "$gpu" == *H200* ]]; then
       RESULTS_LIMITS="280 280 0" MODEL_ARGS="--reps 5" bash "$0" results --sweep --no-compile-probe
     else
-      base=benchmarks/dev/pending/base
-      rm -rf "$base" && mkdir -p "$base" && cp -r cupy_gqa kernels "$base"/
-      patch -p1 -s <benchmarks/dev/pending/hopper_paged_prefetch.patch || { echo "the patch does not apply"; exit 1; }
-      PAGED_OTHER=$base PAGED_PREFILL_S=170 PAGED_PREFILL_ARGS="--probes --cases C1,C2,C4" \
-        bash "$0" paged -k "paged or leftpad or kvcache"
+      PENDING_ONLY=decode_producer PENDING_DECODE_AB="--cases D1,D2,D01,D06,B2_S2048_mqa --rounds 3" \
+        PENDING_BENCH=D1,D2 PENDING_DECODE_STAGES=0 bash "$0" pending
     fi ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
