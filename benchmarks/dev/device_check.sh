@@ -58,8 +58,8 @@
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
 #   benchmarks/dev/device_check.sh next         the next call of NOTES.md by the card that came: on an H200 bench_model
-#                                               and the sweep (results); elsewhere the pending stage for the pending
-#                                               producer-warp decode (decode_producer.patch, with its timings)
+#                                               and the sweep (results); elsewhere the pending stage for the folded
+#                                               softcap (hopper_softcap_folded.patch, with W1 and W2)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -303,12 +303,14 @@ case "$stage" in
     # PENDING_ERROR_CASES also p_rounding.py's errors in both; with PENDING_CTA_COST=1 also
     # hopper_cta_cost.py in each); decode.cu -- the decode,
     # per-sequence and graph GPU tests and the sanitizer's decode group in the copy (at once),
-    # then, with PENDING_DECODE_AB (its arguments), decode_cluster_ab.py --bulk in the copy, with
-    # PENDING_BENCH (cases) bench_attention.py in the copy, and unless PENDING_DECODE_STAGES=0
+    # then, with PENDING_DECODE_AB (its arguments), decode_cluster_ab.py --bulk in the copy, and unless
+    # PENDING_DECODE_STAGES=0
     # p_rounding.py's errors (PENDING_ERROR_CASES) in both, and decode_stages.py --stages 3 in this
     # tree and, with DECODE_STAGES_ARGS, in the copy.
     # PENDING_ONLY (names or globs, space-separated) picks patches; PENDING_SOFTCAP=30 adds a hopper_ab.py
-    # run of the cases with that softcap on both sides, PENDING_ALIBI=1 one with ALiBi
+    # run of the cases with that softcap on both sides, PENDING_ALIBI=1 one with ALiBi; after any patch's
+    # stage, PENDING_BENCH (bench_attention.py's arguments, e.g. "--cases D1,D2" or "--modifiers") runs
+    # the benchmark in the copy
     here=$PWD
     shopt -s nullglob
     patches=()
@@ -384,13 +386,6 @@ case "$stage" in
             $PENDING_DECODE_AB) 2>&1 | tee "$out/pending_${name}_decode_ab.txt" | tail -40
           reap
         fi
-        if [ -n "${PENDING_BENCH:-}" ]; then
-          # bench_attention.py's cases in the copy, against torch's backends in the same run
-          echo "== bench_attention.py --cases $PENDING_BENCH in the copy"
-          (cd "$d" && PYTHONPATH="$d" timeout -s KILL 150 python3 benchmarks/bench_attention.py --cases "$PENDING_BENCH" \
-            --no-plot --no-compile-probe --out "$out/pending_${name}_bench") 2>&1 | tail -24
-          reap
-        fi
         if [ "${PENDING_DECODE_STAGES:-1}" != 0 ]; then
           echo "== decode_stages.py in this tree"
           timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 2>&1 | tail -16; reap
@@ -402,6 +397,13 @@ case "$stage" in
             $DECODE_STAGES_ARGS) 2>&1 | tail -16
           reap
         fi
+      fi
+      if [ -n "${PENDING_BENCH:-}" ]; then
+        # bench_attention.py in the copy (PENDING_BENCH: its arguments), against torch's backends in the same run
+        echo "== bench_attention.py $PENDING_BENCH in the copy"
+        (cd "$d" && PYTHONPATH="$d" timeout -s KILL 150 python3 benchmarks/bench_attention.py $PENDING_BENCH \
+          --no-plot --no-compile-probe --out "$out/pending_${name}_bench") 2>&1 | tail -24
+        reap
       fi
     done ;;
   probe)
@@ -417,16 +419,16 @@ case "$stage" in
   next)
     # the next call of NOTES.md ("Next, on an H200"), by the card that came: on an H200 bench_model
     # and the shape sweep (the results stage); on another card the pending stage for
-    # dev/pending/decode_producer.patch (NOTES_decode, last section): decode's GPU tests and
-    # sanitizer group in the patched copy, decode_cluster_ab.py --bulk there (cp.async and the
-    # producer warp's bulk copies in one process), D1 and D2 against torch's backends there
+    # dev/pending/hopper_softcap_folded.patch (NOTES_hopper, step 27): hopper's GPU tests and
+    # sanitizer group in the patched copy, hopper_ab.py plain and with softcap 30, and
+    # bench_attention.py --modifiers (W1, W2) in the copy
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     echo "next on: $gpu"
     if [[ "$gpu" == *H200* ]]; then
       RESULTS_LIMITS="280 280 0" MODEL_ARGS="--reps 5" bash "$0" results --sweep --no-compile-probe
     else
-      PENDING_ONLY=decode_producer PENDING_DECODE_AB="--cases D1,D2,D01,D06,B2_S2048_mqa --rounds 3" \
-        PENDING_BENCH=D1,D2 PENDING_DECODE_STAGES=0 bash "$0" pending
+      PENDING_ONLY=hopper_softcap_folded PENDING_CASES=H1,H6 PENDING_SOFTCAP=30 PENDING_BENCH=--modifiers \
+        bash "$0" pending
     fi ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
