@@ -58,8 +58,7 @@
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
 #   benchmarks/dev/device_check.sh next         the next call of NOTES.md by the card that came: on an H200 bench_model
-#                                               and the sweep (results); elsewhere the pending stage for the folded
-#                                               softcap (hopper_softcap_folded.patch, with W1 and W2)
+#                                               and the sweep (results); elsewhere the whole GPU suite (tests)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -418,17 +417,13 @@ case "$stage" in
     done ;;
   next)
     # the next call of NOTES.md ("Next, on an H200"), by the card that came: on an H200 bench_model
-    # and the shape sweep (the results stage); on another card the pending stage for
-    # dev/pending/hopper_softcap_folded.patch (NOTES_hopper, step 27): hopper's GPU tests and
-    # sanitizer group in the patched copy, hopper_ab.py plain and with softcap 30, and
-    # bench_attention.py --modifiers (W1, W2) in the copy
+    # and the shape sweep (the results stage); on another card the whole GPU suite (the tests stage)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     echo "next on: $gpu"
     if [[ "$gpu" == *H200* ]]; then
       RESULTS_LIMITS="280 280 0" MODEL_ARGS="--reps 5" bash "$0" results --sweep --no-compile-probe
     else
-      PENDING_ONLY=hopper_softcap_folded PENDING_CASES=H1,H6 PENDING_SOFTCAP=30 PENDING_BENCH=--modifiers \
-        bash "$0" pending
+      TESTS_LIMIT_S=${TESTS_LIMIT_S:-480} bash "$0" tests
     fi ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
