@@ -636,18 +636,6 @@ __device__ __forceinline__ A softcap_tanh(A x, const ModParams& mp) {  // tanh(x
     else
         return tanh(x / (A)mp.softcap);
 }
-// The same tanh of a raw score s (x = softmax_scale * s), its two scalings as one
-// multiply by scale_over_cap = softmax_scale / cap: the hopper kernel's softcap, whose
-// exp2 then takes the cap in its scale (softmax.cuh: frag_softcap). It differs from
-// softcap_tanh by the rounding of the argument, so a score_mod spelling the softcap
-// is not bit for bit the built-in there.
-template <class M>
-__device__ __forceinline__ float softcap_tanh_raw(float s, float scale_over_cap) {
-    if constexpr (M::FAST_TANH)
-        return fast_tanh(s * scale_over_cap);
-    else
-        return tanhf(s * scale_over_cap);
-}
 template <class M, typename A>
 __device__ __forceinline__ A softcap_nat(A x, const ModParams& mp) {
     return (A)mp.softcap * softcap_tanh<M>(x, mp);

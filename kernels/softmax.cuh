@@ -224,29 +224,25 @@ __device__ __forceinline__ float frag_row_max(const float (&s)[NT][4], int hf) {
 }
 
 // frag_modify for a softcap that is the only score modifier (M::SOFTCAP_ONLY), with
-// the rows' maxima in mx (MAXIMA; without, for one fixed reference, none are taken).
-// The scores become t = tanh(s * softmax_scale / cap) (mods::softcap_tanh_raw: one
-// multiply, no scaling to natural units first) and the returned exp2 scale is
-// cap * log2(e), so that P = exp2(t * cap * log2(e) - m): the capped score's
-// exponential with one multiply a score where scaling, dividing by the cap and
-// multiplying by it took three. The raw scores are masked first (masks read no
-// score) and the maxima taken from them: the softcap is monotone, so the maxima's
-// tanh are the rows' largest t, and the exponentials need not wait for every tanh.
-// Masked scores stay -inf (P 0); an unmasked tile takes no mask test per score.
+// the rows' maxima of the result in mx (MAXIMA; without, for one fixed reference,
+// none are taken): the raw scores are scaled and masked, their maxima taken, then the
+// softcap applied to those and to every visible score. The softcap rule is monotone,
+// so the maxima are those of the capped scores, and the exponentials need not wait
+// for every tanh (the row maximum no longer stands between them). Masked scores stay
+// -inf; an unmasked tile takes no mask test per score.
 template <class M, bool CAUSAL, bool MAXIMA = true, int NT, class Keys>
 __device__ __forceinline__ float frag_softcap(float (&s)[NT][4], float (&mx)[2], int n0, int n, int lane,
                                               const ModParams& mp, const mods::Seq& sq, const mods::Diag (&row)[2],
                                               const Keys& keys, float scale_log2) {
     static_assert(M::SOFTCAP_ONLY, "the softcap is the one score modifier");
-    const float cap = (float)mp.softcap;
-    const float scale_over_cap = scale_log2 * 0.69314718055994530942f / cap;  // softmax_scale / cap
+    frag_to_natural(s, scale_log2);
     const bool mask = M::MASK || !keys.unmasked(n0, n);
     if (mask) frag_mods<typename M::NoSoftcap, CAUSAL>(s, n0, lane, mp, sq, row, true);
     if constexpr (MAXIMA) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             const float raw = frag_row_max(s, hf);
-            mx[hf] = raw == neg_inf<float>() ? raw : mods::softcap_tanh_raw<M>(raw, scale_over_cap);
+            mx[hf] = raw == neg_inf<float>() ? raw : mods::softcap_nat<M>(raw, mp);
         }
     }
     if (mask) {
@@ -254,14 +250,14 @@ __device__ __forceinline__ float frag_softcap(float (&s)[NT][4], float (&mx)[2],
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                if (s[nt][e] != neg_inf<float>()) s[nt][e] = mods::softcap_tanh_raw<M>(s[nt][e], scale_over_cap);
-    } else {  // (no score was masked: the tanh of every one)
+                if (s[nt][e] != neg_inf<float>()) s[nt][e] = mods::softcap_nat<M>(s[nt][e], mp);
+    } else {  // (no score was masked: as frag_modify, the softcap of every one)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = mods::softcap_tanh_raw<M>(s[nt][e], scale_over_cap);
+            for (int e = 0; e < 4; ++e) s[nt][e] = mods::softcap_nat<M>(s[nt][e], mp);
     }
-    return cap * 1.44269504088896340736f;
+    return 1.44269504088896340736f;
 }
 
 // Row sum over the quad of the lanes' partial l.
