@@ -57,8 +57,8 @@
 #                                               G1-G3 beside torch
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
-#   benchmarks/dev/device_check.sh next         the next call of NOTES.md by the card that came: on an H200 bench_model
-#                                               and the sweep (results); elsewhere the whole GPU suite (tests)
+#   benchmarks/dev/device_check.sh next         the next call of NOTES.md (bench_model
+#                                               and the sweep (results), on whichever card came
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -416,14 +416,9 @@ case "$stage" in
       echo "== $cmd: rc $? in $((SECONDS - t0)) s"; reap; tail -24 "$f" | cut -c1-160
     done ;;
   next)
-    # the next call of NOTES.md ("Next, on an H200"), by the card that came: on an H200 bench_model
-    # and the shape sweep (the results stage); on another card the whole GPU suite (the tests stage)
-    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-    echo "next on: $gpu"
-    if [[ "$gpu" == *H200* ]]; then
-      RESULTS_LIMITS="280 280 0" MODEL_ARGS="--reps 5" bash "$0" results --sweep --no-compile-probe
-    else
-      TESTS_LIMIT_S=${TESTS_LIMIT_S:-480} bash "$0" tests
-    fi ;;
+    # the next call of NOTES.md ("Next, on an H200", line 1) on whichever card came: bench_model and
+    # the shape sweep (the results stage; their files are named after the card)
+    echo "next on: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+    RESULTS_LIMITS="280 280 0" MODEL_ARGS="--reps 5" bash "$0" results --sweep --no-compile-probe ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
