@@ -57,7 +57,7 @@
 #                                               G1-G3 beside torch
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
-#   benchmarks/dev/device_check.sh next         the next call of NOTES.md (bench_model
+#   benchmarks/dev/device_check.sh next         the next call of NOTES.md: bench_model
 #                                               and the sweep (results), on whichever card came
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
