@@ -41,14 +41,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import cupy  # noqa: E402
 
 import cupy_gqa  # noqa: E402
-from cupy_gqa import _compile, _plan, _specs  # noqa: E402
+from cupy_gqa import _compile, _mods, _plan, _specs  # noqa: E402
 
-# name: (batch, seqlen, num_q_heads, num_kv_heads, head_dim, dtype)
+# name: (batch, seqlen, num_q_heads, num_kv_heads, head_dim, dtype[, window])
 CASES = {
     "H1": (4, 4096, 32, 8, 128, "bfloat16"),
     "H3": (16, 512, 32, 8, 128, "float16"),
     "H4": (4, 2048, 32, 8, 64, "bfloat16"),
     "g4_S256": (32, 256, 32, 8, 128, "bfloat16"),
+    # W1 (bench_attention.py --modifiers) and the causal call at its shape
+    "W1": (4, 8192, 32, 8, 128, "bfloat16", (1024, 0)),
+    "H1_S8k": (4, 8192, 32, 8, 128, "bfloat16"),
 }
 CAP = 1024  # marks per (CTA, role)
 MAX_CTAS = 256  # the persistent grid is one CTA per SM
@@ -129,31 +132,35 @@ def in_place_of(spec, kernel):
 
 
 def run_case(name: str, say) -> None:
-    b, s, hq, hkv, d, dtype = CASES[name]
+    b, s, hq, hkv, d, dtype, *window = CASES[name]
+    kw = {"window": window[0]} if window else {}
     rng = np.random.default_rng(0)
     q, k, v = (cupy.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype)
                for shape in ((b, s, hq, d), (b, s, hkv, d), (b, s, hkv, d)))
     spec = _specs.HOPPER[dtype, _specs.hopper_head_dim_pad(d), True]
+    if window:  # the window's instantiation (as _plan.Problem.spec makes it for a window alone)
+        spec = _specs.with_mods(spec, _mods.MOD_WINDOW)
     module, kernel = load_traced(spec, traced_source(spec))
     with in_place_of(spec, kernel):
         _plan.plan_hopper.cache_clear()
-        out = cupy_gqa.attention(q, k, v, kernel="hopper")  # warm-up: plans, maps
+        out = cupy_gqa.attention(q, k, v, kernel="hopper", **kw)  # warm-up: plans, maps
         trace = module.get_global("cg_trace")
         buf = cupy.ndarray((len(ROLES) * MAX_CTAS * CAP * 2,), cupy.uint64, trace)
         buf.fill(0)
         cupy.cuda.Device().synchronize()
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        out = cupy_gqa.attention(q, k, v, kernel="hopper")
+        out = cupy_gqa.attention(q, k, v, kernel="hopper", **kw)
         stop.record()
         stop.synchronize()
         ms = cupy.cuda.get_elapsed_time(start, stop)
         marks = cupy.asnumpy(buf).reshape(MAX_CTAS, len(ROLES), CAP, 2)
     _plan.plan_hopper.cache_clear()
-    ref = cupy_gqa.attention(q, k, v, kernel="hopper")
+    ref = cupy_gqa.attention(q, k, v, kernel="hopper", **kw)
     assert bool(cupy.array_equal(out.view(cupy.int16), ref.view(cupy.int16))), "the traced kernel must give the same bits"
     clock_khz = cupy.cuda.Device().attributes["ClockRate"]
-    say(f"\n## {name}: B{b} S{s} Hq{hq} Hkv{hkv} D{d} {dtype}, causal; {ms * 1e3:.1f} us (events, one call)")
+    say(f"\n## {name}: B{b} S{s} Hq{hq} Hkv{hkv} D{d} {dtype}, causal{f', window {window[0]}' if window else ''}; "
+        f"{ms * 1e3:.1f} us (events, one call)")
     summarize(marks, clock_khz, say)
 
 
