@@ -18,7 +18,7 @@
 #                                               table it does not fit one call's 600 s on an H100
 #                                               (it did not finish in 150 s there); MODEL_ARGS adds bench_model's
 #                                               arguments. bench_model and the sweep in one call:
-#                                               RESULTS_LIMITS="280 280 0" MODEL_ARGS="--reps 5" device_check.sh results --sweep --no-compile-probe
+#                                               RESULTS_LIMITS="150 420 0" MODEL_ARGS="--reps 5" device_check.sh results --sweep --no-compile-probe
 #   benchmarks/dev/device_check.sh profile [..] benchmarks/dev/profile_prefill.py [args] (or $PROFILE_SCRIPT, e.g.
 #                                               benchmarks/dev/profile_decode.py) under Nsight Compute (clocks left
 #                                               alone), the report in $OUT/profile.txt
@@ -419,6 +419,6 @@ case "$stage" in
     # the next call of NOTES.md ("Next, on an H200", line 1) on whichever card came: bench_model and
     # the shape sweep (the results stage; their files are named after the card)
     echo "next on: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-    RESULTS_LIMITS="280 280 0" MODEL_ARGS="--reps 5" bash "$0" results --sweep --no-compile-probe ;;
+    RESULTS_LIMITS="150 420 0" MODEL_ARGS="--reps 5" bash "$0" results --sweep --no-compile-probe ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
