@@ -38,6 +38,9 @@ CASES = {
     "D02": ((8, 1, 8192, 32, 8, 128), [(2, True), (1, False)]),
     "D1": ((16, 1, 8192, 32, 8, 128), [(1, False)]),
     "D2": ((64, 1, 2048, 32, 8, 128), [(1, False)]),
+    # head dim 64 (the sweep's D18 and D23): half of head dim 128's bytes in flight at the same stages
+    "D18": ((16, 1, 8192, 32, 8, 64), [(2, True), (1, False)]),
+    "D23": ((8, 1, 8192, 64, 8, 64), [(4, True), (2, True)]),
 }
 
 
