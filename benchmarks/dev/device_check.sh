@@ -57,8 +57,8 @@
 #                                               G1-G3 beside torch
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
-#   benchmarks/dev/device_check.sh next         the next call of NOTES.md: bench_model
-#                                               and the sweep (results), on whichever card came
+#   benchmarks/dev/device_check.sh next         the next call of NOTES.md: bench_model and the sweep (results),
+#                                               on whichever card came
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -302,10 +302,8 @@ case "$stage" in
     # PENDING_ERROR_CASES also p_rounding.py's errors in both; with PENDING_CTA_COST=1 also
     # hopper_cta_cost.py in each); decode.cu -- the decode,
     # per-sequence and graph GPU tests and the sanitizer's decode group in the copy (at once),
-    # then, with PENDING_DECODE_AB (its arguments), decode_cluster_ab.py --bulk in the copy, and unless
-    # PENDING_DECODE_STAGES=0
-    # p_rounding.py's errors (PENDING_ERROR_CASES) in both, and decode_stages.py --stages 3 in this
-    # tree and, with DECODE_STAGES_ARGS, in the copy.
+    # then, unless PENDING_DECODE_STAGES=0, p_rounding.py's errors (PENDING_ERROR_CASES) in both and
+    # decode_stages.py --stages 3 in this tree, and with DECODE_STAGES_ARGS decode_stages.py in the copy.
     # PENDING_ONLY (names or globs, space-separated) picks patches; PENDING_SOFTCAP=30 adds a hopper_ab.py
     # run of the cases with that softcap on both sides, PENDING_ALIBI=1 one with ALiBi; after any patch's
     # stage, PENDING_BENCH (bench_attention.py's arguments, e.g. "--cases D1,D2" or "--modifiers") runs
@@ -378,13 +376,6 @@ case "$stage" in
         wait
         echo "$name: decode tests and sanitizer in $((SECONDS - t0)) s"; reap
         grep -E "passed|failed|FAILED" "$out/pending_${name}_tests.txt" | tail -8; cat "$out/pending_${name}_san.txt"
-        if [ -n "${PENDING_DECODE_AB:-}" ]; then
-          # decode_cluster_ab.py in the copy, each configuration by cp.async and by bulk copies
-          echo "== decode_cluster_ab.py --bulk $PENDING_DECODE_AB in the copy"
-          (cd "$d" && PYTHONPATH="$d" timeout -s KILL 200 python3 benchmarks/dev/decode_cluster_ab.py --bulk \
-            $PENDING_DECODE_AB) 2>&1 | tee "$out/pending_${name}_decode_ab.txt" | tail -40
-          reap
-        fi
         if [ "${PENDING_DECODE_STAGES:-1}" != 0 ]; then
           echo "== decode_stages.py in this tree"
           timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 2>&1 | tail -16; reap
