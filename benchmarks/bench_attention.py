@@ -351,12 +351,20 @@ class ModCase:
     baseline: str  # how the baseline time is made (see run_modifier_case)
 
 
+def softcap_score_mod(cupy_gqa, cap: float = 30.0):
+    """softcap 30 written by a user: a score_mod in units of the cap, the built-in's spelling
+    (the same bits as softcap=30 for fp16 and bf16 inputs)."""
+    return cupy_gqa.ScoreMod(cuda="return fast_tanh(score);", unit=cap, bounds=(-1, 1))
+
+
 MOD_CASES: tuple[ModCase, ...] = (
     # sliding window: torch's SDPA takes no window, so the baseline is cupy_gqa's own causal
     # call of the shape, its time scaled by the visible pairs (window / causal)
     ModCase("W1", _prefill("W1", 4, 8192, 128, "bf16"), (("window", (1024, 0)),), "causal_scaled"),
     # softcap on H1, against cupy_gqa's H1 without it
     ModCase("W2", _prefill("W2", 4, 4096, 128, "bf16"), (("softcap", 30.0),), "plain"),
+    # the same softcap as a user's score_mod (softcap_score_mod), against H1 without it
+    ModCase("W3", _prefill("W3", 4, 4096, 128, "bf16"), (("score_mod", softcap_score_mod),), "plain"),
 )
 
 
@@ -388,7 +396,8 @@ def run_modifier_case(torch, cupy_gqa, timer, mc: ModCase, log) -> dict:
     "plain": the same call without modifiers; "causal_scaled": the causal call without
     the window, its time scaled by window pairs / causal pairs (the time the window
     would take if cost followed the band exactly)."""
-    c, mods = mc.case, dict(mc.mods)
+    c = mc.case
+    mods = {k_: v_(cupy_gqa) if callable(v_) else v_ for k_, v_ in mc.mods}  # (a user modifier: made here)
     q, k, v = make_inputs(torch, c)
     with_mods = lambda: cupy_gqa.attention(q, k, v, causal=c.causal, **mods)  # noqa: E731
     plain = lambda: cupy_gqa.attention(q, k, v, causal=c.causal)  # noqa: E731
@@ -400,7 +409,8 @@ def run_modifier_case(torch, cupy_gqa, timer, mc: ModCase, log) -> dict:
     if mc.baseline == "causal_scaled":
         base_ms *= modifier_flops(mc) / attention_flops(c)
     row = {
-        "case": mc.name, "shape": c.describe(), "mods": {k_: list(v_) if isinstance(v_, tuple) else v_ for k_, v_ in mods.items()},
+        "case": mc.name, "shape": c.describe(),
+        "mods": {k_: list(v_) if isinstance(v_, tuple) else v_ if isinstance(v_, (int, float)) else repr(v_) for k_, v_ in mods.items()},
         "ms": t_mod.ms, "tflops": modifier_flops(mc) / (t_mod.ms * 1e-3) / 1e12, "baseline": mc.baseline,
         "baseline_ms": base_ms, "plain_ms": t_plain.ms, "vs_baseline": t_mod.ms / base_ms,
     }  # fmt: skip
@@ -1634,7 +1644,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-kind", choices=("decode", "prefill"), default=None,
                    help="with --sweep: only the shapes of this kind")
     p.add_argument("--modifiers", action="store_true",
-                   help="run the modifier cases (W1 window, W2 softcap) against their baselines instead of the table")
+                   help="run the modifier cases (W1 window, W2 softcap, W3 softcap as a score_mod) against their baselines instead of the table")
     p.add_argument("--compile-probe", action="store_true", help=argparse.SUPPRESS)  # the second process
     return p
 
@@ -1646,7 +1656,8 @@ def main(argv=None) -> int:
         for c in [] if args.modifiers else cases:
             print(f"{c.name:4} {c.describe()}")
         for mc in MOD_CASES if args.modifiers else ():
-            print(f"{mc.name:4} {mc.case.describe()} {dict(mc.mods)} (--modifiers; baseline: {mc.baseline})")
+            mods = {k_: f"{v_.__name__}(cupy_gqa)" if callable(v_) else v_ for k_, v_ in mc.mods}
+            print(f"{mc.name:4} {mc.case.describe()} {mods} (--modifiers; baseline: {mc.baseline})")
         return 0
 
     if args.compile_probe:  # CUPY_CACHE_DIR is set by the parent

@@ -11,7 +11,8 @@ seqlens_k):
 
 - ``softcap``: ``x = softcap * tanh(x / softcap)``;
 - ``alibi_slopes``: ``x = x - slope[b, h] * |t + diag - j|``;
-- ``score_mod``: ``x = score_mod(x, b, h, t, j)``, in this order; then
+- ``score_mod``: ``x = score_mod(x, b, h, t, j)``, in this order (with a unit
+  u: ``x = u * score_mod(x / u, b, h, t, j)``); then
 - ``window=(left, right)``: key j is seen only within ``[t + diag - left,
   t + diag + right]`` (-1: unbounded on that side; causal caps right at 0),
   and ``mask_mod`` may mask more keys;
@@ -35,6 +36,7 @@ import numpy as np
 MOD_WINDOW, MOD_SOFTCAP, MOD_ALIBI, MOD_SINKS, MOD_SCORE, MOD_MASK = 1, 2, 4, 8, 16, 32
 # (set by the plan, not by a call's arguments) one exp2 reference for every row: Modifiers.fixed_ref
 MOD_FIXED_REF = 64
+MOD_SCORE_UNIT = 128  # the score_mod has a unit (ScoreMod.unit)
 MAX_BUFFERS = 6  # ModParams::buffers, for score_mod's and mask_mod's together
 LOG2E = 1.4426950408889634
 # The widest range of the modified scores, in log2 units, that takes one reference for
@@ -47,11 +49,11 @@ MOD_PARAMS_DTYPE = np.dtype(
     [
         ("sinks", np.uint64), ("alibi", np.uint64), ("buffers", np.uint64, MAX_BUFFERS),
         ("alibi_batch_stride", np.int64), ("softcap", np.float64), ("window_left", np.int32), ("window_right", np.int32),
-        ("fixed_ref", np.float32),
+        ("fixed_ref", np.float32), ("score_unit", np.float64),
     ],
     align=True,
 )  # fmt: skip
-assert MOD_PARAMS_DTYPE.itemsize == 96
+assert MOD_PARAMS_DTYPE.itemsize == 104
 
 # C type of a user buffer's elements, by dtype
 _BUFFER_CTYPES = {
@@ -147,6 +149,8 @@ class _UserMod:
 
     def device_buffers(self, device: int) -> tuple:
         """The buffers as CuPy arrays on ``device`` (CUDA arrays in place, host ones copied once)."""
+        if not self.buffers:
+            return ()
         found = self._device_buffers.get(device)
         if found is None:
             import cupy
@@ -217,11 +221,23 @@ class ScoreMod(_UserMod):
     instead of its running maxima, as the built-in softcap does (faster, and
     the same bits as the built-in for the same function).
 
+    ``unit``: a number u > 0, or None. With a unit the function reads and
+    returns scores counted in units of u: ``score`` is softmax_scale * q . k / u
+    and the new score is u times the result (``bounds`` in units of u too). Where
+    it is the one score modifier, a Hopper kernel then scales the raw product to
+    units and applies u inside its exponential, one multiply a score where
+    natural units take three: the built-in softcap is this rule with
+    ``fast_tanh`` and u = softcap, and its spelling below gives the built-in's
+    very bits on every kernel.
+
     Example, softcap 30::
 
-        ScoreMod(cuda="return cap[0] * tanh(score / cap[0]);",
-                 numpy=lambda score, cap, **_: cap[0] * np.tanh(score / cap[0]),
-                 buffers={"cap": np.float32([30])}, bounds=(-30, 30))
+        ScoreMod(cuda="return tanh(score);", numpy=lambda score, **_: np.tanh(score),
+                 unit=30.0, bounds=(-1, 1))
+
+    (``fast_tanh(score)`` for fp16 and bf16 inputs, as the built-in computes
+    it there; ``cap * tanh(score / cap)`` without a unit is the same function,
+    three multiplies a score, and rounds differently.)
 
     The code is compiled (NVRTC) once per kernel it runs in and cached by its
     text; code NVRTC rejects raises ValueError here, with NVRTC's message
@@ -231,13 +247,21 @@ class ScoreMod(_UserMod):
     inputs = SCORE_INPUTS
     _ARGS = "A score, int b, int h, int q_idx, int kv_idx, int seqlen_q, int seqlen_k, const ModParams& mod_params_"
 
-    def __init__(self, cuda: str, numpy=None, buffers=None, bounds=None):
+    def __init__(self, cuda: str, numpy=None, buffers=None, bounds=None, unit=None):
         self.bounds = check_bounds(bounds)
+        self.unit = check_unit(unit)
         super().__init__(cuda, numpy, buffers)
 
     def __repr__(self):
         bounds = "" if self.bounds is None else f", bounds={self.bounds}"
-        return f"cupy_gqa.ScoreMod(cuda={self.cuda!r}, buffers={sorted(self.buffers)}{bounds})"
+        unit = "" if self.unit is None else f", unit={self.unit}"
+        return f"cupy_gqa.ScoreMod(cuda={self.cuda!r}, buffers={sorted(self.buffers)}{bounds}{unit})"
+
+    def natural_bounds(self) -> tuple | None:
+        """The range of the new scores in natural units (bounds times the unit)."""
+        if self.bounds is None or self.unit is None:
+            return self.bounds
+        return self.bounds[0] * self.unit, self.bounds[1] * self.unit
 
     def _signature(self) -> str:
         name = "user_score_mod" if self.bounds is None else "user_score_mod_unbounded"
@@ -255,11 +279,21 @@ class ScoreMod(_UserMod):
         )
 
     def numpy_function(self):
+        """The NumPy function of natural-unit scores that the NumPy backend runs: the
+        user's, clamped to the bounds, in units of the unit where there is one."""
         fn = super().numpy_function()
-        if self.bounds is None:
+        if self.bounds is not None:
+            low, high = self.bounds
+            fn = (lambda f: lambda **kw: np.clip(f(**kw), low, high))(fn)
+        if self.unit is None:
             return fn
-        low, high = self.bounds
-        return lambda **kw: np.clip(fn(**kw), low, high)
+        unit = self.unit
+
+        def in_units(score, **kw):
+            u = np.asarray(score).dtype.type(unit)  # in the scores' precision, as the kernels
+            return u * np.asarray(fn(score=score / u, **kw), dtype=np.asarray(score).dtype)
+
+        return in_units
 
 
 class MaskMod(_UserMod):
@@ -310,13 +344,14 @@ class Modifiers:
         return (
             (MOD_WINDOW if self.window else 0) | (MOD_SOFTCAP if self.softcap else 0) | (MOD_ALIBI if self.alibi else 0)
             | (MOD_SINKS if self.sinks else 0) | (MOD_SCORE if self.score_mod else 0) | (MOD_MASK if self.mask_mod else 0)
+            | (MOD_SCORE_UNIT if self.score_mod is not None and self.score_mod.unit is not None else 0)
         )  # fmt: skip
 
     def score_bounds(self) -> tuple | None:
         """The range of the modified scores (natural units), where known: a score_mod's
         bounds (it comes last), else a softcap's (-softcap, softcap) without ALiBi."""
         if self.score_mod is not None:
-            return self.score_mod.bounds
+            return self.score_mod.natural_bounds()
         if self.softcap and not self.alibi:
             return -self.softcap, self.softcap
         return None
@@ -354,6 +389,7 @@ class Modifiers:
         mp["window_left"] = self.window_left
         mp["window_right"] = self.window_right
         mp["fixed_ref"] = self.fixed_ref() or 0.0
+        mp["score_unit"] = 0.0 if self.score_mod is None or self.score_mod.unit is None else self.score_mod.unit
         ptrs = []
         for mod in (self.score_mod, self.mask_mod):
             if mod is not None:
@@ -391,6 +427,17 @@ def check_softcap(softcap):
     if not (math.isfinite(softcap) and softcap > 0):
         raise ValueError(f"softcap: expected a finite number > 0 (None: no softcap), got {softcap}")
     return float(softcap)
+
+
+def check_unit(unit):
+    """ScoreMod's unit as a float > 0, or None."""
+    if unit is None:
+        return None
+    if isinstance(unit, (bool, np.bool_)) or not isinstance(unit, numbers.Real):
+        raise TypeError(f"score_mod: expected unit= a real number > 0 or None, got {type(unit).__name__} {unit!r}")
+    if not (math.isfinite(unit) and unit > 0):
+        raise ValueError(f"score_mod: expected unit= a finite number > 0 (None: natural units), got {unit}")
+    return float(unit)
 
 
 def check_bounds(bounds):

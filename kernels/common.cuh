@@ -498,6 +498,8 @@ __device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const
 //   softcap:   x = softcap * tanh(x / softcap)   (fp16 / bf16 inputs: fast_tanh, below)
 //   ALiBi:     x = x - slope[b][h] * |t + diag - j|
 //   score_mod: x = user_score_mod(x, b, h, t, j, seqlen_q, len)       (in this order)
+//              (with a unit u, MOD_SCORE_UNIT: x = u * user_score_mod(x / u, ...), as the
+//              softcap is cap * tanh(x / cap): see to_unit below)
 // then a key is masked (weight 0) outside the causal / sequence bounds, outside
 // the window [t + diag - left, t + diag + right] (-1: unbounded side; causal
 // caps right at 0), or where user_mask_mod(b, h, t, j, seqlen_q, len) is false.
@@ -506,7 +508,7 @@ __device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const
 // A kernel with modifiers is a separate instantiation (FLAGS != 0) that takes a
 // ModParams after its AttnParams; the kernels without them are unchanged.
 enum : int { MOD_WINDOW = 1, MOD_SOFTCAP = 2, MOD_ALIBI = 4, MOD_SINKS = 8, MOD_SCORE = 16, MOD_MASK = 32,
-             MOD_FIXED_REF = 64 };
+             MOD_FIXED_REF = 64, MOD_SCORE_UNIT = 128 };
 
 // Mirrored field by field by cupy_gqa/_mods.py: MOD_PARAMS_DTYPE.
 struct ModParams {
@@ -517,8 +519,9 @@ struct ModParams {
     double softcap;               // MOD_SOFTCAP: > 0
     int window_left, window_right;  // MOD_WINDOW: -1 unbounded (causal: right is 0)
     float fixed_ref;              // MOD_FIXED_REF: every row's exp2 reference, log2 units
+    double score_unit;            // MOD_SCORE_UNIT: the score_mod's unit, > 0
 };
-static_assert(sizeof(ModParams) == 96, "ModParams must match _mods.MOD_PARAMS_DTYPE");
+static_assert(sizeof(ModParams) == 104, "ModParams must match _mods.MOD_PARAMS_DTYPE");
 // What a kernel without modifiers passes its body in place of a ModParams: an
 // empty struct, so that nothing is built (a 96-byte ModParams{} temporary,
 // though unused, changes the order of the generated code).
@@ -535,19 +538,28 @@ struct Mods {
         ALIBI = (FLAGS & MOD_ALIBI) != 0,
         SINKS = (FLAGS & MOD_SINKS) != 0,
         SCORE = (FLAGS & MOD_SCORE) != 0,
+        // the score_mod reads and returns scores in units of ModParams::score_unit
+        SCORE_UNIT = (FLAGS & MOD_SCORE_UNIT) != 0,
         MASK = (FLAGS & MOD_MASK) != 0,
         SCORES = SOFTCAP || ALIBI || SCORE,  // the scores change
         MASKS = WINDOW || MASK,              // keys inside the causal bounds may be masked
         // softcap is the one score modifier: a row's maximum is the softcap of its raw
-        // maximum (softmax.cuh: frag_softcap)
+        // maximum (softmax.cuh: frag_unit)
         SOFTCAP_ONLY = SOFTCAP && !ALIBI && !SCORE,
+        // the one score modifier is a rule in units, x = u * f(x / u): the softcap, or a
+        // score_mod with a unit. A tensor-core kernel may then scale the raw score to
+        // units in one multiply and put u in its exponential's scale (softmax.cuh:
+        // frag_unit), the same arithmetic for both, so that a score_mod spelling the
+        // softcap in units gives the built-in's bits.
+        UNIT_ONLY = SOFTCAP_ONLY || (SCORE && SCORE_UNIT && !SOFTCAP && !ALIBI),
         // the modified scores lie in a known range (a softcap's, or a score_mod's
         // bounds) narrow enough for one exp2 reference, ModParams::fixed_ref, for every
         // row and tile: no row maxima, no rescale (cupy_gqa/_mods.py: Modifiers.fixed_ref;
         // bf16 P, which has float32's exponents; the hopper kernels)
         FIXED_REF = (FLAGS & MOD_FIXED_REF) != 0,
     };
-    typedef Mods<FLAGS & ~MOD_SOFTCAP, HALF> NoSoftcap;  // the same masks, no softcap
+    // the same masks, no score modifier
+    typedef Mods<FLAGS & ~(MOD_SOFTCAP | MOD_ALIBI | MOD_SCORE | MOD_SCORE_UNIT), HALF> MasksOnly;
 };
 typedef Mods<0> NoMods;
 
@@ -629,12 +641,22 @@ __device__ __forceinline__ Row row(const ModParams& mp, const Seq& sq, int t, in
 // in A's precision: the one rule of every kernel family. (Of query t, head h,
 // ALiBi slope.) The tensor-core prefill kernels keep it in natural units and
 // apply log2(e) inside their exp2 (softmax.cuh: frag_modify).
+//
+// A rule in units (the softcap; a score_mod with a unit) reads x / u, as the fp16 and bf16
+// kernels compute it x * (1 / u), and its result counts in units of u.
+template <class M, typename A>
+__device__ __forceinline__ A to_unit(A x, double u) {
+    if constexpr (M::FAST_TANH)
+        return x * (1.f / (A)u);
+    else
+        return x / (A)u;
+}
 template <class M, typename A>
 __device__ __forceinline__ A softcap_tanh(A x, const ModParams& mp) {  // tanh(x / cap)
     if constexpr (M::FAST_TANH)
-        return fast_tanh(x * (1.f / (A)mp.softcap));
+        return fast_tanh(to_unit<M>(x, mp.softcap));
     else
-        return tanh(x / (A)mp.softcap);
+        return tanh(to_unit<M>(x, mp.softcap));
 }
 template <class M, typename A>
 __device__ __forceinline__ A softcap_nat(A x, const ModParams& mp) {
@@ -660,7 +682,10 @@ __device__ __forceinline__ A score_nat_grad(A x, const ModParams& mp, const Seq&
     // one rounding, spelled out: a multiply and a subtract are fused or not at ptxas' choice,
     // which may differ between two copies of the same loop
     if (M::ALIBI) x = fma(-(A)slope, dist, x);
-    if (M::SCORE) x = user_score_mod<A>(x, sq.b, h, t, j, sq.seqlen_q, sq.len, mp);
+    if (M::SCORE_UNIT)
+        x = (A)mp.score_unit * user_score_mod<A>(to_unit<M>(x, mp.score_unit), sq.b, h, t, j, sq.seqlen_q, sq.len, mp);
+    else if (M::SCORE)
+        x = user_score_mod<A>(x, sq.b, h, t, j, sq.seqlen_q, sq.len, mp);
     return x;
 }
 template <class M, bool GRAD, typename A>
@@ -728,6 +753,22 @@ __device__ __forceinline__ A score_nat(A x, const ModParams& mp, const Seq& sq, 
 template <class M, typename A>
 __device__ __forceinline__ A score_nat_grad(A x, const ModParams& mp, const Seq& sq, const Diag& r, int j, A& grad) {
     return score_nat_grad<M, true, A>(x, mp, sq, r.c - sq.diag, r.h, r.slope, j, &grad);
+}
+
+// The one rule in units of M::UNIT_ONLY: its unit, and its function f of a score in
+// units (row r, key j): the softcap's tanh, or the score_mod.
+template <class M>
+__device__ __forceinline__ float unit_of(const ModParams& mp) {
+    static_assert(M::UNIT_ONLY, "one score modifier, a rule in units");
+    return (float)(M::SOFTCAP ? mp.softcap : mp.score_unit);
+}
+template <class M>
+__device__ __forceinline__ float unit_rule(float x, const ModParams& mp, const Seq& sq, const Diag& r, int j) {
+    static_assert(M::UNIT_ONLY, "one score modifier, a rule in units");
+    if constexpr (M::SOFTCAP)
+        return M::FAST_TANH ? fast_tanh(x) : tanhf(x);
+    else
+        return user_score_mod<float>(x, sq.b, r.h, r.c - sq.diag, j, sq.seqlen_q, sq.len, mp);
 }
 
 // A sink in log2 units, for query head h (0 without sinks: unused).

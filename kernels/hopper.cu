@@ -728,25 +728,32 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2,
                                                                             softmax::FastExp2());
             } else if constexpr (M::FIXED_REF) {
-                // scores in a known range: the modifiers (a softcap alone: without a mask test
-                // per score on a tile that masks none), then one reference for every row
+                // scores in a known range: the modifiers (one rule in units, a softcap's or a
+                // score_mod's: scaled to its units at one multiply), then one reference for every row
                 float scale;
-                if constexpr (M::SOFTCAP_ONLY) {
+                if constexpr (M::UNIT_ONLY) {
                     float unused[2];
-                    scale = softmax::frag_softcap<M, CAUSAL, false>(s, unused, n0, BLOCK_N, lane, mp, sq, mrow, keys,
-                                                                    scale_log2);
+                    scale = softmax::frag_unit<M, CAUSAL, false>(s, unused, n0, BLOCK_N, lane, mp, sq, mrow, keys,
+                                                                 scale_log2);
                 } else {
                     scale = softmax::frag_modify<M, CAUSAL, TWO_LOOPS>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
                 }
                 return softmax::frag_probabilities_fixed(s, mp.fixed_ref, m_run, rs, scale, softmax::FastExp2());
             } else if constexpr (M::SOFTCAP_ONLY && NWG == 2) {
-                // the softcap with the maxima taken before it (softmax.cuh: frag_softcap; with
+                // the softcap with the maxima taken before it (softmax.cuh: frag_unit; with
                 // three warpgroups and a window, its two paths spilled 8 bytes)
                 float mx[2];
                 const float scale =
-                    softmax::frag_softcap<M, CAUSAL>(s, mx, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
+                    softmax::frag_unit<M, CAUSAL>(s, mx, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
                 return softmax::frag_probabilities_max<RESCALE_THRESHOLD, true>(s, mx, m_run, alpha, rs, scale,
                                                                                 softmax::FastExp2());
+            } else if constexpr (M::UNIT_ONLY) {
+                // one rule in units, the maxima taken of its results
+                float unused[2];
+                const float scale =
+                    softmax::frag_unit<M, CAUSAL, false>(s, unused, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
+                return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale,
+                                                                            softmax::FastExp2());
             } else {
                 // modifiers (softmax.cuh: frag_modify), then the probabilities
                 const float scale =

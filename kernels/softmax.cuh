@@ -182,7 +182,7 @@ __device__ __forceinline__ void frag_to_natural(float (&s)[NT][4], float scale_l
 // row may not fully see (keys.unmasked) or with a mask_mod, the mask. Returns the
 // scale the update applies inside its exp2 (s * scale - ref): log2(e) on the
 // modified scores, scale_log2 on the raw ones.
-// TWO_LOOPS: the masked and the unmasked tile take a loop each (as frag_softcap), so
+// TWO_LOOPS: the masked and the unmasked tile take a loop each (as frag_unit), so
 // that an unmasked tile makes no mask test per score (ALiBi 1.4 to 1.6 times faster at
 // head dim 128); false: one loop that tests a tile's mask flag per score, for a kernel
 // whose registers do not hold the second copy (hopper's three consumer warpgroups
@@ -223,41 +223,56 @@ __device__ __forceinline__ float frag_row_max(const float (&s)[NT][4], int hf) {
     return mx;
 }
 
-// frag_modify for a softcap that is the only score modifier (M::SOFTCAP_ONLY), with
-// the rows' maxima of the result in mx (MAXIMA; without, for one fixed reference,
-// none are taken): the raw scores are scaled and masked, their maxima taken, then the
-// softcap applied to those and to every visible score. The softcap rule is monotone,
-// so the maxima are those of the capped scores, and the exponentials need not wait
-// for every tanh (the row maximum no longer stands between them). Masked scores stay
-// -inf; an unmasked tile takes no mask test per score.
+// frag_modify for one score modifier that is a rule in units, x = u * f(x / u)
+// (M::UNIT_ONLY: the softcap, f = tanh, u = cap; or a score_mod with a unit): the raw
+// scores s become s * (softmax_scale / u), in units of u at one multiply, and the
+// returned exp2 scale is u * log2(e), so that P = exp2(f * u * log2(e) - m): where
+// scaling to natural units, dividing by u and multiplying by it took three multiplies a
+// score, this takes one, and a score_mod spelling the softcap in units (f = fast_tanh,
+// u = cap) computes the very same. The raw scores are masked first (masks read no
+// score); the rows' maxima in mx (MAXIMA, the softcap only: it is monotone, so the tanh
+// of the raw maxima are the rows' largest f, and the exponentials need not wait for every
+// tanh; without, for one fixed reference or the maxima of f taken after, none). f runs on
+// the visible scores only; masked ones stay -inf (P 0), and an unmasked tile takes no
+// mask test per score.
 template <class M, bool CAUSAL, bool MAXIMA = true, int NT, class Keys>
-__device__ __forceinline__ float frag_softcap(float (&s)[NT][4], float (&mx)[2], int n0, int n, int lane,
-                                              const ModParams& mp, const mods::Seq& sq, const mods::Diag (&row)[2],
-                                              const Keys& keys, float scale_log2) {
-    static_assert(M::SOFTCAP_ONLY, "the softcap is the one score modifier");
-    frag_to_natural(s, scale_log2);
+__device__ __forceinline__ float frag_unit(float (&s)[NT][4], float (&mx)[2], int n0, int n, int lane,
+                                           const ModParams& mp, const mods::Seq& sq, const mods::Diag (&row)[2],
+                                           const Keys& keys, float scale_log2) {
+    static_assert(M::UNIT_ONLY, "one score modifier, a rule in units");
+    static_assert(!MAXIMA || M::SOFTCAP_ONLY, "the maxima before f need a monotone f");
+    const float u = mods::unit_of<M>(mp);
+    const float scale_over_u = scale_log2 * 0.69314718055994530942f / u;  // softmax_scale / u
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= scale_over_u;
     const bool mask = M::MASK || !keys.unmasked(n0, n);
-    if (mask) frag_mods<typename M::NoSoftcap, CAUSAL>(s, n0, lane, mp, sq, row, true);
+    if (mask) frag_mods<typename M::MasksOnly, CAUSAL>(s, n0, lane, mp, sq, row, true);
     if constexpr (MAXIMA) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             const float raw = frag_row_max(s, hf);
-            mx[hf] = raw == neg_inf<float>() ? raw : mods::softcap_nat<M>(raw, mp);
+            mx[hf] = raw == neg_inf<float>() ? raw : mods::unit_rule<M>(raw, mp, sq, row[hf], 0);
         }
     }
+    auto rule = [&](int nt, int e) {
+        const int j = n0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+        return mods::unit_rule<M>(s[nt][e], mp, sq, row[e >> 1], j);
+    };
     if (mask) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                if (s[nt][e] != neg_inf<float>()) s[nt][e] = mods::softcap_nat<M>(s[nt][e], mp);
-    } else {  // (no score was masked: as frag_modify, the softcap of every one)
+                if (s[nt][e] != neg_inf<float>()) s[nt][e] = rule(nt, e);
+    } else {  // (no score was masked: f of every one)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = mods::softcap_nat<M>(s[nt][e], mp);
+            for (int e = 0; e < 4; ++e) s[nt][e] = rule(nt, e);
     }
-    return 1.44269504088896340736f;
+    return u * 1.44269504088896340736f;
 }
 
 // Row sum over the quad of the lanes' partial l.

@@ -62,7 +62,7 @@ def _modified_row(q_row, k_rows, b, t, n, seqlen_q, scale, causal, window, softc
                   mask_mod):  # fmt: skip
     """Row t of sequence b (n keys; q_row (Hq, D), k_rows (n, Hq, D)) by the definitions:
     x = scale * q . k; softcap: x = c tanh(x / c); ALiBi: x -= slope[b, h] |t + d - j|;
-    score_mod; then key j is seen when j < len, (causal) j <= t + d, (window) t + d - left
+    score_mod (with a unit u: x = u f(x / u), bounds on f); then key j is seen when j < len, (causal) j <= t + d, (window) t + d - left
     <= j <= t + d + right (-1: unbounded; causal caps right at 0) and mask_mod; the sink
     adds exp(sink[h]) to the denominator (d = len - seqlen_q). Returns p (Hq, n), the
     probabilities (0 where a key is not seen, or the row sees nothing), p_sink (Hq,), lse
@@ -82,10 +82,12 @@ def _modified_row(q_row, k_rows, b, t, n, seqlen_q, scale, causal, window, softc
         slopes = slopes if slopes.ndim == 1 else slopes[b]
         x = x - slopes[:, None] * np.abs(t + d - j)
     if score_mod is not None:
-        x = np.broadcast_to(score_mod.numpy(score=x, b=b, h=heads, q_idx=t, kv_idx=j, seqlen_q=seqlen_q, seqlen_k=n,
-                                            **_buffers(score_mod)), x.shape).astype(np.float64)  # fmt: skip
+        unit = 1.0 if score_mod.unit is None else score_mod.unit  # with a unit u: x = u * f(x / u)
+        x = np.broadcast_to(score_mod.numpy(score=x / unit, b=b, h=heads, q_idx=t, kv_idx=j, seqlen_q=seqlen_q,
+                                            seqlen_k=n, **_buffers(score_mod)), x.shape).astype(np.float64)  # fmt: skip
         if score_mod.bounds is not None:  # clamped to its bounds (a NaN stays NaN)
             x = np.where(x < score_mod.bounds[0], score_mod.bounds[0], np.where(x > score_mod.bounds[1], score_mod.bounds[1], x))
+        x = unit * x
     seen = np.ones((num_q_heads, n), dtype=bool)
     if causal:
         seen &= j <= t + d

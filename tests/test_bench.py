@@ -489,6 +489,15 @@ def test_modifier_cases_and_their_flop_basis():
     h1 = bench.CASE_BY_NAME["h1"]
     assert (w2.case.batch, w2.case.seqlen_q, w2.case.head_dim, w2.case.causal) == (h1.batch, h1.seqlen_q, h1.head_dim, True)
     assert dict(w2.mods) == {"softcap": 30.0} and w2.baseline == "plain"
+    # W3: W2's softcap as a user's score_mod in units of the cap
+    import dataclasses
+
+    import cupy_gqa
+
+    w3 = cases["W3"]
+    assert w3.case == dataclasses.replace(w2.case, name="W3") and w3.baseline == "plain"
+    mod = dict(w3.mods)["score_mod"](cupy_gqa)
+    assert (mod.unit, mod.bounds, mod.cuda) == (30.0, (-1.0, 1.0), "return fast_tanh(score);")
     # visible pairs of a causal window: query i sees min(i, 1024) + 1 keys
     n = 8192
     assert bench.window_visible_pairs(n, n, (1024, 0)) == sum(min(i, 1024) + 1 for i in range(n))
@@ -515,6 +524,7 @@ def test_list_shows_the_modifier_cases(capsys):
     out = capsys.readouterr().out
     assert "W1   B4 S8192 Hq32 Hkv8 D128 bf16 causal prefill {'window': (1024, 0)}" in out
     assert "W2   B4 S4096 Hq32 Hkv8 D128 bf16 causal prefill {'softcap': 30.0}" in out
+    assert "W3   B4 S4096 Hq32 Hkv8 D128 bf16 causal prefill {'score_mod': 'softcap_score_mod(cupy_gqa)'}" in out
 
 
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(5, 9), (9, 5), (7, 7)])

@@ -24,7 +24,8 @@ def _mods(name, batch, hq):
     return modifier_kwargs(name, batch, hq, _WINDOWS)
 
 
-MOD_NAMES = ["window", "window_noncausal", "softcap", "sinks", "alibi", "alibi_batch", "score_mod", "score_mod_bounded", "mask_mod", "all",
+MOD_NAMES = ["window", "window_noncausal", "softcap", "sinks", "alibi", "alibi_batch", "score_mod", "score_mod_bounded",
+             "score_mod_unit", "score_mod_unit_softcap", "score_mod_unit_alibi", "mask_mod", "all",
              "all_noncausal"]
 # (batch, seqlen_q, seqlen_k, Hq, Hkv, D)
 PREFILL = {"prefill_gqa": (2, 150, 211, 8, 2, 64), "prefill_mha_d128": (1, 129, 129, 4, 4, 128)}

@@ -17,12 +17,25 @@ HAS_CUPY = importlib.util.find_spec("cupy") is not None
 
 def softcap_mod(cap=30.0, half=False):
     """A user score_mod that is the built-in softcap (``half``: as the kernels for fp16 and
-    bf16 inputs compute it, with the hardware tanh), with the softcap's bounds."""
+    bf16 inputs compute it, with the hardware tanh): tanh in units of the cap, with its bounds."""
     return cupy_gqa.ScoreMod(
-        cuda="return cap[0] * fast_tanh(score * (1.0f / cap[0]));" if half else "return cap[0] * tanh(score / cap[0]);",
-        numpy=lambda score, cap, **_: cap[0] * np.tanh(score / cap[0]),
-        buffers={"cap": np.float32([cap])},
-        bounds=(-cap, cap),
+        cuda="return fast_tanh(score);" if half else "return tanh(score);",
+        numpy=lambda score, **_: np.tanh(score),
+        unit=cap,
+        bounds=(-1, 1),
+    )
+
+
+def unit_mod():
+    """A score_mod in units of 2 that reads a per-head buffer and the positions (in units:
+    score (1 + bias[h] / 4) - 0.005 * distance to the diagonal key), unbounded."""
+    return cupy_gqa.ScoreMod(
+        # in double, as its NumPy twin
+        cuda="return score * (1.0 + 0.25 * bias[h]) - 0.005 * (double)abs(q_idx + seqlen_k - seqlen_q - kv_idx);",
+        numpy=lambda score, h, q_idx, kv_idx, seqlen_q, seqlen_k, bias, **_:
+            score * (1.0 + 0.25 * bias[h]) - 0.005 * np.abs(q_idx + seqlen_k - seqlen_q - kv_idx),
+        buffers={"bias": np.linspace(-1, 1, 8).astype(np.float32)},
+        unit=2.0,
     )
 
 
@@ -78,6 +91,9 @@ def modifier_kwargs(name, batch, hq, windows, seed=7):
         "alibi_batch": {"alibi_slopes": np.stack([slopes * (b + 1) for b in range(batch)])},
         "score_mod": {"score_mod": head_bias_mod()},
         "score_mod_bounded": {"score_mod": clamped_mod()},
+        "score_mod_unit": {"score_mod": unit_mod()},
+        "score_mod_unit_softcap": {"score_mod": softcap_mod(4.0), "mask_mod": even_heads_odd_keys_mod()},
+        "score_mod_unit_alibi": {"score_mod": unit_mod(), "alibi_slopes": slopes},
         "mask_mod": {"mask_mod": even_heads_odd_keys_mod()},
         "all": {"softcap": 3.0, "sinks": sinks, "alibi_slopes": slopes, "score_mod": head_bias_mod(),
                 "mask_mod": even_heads_odd_keys_mod()},
@@ -103,8 +119,8 @@ def _mods(name, batch, hq):
 
 
 MOD_NAMES = ["window", "window_left_only_noncausal", "window_both_noncausal", "window_right_only_noncausal",
-             "window_zero", "softcap", "sinks", "alibi", "alibi_batch", "score_mod", "score_mod_bounded", "mask_mod", "all",
-             "all_noncausal"]
+             "window_zero", "softcap", "sinks", "alibi", "alibi_batch", "score_mod", "score_mod_bounded", "score_mod_unit",
+             "score_mod_unit_softcap", "score_mod_unit_alibi", "mask_mod", "all", "all_noncausal"]
 # (batch, seqlen_q, seqlen_k, Hq, Hkv, D): prefill, GQA with more keys, decode against a long cache, more queries than keys
 SHAPES = {
     "prefill": (2, 37, 37, 8, 8, 16),
@@ -262,6 +278,36 @@ def test_user_mod_constructor_checks():
     with pytest.raises(ValueError, match=r"got \(-inf, 0.0\)"):
         cupy_gqa.ScoreMod(cuda="return score;", bounds=(-np.inf, 0))
     assert cupy_gqa.ScoreMod(cuda="return score;", bounds=[np.float32(-2), 3]).bounds == (-2.0, 3.0)
+    with pytest.raises(TypeError, match=r"score_mod: expected unit= a real number > 0 or None, got str '2'"):
+        cupy_gqa.ScoreMod(cuda="return score;", unit="2")
+    with pytest.raises(TypeError, match=r"score_mod: expected unit= a real number > 0 or None, got bool True"):
+        cupy_gqa.ScoreMod(cuda="return score;", unit=True)
+    for bad in (0, -1.5, np.inf, np.nan):
+        with pytest.raises(ValueError, match=r"score_mod: expected unit= a finite number > 0 \(None: natural units\), got"):
+            cupy_gqa.ScoreMod(cuda="return score;", unit=bad)
+    mod = cupy_gqa.ScoreMod(cuda="return score;", unit=np.float32(4), bounds=(-1, 0.5))
+    assert mod.unit == 4.0 and mod.natural_bounds() == (-4.0, 2.0) and "unit=4.0" in repr(mod)
+
+
+def test_score_mod_in_units_is_u_times_f_of_x_over_u():
+    """With a unit u the function sees softmax_scale * q . k / u and the new score is u times
+    its result (bounds on the result): the NumPy backend against scores written out."""
+    q, k, v = random_qkv(1, 7, 9, 2, 1, 8, "float64", seed=12)
+    seen = []
+
+    def fn(score, **_):
+        seen.append(np.array(score))
+        return score**3
+
+    out = cupy_gqa.attention(q, k, v, score_mod=cupy_gqa.ScoreMod(cuda="return score;", numpy=fn, unit=3.0))
+    x = np.einsum("qhd,khd->hqk", q[0], np.repeat(k[0], 2, axis=1)) / np.sqrt(8)
+    np.testing.assert_allclose(seen[0], x / 3.0, rtol=1e-12)  # (the NumPy backend's (heads, rows, keys))
+    s = 3.0 * (x / 3.0) ** 3 + np.where(np.arange(9)[None, :] <= np.arange(7)[:, None] + 2, 0, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("hqk,khd->qhd", p / p.sum(-1, keepdims=True), np.repeat(v[0], 2, axis=1))
+    assert_close(out[0], want, 1e-12)
+    ref, _ = reference_attention(q, k, v, score_mod=cupy_gqa.ScoreMod(cuda="return score;", numpy=fn, unit=3.0))
+    assert_close(out, ref, 1e-12)
 
 
 def test_bounded_score_mod_is_clamped_nan_kept():
@@ -296,6 +342,11 @@ def test_fixed_reference_of_the_modifiers():
     bounded = cupy_gqa.ScoreMod(cuda="return score;", bounds=(-10, 30))
     assert _mods.Modifiers(softcap=30.0, alibi=1, score_mod=bounded).fixed_ref() == float(np.float32(10 * log2e))
     assert _mods.Modifiers().fixed_ref() is None
+    # a score_mod with a unit: its bounds count in the unit; the twin of softcap 30 takes its reference
+    assert _mods.Modifiers(score_mod=softcap_mod(30.0)).fixed_ref() == _mods.Modifiers(softcap=30.0).fixed_ref()
+    assert _mods.Modifiers(score_mod=softcap_mod(56.0)).fixed_ref() is None
+    shifted = cupy_gqa.ScoreMod(cuda="return score;", bounds=(0, 10), unit=2.0)
+    assert _mods.Modifiers(score_mod=shifted).fixed_ref() == float(np.float32(10 * log2e))
 
 
 def test_plan_takes_the_fixed_reference_for_bf16_on_hopper_only():
@@ -310,7 +361,14 @@ def test_plan_takes_the_fixed_reference_for_bf16_on_hopper_only():
         assert hopper.mods == (66 if fixed else 2), hopper.name
         assert problem.spec(_specs.tiled_spec(dtype, 128, True, arch)).mods == 2
     mp = np.frombuffer(_mods.Modifiers(softcap=30.0).params(0, 4), _mods.MOD_PARAMS_DTYPE)
-    assert mp["fixed_ref"][0] == 0.0 and mp["softcap"][0] == 30.0
+    assert mp["fixed_ref"][0] == 0.0 and mp["softcap"][0] == 30.0 and mp["score_unit"][0] == 0.0
+    # a score_mod with a unit: MOD_SCORE_UNIT (128) in the flags, the unit in the parameters
+    twin = _mods.Modifiers(score_mod=cupy_gqa.ScoreMod(cuda="return fast_tanh(score);", unit=30.0, bounds=(-1, 1)))
+    problem = _plan.Problem(1, 64, 64, 4, 4, 128, "bfloat16", True, 0.1, mods=twin)
+    assert problem.spec(_specs.hopper_spec("bfloat16", 128, True, arch)).mods == 16 | 64 | 128
+    assert problem.spec(_specs.tiled_spec("bfloat16", 128, True, arch)).mods == 16 | 128
+    mp = np.frombuffer(twin.params(0, 4), _mods.MOD_PARAMS_DTYPE)
+    assert mp["score_unit"][0] == 30.0 and mp["softcap"][0] == 0.0 and mp["fixed_ref"][0] == 0.0
 
 
 @pytest.mark.skipif(not HAS_CUPY, reason="needs CuPy's NVRTC")

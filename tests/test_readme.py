@@ -48,3 +48,23 @@ def test_usage_keywords_exist():
 
     public |= set(inspect.signature(hf.register).parameters) | {"attn_implementation"}  # and from_pretrained's
     assert used <= public, used - public
+
+
+def test_modifier_example_runs_and_the_softcap_by_hand_is_the_builtin():
+    """The README's modifier example, run on the NumPy backend (32 query heads, as its buffer):
+    ``capped`` gives softcap=30's very bits, ``out`` the float64 reference's values."""
+    import numpy as np
+
+    import cupy_gqa
+    from conftest import assert_close, random_qkv
+    from reference import reference_attention
+
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"```python\n(bias = cupy_gqa\.ScoreMod\(.*?)```", readme, re.S).group(1)
+    q, k, v = random_qkv(1, 300, 300, 32, 8, 16, "float32", seed=21)
+    env = {"cupy_gqa": cupy_gqa, "np": np, "q": q, "k": k, "v": v}
+    exec(code, env)
+    np.testing.assert_array_equal(env["capped"], cupy_gqa.attention(q, k, v, softcap=30.0))
+    ref, _ = reference_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                                 score_mod=env["bias"], mask_mod=env["band"])
+    assert_close(env["out"], ref, 2e-5, "the README's score_mod and mask_mod")
