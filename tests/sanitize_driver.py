@@ -132,10 +132,11 @@ MOD_WINDOWS = {"window": (9, 0), "all": (11, 0), "all_noncausal": (6, 4)}
 
 def modifiers(kernel, failures: int, runs: int) -> tuple[int, int]:
     """The family's modifier kernels (window; softcap, sinks, ALiBi, score_mod, mask_mod and a
-    window together, causal and not) through a prefill, a split decode and a padded head_dim."""
+    window together, causal and not; the softcap alone and score_mods in units, which hopper
+    runs on their own path) through a prefill, a split decode and a padded head_dim."""
     for case in MOD_CASES:
         for dtype in DTYPES:
-            for name in MOD_WINDOWS:
+            for name in (*MOD_WINDOWS, "softcap", "score_mod_unit", "score_mod_unit_softcap"):
                 q, k, v = random_qkv(*case, dtype, seed=runs)
                 kw = modifier_kwargs(name, case[0], case[3], MOD_WINDOWS)
                 out = cupy.full(q.shape, np.nan, dtype=q.dtype)
