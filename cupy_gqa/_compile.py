@@ -18,6 +18,7 @@ import re
 import threading
 from dataclasses import dataclass
 
+from . import _specs
 from ._specs import Spec
 
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
@@ -97,6 +98,25 @@ _lock = threading.Lock()
 _kernels: dict = {}
 
 
+def _compile_module(spec: Spec):
+    import cupy
+
+    module = cupy.RawModule(code=source_for(spec), options=compile_options(spec), name_expressions=[spec.name])
+    try:
+        return module.get_function(spec.name)  # compiles (or loads from disk) here
+    except cupy.cuda.compiler.CompileException as e:
+        if not spec.user_code:
+            raise
+        raise ValueError(f"score_mod / mask_mod: NVRTC could not compile the kernel with them:\n{e}") from None
+
+
+def _serial_pv_fallback(spec: Spec) -> bool:
+    """Whether ``spec`` runs a user's score_mod in units on hopper's softmax beside P V
+    (kernels/hopper.cu: OVERLAP_PV), where it has a variant that waits for P V instead, for
+    code that needs more registers than that leaves (it then spills: local memory)."""
+    return spec.family == "hopper" and bool(spec.user_code) and spec.mods & 128 and not spec.mods & 256
+
+
 def get_kernel(spec: Spec):
     """The ``cupy.RawKernel`` for ``spec`` on the current device, compiled once."""
     import cupy
@@ -107,15 +127,10 @@ def get_kernel(spec: Spec):
         with _lock:
             kernel = _kernels.get(key)
             if kernel is None:
-                module = cupy.RawModule(
-                    code=source_for(spec), options=compile_options(spec), name_expressions=[spec.name]
-                )
-                try:
-                    kernel = module.get_function(spec.name)  # compiles (or loads from disk) here
-                except cupy.cuda.compiler.CompileException as e:
-                    if not spec.user_code:
-                        raise
-                    raise ValueError(f"score_mod / mask_mod: NVRTC could not compile the kernel with them:\n{e}") from None
+                kernel = _compile_module(spec)
+                if _serial_pv_fallback(spec) and kernel.local_size_bytes > 0:
+                    # a score_mod in units whose code spills beside P V: the kernel that waits for it
+                    kernel = _compile_module(_specs.with_serial_pv(spec))
                 if spec.smem > 48 * 1024:
                     kernel.max_dynamic_shared_size_bytes = spec.smem
                 _kernels[key] = kernel

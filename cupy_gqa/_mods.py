@@ -37,6 +37,9 @@ MOD_WINDOW, MOD_SOFTCAP, MOD_ALIBI, MOD_SINKS, MOD_SCORE, MOD_MASK = 1, 2, 4, 8,
 # (set by the plan, not by a call's arguments) one exp2 reference for every row: Modifiers.fixed_ref
 MOD_FIXED_REF = 64
 MOD_SCORE_UNIT = 128  # the score_mod has a unit (ScoreMod.unit)
+# (set by _compile.get_kernel) hopper's softmax waits for P V: a score_mod in units whose code
+# did not fit the registers beside it
+MOD_SERIAL_PV = 256
 MAX_BUFFERS = 6  # ModParams::buffers, for score_mod's and mask_mod's together
 LOG2E = 1.4426950408889634
 # The widest range of the modified scores, in log2 units, that takes one reference for

@@ -125,6 +125,16 @@ def with_mods(spec: Spec, flags: int, user_code: str = "") -> Spec:
     return replace(spec, name=f"{kernel}_mods<{args[:-1]}, {flags}>", mods=flags, user_code=user_code)
 
 
+def with_serial_pv(spec: Spec) -> Spec:
+    """``spec``, a hopper instantiation with a score_mod in units, whose softmax waits for
+    the last tile's P V (kernels/common.cuh: MOD_SERIAL_PV): what _compile.get_kernel
+    takes where the user's code does not fit the registers of the softmax beside P V."""
+    flags = spec.mods | 256  # _mods.MOD_SERIAL_PV
+    head, last = spec.name[:-1].rsplit(", ", 1)
+    assert spec.family == "hopper" and int(last) == spec.mods, spec.name
+    return replace(spec, name=f"{head}, {flags}>", mods=flags)
+
+
 def _sixteen_rows_per_warp(spec: Spec) -> tuple:
     """(kernel name, template arguments, spec) of ``spec`` for an instantiation
     that adds registers (modifiers, per-sequence addressing): the tiled kernel

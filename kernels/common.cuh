@@ -508,7 +508,7 @@ __device__ __forceinline__ Sequence<ADDR> sequence_of(const AttnParams& p, const
 // A kernel with modifiers is a separate instantiation (FLAGS != 0) that takes a
 // ModParams after its AttnParams; the kernels without them are unchanged.
 enum : int { MOD_WINDOW = 1, MOD_SOFTCAP = 2, MOD_ALIBI = 4, MOD_SINKS = 8, MOD_SCORE = 16, MOD_MASK = 32,
-             MOD_FIXED_REF = 64, MOD_SCORE_UNIT = 128 };
+             MOD_FIXED_REF = 64, MOD_SCORE_UNIT = 128, MOD_SERIAL_PV = 256 };
 
 // Mirrored field by field by cupy_gqa/_mods.py: MOD_PARAMS_DTYPE.
 struct ModParams {
@@ -557,9 +557,12 @@ struct Mods {
         // row and tile: no row maxima, no rescale (cupy_gqa/_mods.py: Modifiers.fixed_ref;
         // bf16 P, which has float32's exponents; the hopper kernels)
         FIXED_REF = (FLAGS & MOD_FIXED_REF) != 0,
+        // hopper: the softmax waits for the last tile's P V (a score_mod in units whose code
+        // does not fit the registers beside it; cupy_gqa/_compile.py: get_kernel)
+        SERIAL_PV = (FLAGS & MOD_SERIAL_PV) != 0,
     };
     // the same masks, no score modifier
-    typedef Mods<FLAGS & ~(MOD_SOFTCAP | MOD_ALIBI | MOD_SCORE | MOD_SCORE_UNIT), HALF> MasksOnly;
+    typedef Mods<FLAGS & ~(MOD_SOFTCAP | MOD_ALIBI | MOD_SCORE | MOD_SCORE_UNIT | MOD_SERIAL_PV), HALF> MasksOnly;
 };
 typedef Mods<0> NoMods;
 

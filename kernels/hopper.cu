@@ -618,11 +618,15 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     auto pass_turn = [&] { pair_arrive(TURN_BAR + (NWG == 2 ? wg ^ 1 : (wg + 1) % NWG)); };  // (the xor at two: the code measured before three)
     if (wg == NWG - 1) pair_arrive(TURN_BAR);
     // Whether the softmax of S_j runs while P_{j-1} V_{j-1} does (its registers,
-    // O and P, held meanwhile). ALiBi, a score_mod and the larger tiles need
-    // those registers: there the warpgroup waits for P V first, and the other
-    // warpgroup's products still overlap its softmax. So does a softcap with
-    // three consumer warpgroups (160 registers a thread).
-    constexpr bool OVERLAP_PV = !M::ANY || (!M::ALIBI && !M::SCORE && HEAD_DIM_PAD <= 192 && !(M::SOFTCAP && NWG == 3));
+    // O and P, held meanwhile). ALiBi, a score_mod in natural units and the larger
+    // tiles need those registers: there the warpgroup waits for P V first, and the
+    // other warpgroup's products still overlap its softmax. So does a softcap with
+    // three consumer warpgroups (160 registers a thread). A score_mod in units that is
+    // the one score modifier runs where the softcap does (softmax.cuh: frag_unit), so
+    // that written as the softcap it costs what the softcap costs, unless its code needs
+    // the registers (SERIAL_PV: the variant the host takes where this one spills).
+    constexpr bool OVERLAP_PV = !M::ANY || (!M::ALIBI && (!M::SCORE || M::UNIT_ONLY) && !M::SERIAL_PV &&
+                                            HEAD_DIM_PAD <= 192 && !(M::UNIT_ONLY && NWG == 3));
     // The generic modifiers' step (softmax.cuh: frag_modify) in a loop for masked and one for
     // unmasked tiles, but where three consumer warpgroups take a window (a causal window with a
     // softcap spilled 12 bytes)

@@ -10,7 +10,7 @@ import pytest
 import cupy_gqa
 from conftest import TOLERANCE, assert_close, assert_lse_close, gpu_available, random_qkv
 from reference import reference_attention
-from test_modifiers import modifier_kwargs, softcap_mod, window_mod
+from test_modifiers import modifier_kwargs, softcap_mod, unit_mod, window_mod
 
 pytestmark = pytest.mark.gpu
 if gpu_available():
@@ -120,6 +120,22 @@ def test_gpu_user_twins_are_bit_for_bit_the_builtins(shape, dtype):
         a, la = _run(kernel, dims, dtype, {"window": (50, 0)}, return_arrays=True)
         b, lb = _run(kernel, dims, dtype, {"mask_mod": window_mod(50)}, return_arrays=True)
         assert cupy.array_equal(a, b) and cupy.array_equal(la, lb), f"{kernel}: window"
+
+
+def test_gpu_hopper_score_mod_in_units_that_spills_takes_the_serial_kernel():
+    """A score_mod in units whose code spills beside P V at head dim 128 (unit_mod: double
+    arithmetic and a buffer) runs hopper's variant that waits for P V: right, and no local
+    memory in the kernel the call took (nor in the softcap twin's, which fits beside P V)."""
+    if not _on_hopper():
+        pytest.skip("hopper runs on compute capability 9.0")
+    from cupy_gqa import _compile
+
+    dims = PREFILL["prefill_mha_d128"]
+    for mod in (unit_mod(), softcap_mod(30.0, half=True)):
+        _run("hopper", dims, "bfloat16", {"score_mod": mod})
+        code = mod.definition(0)
+        taken = [kern for key, kern in _compile._kernels.items() if key[0].startswith("hopper_attention_mods") and code in key[2]]
+        assert taken and all(kern.local_size_bytes == 0 for kern in taken), [kern.local_size_bytes for kern in taken]
 
 
 # Long enough that the window's left side skips whole key tiles and the pipeline

@@ -371,6 +371,27 @@ def test_plan_takes_the_fixed_reference_for_bf16_on_hopper_only():
     assert mp["score_unit"][0] == 30.0 and mp["softcap"][0] == 0.0 and mp["fixed_ref"][0] == 0.0
 
 
+def test_hopper_score_mod_in_units_has_a_serial_variant():
+    """hopper's kernel with a user score_mod in units has a variant whose softmax waits for P V
+    (MOD_SERIAL_PV, 256), which the compile takes where the user's code spills beside P V; the
+    other kernels and the built-in softcap have none."""
+    from cupy_gqa import _compile, _mods, _plan, _specs
+
+    arch = _specs.ARCHS["sm_90"]
+    mods = _mods.Modifiers(score_mod=unit_mod())
+    for addr in (0, 1):
+        problem = _plan.Problem(1, 64, 64, 4, 4, 128, "bfloat16", True, 0.1, mods=mods)
+        spec = _specs.with_seq(problem.spec(_specs.hopper_spec("bfloat16", 128, True, arch)), addr)
+        assert _compile._serial_pv_fallback(spec), spec.name
+        serial = _specs.with_serial_pv(spec)
+        assert serial.mods == 16 | 128 | 256 and serial.name == spec.name.replace(", 144>", ", 400>")
+        assert serial.user_code == spec.user_code and not _compile._serial_pv_fallback(serial)
+        tiled = problem.spec(_specs.tiled_spec("bfloat16", 128, True, arch))
+        assert not _compile._serial_pv_fallback(tiled)
+    softcap = _plan.Problem(1, 64, 64, 4, 4, 128, "bfloat16", True, 0.1, mods=_mods.Modifiers(softcap=30.0))
+    assert not _compile._serial_pv_fallback(softcap.spec(_specs.hopper_spec("bfloat16", 128, True, arch)))
+
+
 @pytest.mark.skipif(not HAS_CUPY, reason="needs CuPy's NVRTC")
 def test_bad_snippet_shows_nvrtc_message_with_the_users_line_numbers():
     with pytest.raises(ValueError, match=r"score_mod: NVRTC could not compile the code[\s\S]*score_mod\(3\): error: identifier \"undefined_name\" is undefined"):
