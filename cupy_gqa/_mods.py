@@ -227,11 +227,11 @@ class ScoreMod(_UserMod):
     ``unit``: a number u > 0, or None. With a unit the function reads and
     returns scores counted in units of u: ``score`` is softmax_scale * q . k / u
     and the new score is u times the result (``bounds`` in units of u too). Where
-    it is the one score modifier, a Hopper kernel then scales the raw product to
-    units and applies u inside its exponential, one multiply a score where
-    natural units take three: the built-in softcap is this rule with
-    ``fast_tanh`` and u = softcap, and its spelling below gives the built-in's
-    very bits on every kernel.
+    it is the one score modifier, the tensor-core prefill kernels (tiled, hopper)
+    then scale the raw product to units and apply u inside their exponential, one
+    multiply a score where natural units take three: the built-in softcap is this
+    rule with ``fast_tanh`` and u = softcap, and its spelling below gives the
+    built-in's very bits on every kernel.
 
     Example, softcap 30::
 

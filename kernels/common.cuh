@@ -547,8 +547,8 @@ struct Mods {
         // maximum (softmax.cuh: frag_unit)
         SOFTCAP_ONLY = SOFTCAP && !ALIBI && !SCORE,
         // the one score modifier is a rule in units, x = u * f(x / u): the softcap, or a
-        // score_mod with a unit. A tensor-core kernel may then scale the raw score to
-        // units in one multiply and put u in its exponential's scale (softmax.cuh:
+        // score_mod with a unit. The tensor-core prefill kernels then scale the raw score
+        // to units in one multiply and put u in their exponential's scale (softmax.cuh:
         // frag_unit), the same arithmetic for both, so that a score_mod spelling the
         // softcap in units gives the built-in's bits.
         UNIT_ONLY = SOFTCAP_ONLY || (SCORE && SCORE_UNIT && !SOFTCAP && !ALIBI),

@@ -734,14 +734,8 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             } else if constexpr (M::FIXED_REF) {
                 // scores in a known range: the modifiers (one rule in units, a softcap's or a
                 // score_mod's: scaled to its units at one multiply), then one reference for every row
-                float scale;
-                if constexpr (M::UNIT_ONLY) {
-                    float unused[2];
-                    scale = softmax::frag_unit<M, CAUSAL, false>(s, unused, n0, BLOCK_N, lane, mp, sq, mrow, keys,
-                                                                 scale_log2);
-                } else {
-                    scale = softmax::frag_modify<M, CAUSAL, TWO_LOOPS>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
-                }
+                const float scale =
+                    softmax::frag_modify<M, CAUSAL, TWO_LOOPS>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
                 return softmax::frag_probabilities_fixed(s, mp.fixed_ref, m_run, rs, scale, softmax::FastExp2());
             } else if constexpr (M::SOFTCAP_ONLY && NWG == 2) {
                 // the softcap with the maxima taken before it (softmax.cuh: frag_unit; with
@@ -751,15 +745,9 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                     softmax::frag_unit<M, CAUSAL>(s, mx, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
                 return softmax::frag_probabilities_max<RESCALE_THRESHOLD, true>(s, mx, m_run, alpha, rs, scale,
                                                                                 softmax::FastExp2());
-            } else if constexpr (M::UNIT_ONLY) {
-                // one rule in units, the maxima taken of its results
-                float unused[2];
-                const float scale =
-                    softmax::frag_unit<M, CAUSAL, false>(s, unused, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
-                return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale,
-                                                                            softmax::FastExp2());
             } else {
-                // modifiers (softmax.cuh: frag_modify), then the probabilities
+                // modifiers (softmax.cuh: frag_modify; one rule in units by frag_unit), then the
+                // probabilities
                 const float scale =
                     softmax::frag_modify<M, CAUSAL, TWO_LOOPS>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
                 return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale,

@@ -176,34 +176,6 @@ __device__ __forceinline__ void frag_to_natural(float (&s)[NT][4], float scale_l
         for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
 }
 
-// The modifiers' step of a tensor-core kernel on the raw scores of the key tile
-// [n0, n0 + n), before its softmax update: scores to natural units first when the
-// score modifiers change them, then the score modifiers and, on a tile that some
-// row may not fully see (keys.unmasked) or with a mask_mod, the mask. Returns the
-// scale the update applies inside its exp2 (s * scale - ref): log2(e) on the
-// modified scores, scale_log2 on the raw ones.
-// TWO_LOOPS: the masked and the unmasked tile take a loop each (as frag_unit), so
-// that an unmasked tile makes no mask test per score (ALiBi 1.4 to 1.6 times faster at
-// head dim 128); false: one loop that tests a tile's mask flag per score, for a kernel
-// whose registers do not hold the second copy (hopper's three consumer warpgroups
-// with a window).
-template <class M, bool CAUSAL, bool TWO_LOOPS = true, int NT, class Keys>
-__device__ __forceinline__ float frag_modify(float (&s)[NT][4], int n0, int n, int lane, const ModParams& mp,
-                                            const mods::Seq& sq, const mods::Diag (&row)[2], const Keys& keys,
-                                            float scale_log2) {
-    const bool mask = M::MASK || !keys.unmasked(n0, n);
-    if constexpr (M::SCORES) frag_to_natural(s, scale_log2);
-    if constexpr (TWO_LOOPS) {
-        if (mask)
-            frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, row, true);
-        else if constexpr (M::SCORES)
-            frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, row, false);
-    } else if (M::SCORES || mask) {
-        frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, row, mask);
-    }
-    return M::SCORES ? 1.44269504088896340736f : scale_log2;
-}
-
 // Row hf's max of s over the quad: a tree of pairwise maxima, log2(2 NT) deep
 // where a running max is a chain of NT dependent instructions (each waiting
 // for the last). fmaxf drops a NaN operand, so the order changes nothing; the
@@ -273,6 +245,38 @@ __device__ __forceinline__ float frag_unit(float (&s)[NT][4], float (&mx)[2], in
             for (int e = 0; e < 4; ++e) s[nt][e] = rule(nt, e);
     }
     return u * 1.44269504088896340736f;
+}
+
+// The modifiers' step of a tensor-core kernel on the raw scores of the key tile
+// [n0, n0 + n), before its softmax update: scores to natural units first when the
+// score modifiers change them, then the score modifiers and, on a tile that some
+// row may not fully see (keys.unmasked) or with a mask_mod, the mask. Returns the
+// scale the update applies inside its exp2 (s * scale - ref): log2(e) on the
+// modified scores, scale_log2 on the raw ones, u * log2(e) on a rule's in units.
+// TWO_LOOPS: the masked and the unmasked tile take a loop each (as frag_unit), so
+// that an unmasked tile makes no mask test per score (ALiBi 1.4 to 1.6 times faster at
+// head dim 128); false: one loop that tests a tile's mask flag per score, for a kernel
+// whose registers do not hold the second copy (hopper's three consumer warpgroups
+// with a window).
+template <class M, bool CAUSAL, bool TWO_LOOPS = true, int NT, class Keys>
+__device__ __forceinline__ float frag_modify(float (&s)[NT][4], int n0, int n, int lane, const ModParams& mp,
+                                            const mods::Seq& sq, const mods::Diag (&row)[2], const Keys& keys,
+                                            float scale_log2) {
+    if constexpr (M::UNIT_ONLY) {  // one rule in units (the softcap, a score_mod in units): frag_unit
+        float unused[2];
+        return frag_unit<M, CAUSAL, false>(s, unused, n0, n, lane, mp, sq, row, keys, scale_log2);
+    }
+    const bool mask = M::MASK || !keys.unmasked(n0, n);
+    if constexpr (M::SCORES) frag_to_natural(s, scale_log2);
+    if constexpr (TWO_LOOPS) {
+        if (mask)
+            frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, row, true);
+        else if constexpr (M::SCORES)
+            frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, row, false);
+    } else if (M::SCORES || mask) {
+        frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, row, mask);
+    }
+    return M::SCORES ? 1.44269504088896340736f : scale_log2;
 }
 
 // Row sum over the quad of the lanes' partial l.
