@@ -92,7 +92,7 @@ def modifier_kwargs(name, batch, hq, windows, seed=7):
         "score_mod": {"score_mod": head_bias_mod()},
         "score_mod_bounded": {"score_mod": clamped_mod()},
         "score_mod_unit": {"score_mod": unit_mod()},
-        "score_mod_unit_softcap": {"score_mod": softcap_mod(4.0), "mask_mod": even_heads_odd_keys_mod()},
+        "score_mod_unit_softcap": {"score_mod": softcap_mod(4.0), "mask_mod": even_heads_odd_keys_mod(), "sinks": sinks},
         "score_mod_unit_alibi": {"score_mod": unit_mod(), "alibi_slopes": slopes},
         "mask_mod": {"mask_mod": even_heads_odd_keys_mod()},
         "all": {"softcap": 3.0, "sinks": sinks, "alibi_slopes": slopes, "score_mod": head_bias_mod(),
