@@ -129,8 +129,11 @@ def get_kernel(spec: Spec):
             if kernel is None:
                 kernel = _compile_module(spec)
                 if _serial_pv_fallback(spec) and kernel.local_size_bytes > 0:
-                    # a score_mod in units whose code spills beside P V: the kernel that waits for it
-                    kernel = _compile_module(_specs.with_serial_pv(spec))
+                    # a score_mod in units whose code spills beside P V: the kernel that waits
+                    # for P V, where it needs less local memory
+                    serial = _compile_module(_specs.with_serial_pv(spec))
+                    if serial.local_size_bytes < kernel.local_size_bytes:
+                        kernel = serial
                 if spec.smem > 48 * 1024:
                     kernel.max_dynamic_shared_size_bytes = spec.smem
                 _kernels[key] = kernel
