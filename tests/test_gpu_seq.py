@@ -421,7 +421,8 @@ def _seq_mods(name, batch, hq):
     return seq_mods(name, batch, hq)
 
 
-SEQ_MODS = ["window", "window_both_noncausal", "softcap", "sinks", "alibi_batch", "score_mod", "mask_mod", "all",
+SEQ_MODS = ["window", "window_both_noncausal", "softcap", "sinks", "alibi_batch", "score_mod", "score_mod_unit",
+            "score_mod_unit_softcap", "mask_mod", "all",
             "all_noncausal"]
 
 

@@ -70,7 +70,8 @@ def test_reference_kvcache_reads_pages_and_padding():
 # (modifier case of test_modifiers.modifier_kwargs -> window) for the per-sequence calls, whose
 # sequences here are a few to a few hundred keys long
 SEQ_WINDOWS = {"window": (9, 0), "window_both_noncausal": (5, 3), "all": (11, 0), "all_noncausal": (6, 4)}
-SEQ_MODS = ["window", "window_both_noncausal", "softcap", "sinks", "alibi_batch", "score_mod", "mask_mod", "all",
+SEQ_MODS = ["window", "window_both_noncausal", "softcap", "sinks", "alibi_batch", "score_mod", "score_mod_unit",
+            "score_mod_unit_softcap", "mask_mod", "all",
             "all_noncausal"]
 
 
