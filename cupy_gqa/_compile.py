@@ -114,7 +114,9 @@ def _serial_pv_fallback(spec: Spec) -> bool:
     """Whether ``spec`` runs a user's score_mod in units on hopper's softmax beside P V
     (kernels/hopper.cu: OVERLAP_PV), where it has a variant that waits for P V instead, for
     code that needs more registers than that leaves (it then spills: local memory)."""
-    return spec.family == "hopper" and bool(spec.user_code) and spec.mods & 128 and not spec.mods & 256
+    from ._mods import MOD_SCORE_UNIT, MOD_SERIAL_PV
+
+    return spec.family == "hopper" and bool(spec.user_code) and bool(spec.mods & MOD_SCORE_UNIT) and not spec.mods & MOD_SERIAL_PV
 
 
 def get_kernel(spec: Spec):

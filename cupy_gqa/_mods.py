@@ -293,8 +293,9 @@ class ScoreMod(_UserMod):
         unit = self.unit
 
         def in_units(score, **kw):
-            u = np.asarray(score).dtype.type(unit)  # in the scores' precision, as the kernels
-            return u * np.asarray(fn(score=score / u, **kw), dtype=np.asarray(score).dtype)
+            dtype = np.asarray(score).dtype
+            u = dtype.type(unit)  # in the scores' precision, as the kernels
+            return u * np.asarray(fn(score=score / u, **kw), dtype=dtype)
 
         return in_units
 

@@ -523,7 +523,7 @@ struct ModParams {
 };
 static_assert(sizeof(ModParams) == 104, "ModParams must match _mods.MOD_PARAMS_DTYPE");
 // What a kernel without modifiers passes its body in place of a ModParams: an
-// empty struct, so that nothing is built (a 96-byte ModParams{} temporary,
+// empty struct, so that nothing is built (a 104-byte ModParams{} temporary,
 // though unused, changes the order of the generated code).
 struct NoModParams {};
 
@@ -654,16 +654,17 @@ __device__ __forceinline__ A to_unit(A x, double u) {
     else
         return x / (A)u;
 }
+// The softcap's f, of a score in units of the cap (fp16 and bf16 inputs: fast_tanh).
 template <class M, typename A>
-__device__ __forceinline__ A softcap_tanh(A x, const ModParams& mp) {  // tanh(x / cap)
+__device__ __forceinline__ A softcap_f(A y) {
     if constexpr (M::FAST_TANH)
-        return fast_tanh(to_unit<M>(x, mp.softcap));
+        return fast_tanh(y);
     else
-        return tanh(to_unit<M>(x, mp.softcap));
+        return tanh(y);
 }
 template <class M, typename A>
-__device__ __forceinline__ A softcap_nat(A x, const ModParams& mp) {
-    return (A)mp.softcap * softcap_tanh<M>(x, mp);
+__device__ __forceinline__ A softcap_tanh(A x, const ModParams& mp) {  // tanh(x / cap)
+    return softcap_f<M>(to_unit<M>(x, mp.softcap));
 }
 // The score modifiers' value and, with GRAD, their slope d score / d x in *grad
 // (the softcap's 1 - tanh^2; 1 without a softcap): the backward pass's chain rule
@@ -769,7 +770,7 @@ template <class M>
 __device__ __forceinline__ float unit_rule(float x, const ModParams& mp, const Seq& sq, const Diag& r, int j) {
     static_assert(M::UNIT_ONLY, "one score modifier, a rule in units");
     if constexpr (M::SOFTCAP)
-        return M::FAST_TANH ? fast_tanh(x) : tanhf(x);
+        return softcap_f<M>(x);
     else
         return user_score_mod<float>(x, sq.b, r.h, r.c - sq.diag, j, sq.seqlen_q, sq.len, mp);
 }
