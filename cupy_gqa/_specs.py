@@ -129,7 +129,9 @@ def with_serial_pv(spec: Spec) -> Spec:
     """``spec``, a hopper instantiation with a score_mod in units, whose softmax waits for
     the last tile's P V (kernels/common.cuh: MOD_SERIAL_PV): what _compile.get_kernel
     takes where the user's code does not fit the registers of the softmax beside P V."""
-    flags = spec.mods | 256  # _mods.MOD_SERIAL_PV
+    from ._mods import MOD_SERIAL_PV
+
+    flags = spec.mods | MOD_SERIAL_PV
     head, last = spec.name[:-1].rsplit(", ", 1)
     assert spec.family == "hopper" and int(last) == spec.mods, spec.name
     return replace(spec, name=f"{head}, {flags}>", mods=flags)

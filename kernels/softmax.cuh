@@ -25,6 +25,7 @@
 namespace softmax {
 
 template <typename A> __host__ __device__ constexpr A ln2() { return A(0.69314718055994530942); }
+template <typename A> __host__ __device__ constexpr A log2e() { return A(1.44269504088896340736); }
 
 // The exp2 of the scores, as a type: ex2.approx (float; 2^-inf = 0) or exact.
 struct FastExp2 {
@@ -169,7 +170,7 @@ __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane,
 // modifiers take them (scale_log2 = softmax_scale * log2(e)).
 template <int NT>
 __device__ __forceinline__ void frag_to_natural(float (&s)[NT][4], float scale_log2) {
-    const float scale = scale_log2 * 0.69314718055994530942f;  // softmax_scale
+    const float scale = scale_log2 * ln2<float>();  // softmax_scale
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -214,7 +215,7 @@ __device__ __forceinline__ float frag_unit(float (&s)[NT][4], float (&mx)[2], in
     static_assert(M::UNIT_ONLY, "one score modifier, a rule in units");
     static_assert(!MAXIMA || M::SOFTCAP_ONLY, "the maxima before f need a monotone f");
     const float u = mods::unit_of<M>(mp);
-    const float scale_over_u = scale_log2 * 0.69314718055994530942f / u;  // softmax_scale / u
+    const float scale_over_u = scale_log2 * ln2<float>() / u;  // softmax_scale / u
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -244,7 +245,7 @@ __device__ __forceinline__ float frag_unit(float (&s)[NT][4], float (&mx)[2], in
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] = rule(nt, e);
     }
-    return u * 1.44269504088896340736f;
+    return u * log2e<float>();
 }
 
 // The modifiers' step of a tensor-core kernel on the raw scores of the key tile
@@ -276,7 +277,7 @@ __device__ __forceinline__ float frag_modify(float (&s)[NT][4], int n0, int n, i
     } else if (M::SCORES || mask) {
         frag_mods<M, CAUSAL>(s, n0, lane, mp, sq, row, mask);
     }
-    return M::SCORES ? 1.44269504088896340736f : scale_log2;
+    return M::SCORES ? log2e<float>() : scale_log2;
 }
 
 // Row sum over the quad of the lanes' partial l.
