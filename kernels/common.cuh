@@ -837,6 +837,12 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const un
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// An int as a type: a width or a count chosen at compile time, passed to a
+// generic lambda.
+template <int N> struct Const {
+    static constexpr int value = N;
+};
+
 // Two floats -> packed pair of T (lo in the low 16 bits).
 template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
 template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {

@@ -631,6 +631,9 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // unmasked tiles, but where three consumer warpgroups take a window (a causal window with a
     // softcap spilled 12 bytes)
     constexpr bool TWO_LOOPS = NWG == 2 || !M::WINDOW;
+    // half tiles (the consumer's key loop below); not with three consumer warpgroups on
+    // per-sequence addressing (paged, left-padded: their 160 registers spilled 4 bytes)
+    constexpr bool HALF_TILES = !M::ANY && BLOCK_N == 128 && (NWG == 2 || ADDR == 0);
 
     // With two Q tiles and out by bulk copies, the thread that issues a tile's out
     // copies waits for them to have read its rows only in the warpgroup's next
@@ -695,18 +698,20 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         }
 
         // S = Q K_j^T and O += P V_j (asynchronous: committed, not waited for); j
-        // counts the tile's key tiles, ring + j is its ring position
-        auto issue_qk = [&](float (&s)[NT][4], int j) {
+        // counts the tile's key tiles, ring + j is its ring position; S of BLOCK_N
+        // keys, or of a half tile's first BLOCK_N / 2 (below), P V over K16 k-steps
+        auto issue_qk = [&](auto& s, int j) {
+            constexpr int KN = 8 * int(sizeof(s) / sizeof(s[0]));
             const unsigned long long desc_k = desc_k0 + stage_off(ring + j);
 #pragma unroll
             for (int kd = 0; kd < KD; ++kd)
-                Wgmma<T, BLOCK_N>::ss(flat(s), desc_q + kstep(kd, L::Q_SLAB), desc_k + kstep(kd, L::KV_SLAB), kd);
+                Wgmma<T, KN>::ss(flat(s), desc_q + kstep(kd, L::Q_SLAB), desc_k + kstep(kd, L::KV_SLAB), kd);
             wgmma_commit();
         };
-        auto issue_pv = [&](int jv) {
+        auto issue_pv = [&](int jv, auto k16) {
             const unsigned long long desc_v = desc_v0 + stage_off(ring + jv);
 #pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            for (int kk = 0; kk < decltype(k16)::value; ++kk)
                 Wgmma<T, HEAD_DIM_PAD>::rs(flat(o), pa[kk], desc_v + (unsigned long long)((kk * 16 * 128) >> 4), 1);
             wgmma_commit();
         };
@@ -722,10 +727,10 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
 
         // Mask S of key tile j (tiles crossing the diagonal or the end of the keys), then
         // P = exp2(S * scale_log2 - m) in place (softmax.cuh, lazy rescale).
-        auto probabilities = [&](float (&s)[NT][4], int j, float (&alpha)[2], float (&rs)[2]) {
+        auto probabilities = [&](auto& s, int j, float (&alpha)[2], float (&rs)[2]) {
             const int n0 = j * BLOCK_N;
             if constexpr (!M::ANY) {
-                if (n0 + BLOCK_N > keys.free) {
+                if (n0 + 8 * int(sizeof(s) / sizeof(s[0])) > keys.free) {
                     const int last[2] = {keys.last_key(pr0), keys.last_key(pr0 + 8)};
                     softmax::frag_mask(s, n0, lane, last);
                 }
@@ -755,13 +760,21 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             }
         };
         // P as the A operand of the next P V: the S fragment of keys 16 kk .. is P's
-        auto to_operand = [&](const float (&s)[NT][4]) {
+        auto to_operand = [&](const auto& s) {
 #pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk) acc_a_operand<T>(s, kk, pa[kk]);
+            for (int kk = 0; kk < int(sizeof(s) / sizeof(s[0])) / 2; ++kk) acc_a_operand<T>(s, kk, pa[kk]);
         };
+        // A half tile: the last key tile, where no row of the tile sees a key past its
+        // first BLOCK_N / 2 (the causal diagonal's, or the end of the keys): its S by a
+        // product of BLOCK_N / 2 keys, its softmax on those, its P V on half the
+        // k-steps, in code of its own outside the key loop (a branch inside the loop
+        // costs every step of it). Plain kernels of 128-key tiles.
+        const bool half_last = HALF_TILES && num_n > 0 && keys.end - (j0 + num_n - 1) * BLOCK_N <= BLOCK_N / 2;
+        using Full = Const<NT>;
+        using Half = Const<(HALF_TILES ? NT / 2 : NT)>;
 
-        if (num_n > 0) {                       // tile 0: S, softmax, P
-            float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
+        auto first = [&](auto width) {         // tile 0: S, softmax, P
+            float s[decltype(width)::value][4], alpha[2] = {1.f, 1.f}, rs[2];
             wait_k(0);
             take_turn();
             wgmma_fence();
@@ -775,17 +788,17 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             const bool rescale = probabilities(s, j0, alpha, rs);
             softmax::frag_rescale(o, l_run, rescale, alpha, rs);
             to_operand(s);
-        }
-        for (int j = 1; j < num_n; ++j) {
+        };
+        auto step = [&](int j, auto width) {
             // S_j = Q K_j^T, then O += P_{j-1} V_{j-1} behind it on the tensor cores;
             // the softmax of S_j runs while P V does
-            float s[NT][4], alpha[2] = {1.f, 1.f}, rs[2];
+            float s[decltype(width)::value][4], alpha[2] = {1.f, 1.f}, rs[2];
             wait_k(j);
             wait_v(j - 1);
             take_turn();
             wgmma_fence();
             issue_qk(s, j);
-            issue_pv(j - 1);
+            issue_pv(j - 1, Const<BLOCK_N / 16>());
             pass_turn();
             wgmma_wait<1>();                   // S_j is ready: K_j is free
             fence_regs(flat(s));
@@ -801,12 +814,23 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             if constexpr (OVERLAP_PV) pv_done();
             softmax::frag_rescale(o, l_run, rescale, alpha, rs);
             to_operand(s);
+        };
+        if (num_n > 0) {
+            if (num_n == 1 && half_last) first(Half());
+            else first(Full());
         }
+        for (int j = 1; j < num_n - (half_last ? 1 : 0); ++j) step(j, Full());
+        if (num_n > 1 && half_last) step(num_n - 1, Half());
         if (num_n > 0) {                       // the last tile's P V
             wait_v(num_n - 1);
             take_turn();
-            wgmma_fence();
-            issue_pv(num_n - 1);
+            if (half_last) {                   // (the fence on each path: ptxas adds one there else)
+                wgmma_fence();
+                issue_pv(num_n - 1, Const<BLOCK_N / 32>());
+            } else {
+                wgmma_fence();
+                issue_pv(num_n - 1, Const<BLOCK_N / 16>());
+            }
             pass_turn();
             wgmma_wait<0>();
             fence_regs(flat(o));
