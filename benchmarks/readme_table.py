@@ -19,9 +19,15 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 def table(results: dict) -> str:
     # the per-call cases' rows (host_us set: L1-L3) are per-call wall times, not kernel times
     varlen = {r["case"]: r for r in results["rows"] if r["impl"] == "torch_varlen"}  # V1: its own anchor, below
-    rows = [r for r in results["rows"] if r["impl"] == "cupy_gqa[auto]" and r.get("host_us") is None and r["case"] not in varlen]
+    # the paged cases (P1-P5): each against the same call on contiguous keys, below
+    paged = {r["case"]: r for r in results["rows"] if r["impl"] == "cupy_gqa[contiguous]"}
+    rows = [r for r in results["rows"] if r["impl"] == "cupy_gqa[auto]" and r.get("host_us") is None
+            and r["case"] not in varlen and r["case"] not in paged]
+    # a run of a tree with changes not yet committed says so (bench_attention.py: git_commit)
+    changed = re.search(r"\(and (\d+) tracked files? changed since\)", results["git_commit"])
+    commit = results["git_commit"][:7] + (f" with {changed.group(1)} tracked files changed" if changed else "")
     lines = [
-        f"{results['gpu']}, {results['date'][:10]}, commit {results['git_commit'][:7]}, "
+        f"{results['gpu']}, {results['date'][:10]}, commit {commit}, "
         f"torch {results['torch']}, CuPy {results['cupy']}, driver {results['driver']}.",
         "",
         "| case | cupy_gqa auto | kernel | rel. error | " + " | ".join(f"vs {a}" for a in ANCHORS) + " |",
@@ -53,6 +59,17 @@ def table(results: dict) -> str:
                 f"{ours['tflops']:.1f} TFLOP/s, rel. error {ours['rel_err']:.1e}; torch's `varlen_attn` "
                 f"{torch_row['ms']:.4f} ms in the same run (ratio **{ours['ms'] / torch_row['ms']:.3f}**).",
             ]
+    pages = [
+        f"{case} {ours['ms'] / base['ms']:.3f}"
+        for case, base in paged.items()
+        if (ours := by.get((case, "cupy_gqa[auto]"))) and ours.get("ms") and base.get("ms")
+    ]
+    if pages:
+        lines += [
+            "",
+            "Paged caches (pages shuffled in the pool), time against the same call on contiguous keys "
+            "in the same run: " + ", ".join(pages) + ".",
+        ]
     rowwise, seed = by.get(("S0", "cupy_gqa[rowwise]")), by.get(("S0", "seed_kernel"))
     if rowwise and seed:
         lines += [

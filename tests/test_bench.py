@@ -738,6 +738,26 @@ def test_readme_table_leaves_out_the_call_rows():
     assert "| H1 |" in text and "| L1 |" not in text and "| L2 |" not in text
 
 
+def test_readme_table_puts_paged_cases_against_their_contiguous_call():
+    """P cases (an auto row and a contiguous row each) leave the main table for one line of
+    ratios; a run of a changed tree names its changed files beside the commit."""
+    spec = importlib.util.spec_from_file_location("readme_table", BENCH_PATH.parent / "readme_table.py")
+    readme_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(readme_table)
+    rows = _fake_rows()
+    bench.add_ratios(rows)
+    paged = [
+        {"case": "P4", "impl": "cupy_gqa[auto]", "ms": 1.5, "tflops": 500.0, "rel_err": 0.0, "note": ""},
+        {"case": "P4", "impl": "cupy_gqa[contiguous]", "ms": 1.2, "tflops": 600.0, "rel_err": 0.0, "note": ""},
+    ]
+    doc = {**ENV, "git_commit": "0123456789abcdef (and 2 tracked files changed since)", "torch": "2", "cupy": "14",
+           "driver": "580", "rows": [r.to_json() for r in rows] + paged}
+    text = readme_table.table(doc)
+    assert "| P4 |" not in text and "| H1 |" in text
+    assert "on contiguous keys in the same run: P4 1.250." in text
+    assert "commit 0123456 with 2 tracked files changed," in text
+
+
 def test_method_text_states_the_call_constants():
     method = bench.METHOD
     assert f"CALLS = {bench.CALLS} calls back to back (--quick: {bench.QUICK_CALLS})" in method
