@@ -48,6 +48,9 @@ from __future__ import annotations
 
 import warnings
 
+import cupy_gqa
+from cupy_gqa import api
+
 NAME = "cupy_gqa"
 _strict = False
 _warned: set = set()
@@ -284,10 +287,23 @@ class PaddedBatch(_Premade):
         return cls(first if any_left else None, int(num_keys), mask_kwargs)
 
 
+def _sinks(module):
+    """The module's attention sinks (gpt-oss: a parameter), or None; read without
+    nn.Module's __getattr__, whose miss raises and catches an AttributeError on
+    every call of a model without sinks."""
+    parameters = getattr(module, "_parameters", None)
+    if parameters is None:  # (not an nn.Module)
+        return getattr(module, "sinks", None)
+    sinks = parameters.get("sinks")
+    if sinks is None:
+        sinks = module.__dict__.get("sinks")
+        if sinks is None:
+            sinks = module._buffers.get("sinks")
+    return sinks
+
+
 def _unsupported(module, query, key, value, attention_mask, dropout, kwargs) -> str | None:
     """Why cupy_gqa can't run this call of transformers' attention, or None."""
-    from cupy_gqa import api
-
     if isinstance(attention_mask, CachedKeys):
         if api._torch_op_call(query, key, value):
             return "a static cache's decode step with inputs that require grad (or torch.compile)"
@@ -317,7 +333,7 @@ def _fall_back(reason: str, module, query, key, value, attention_mask, dropout, 
     if _strict:
         raise ValueError(f"attn_implementation={NAME!r}: cupy_gqa does not run calls with {reason}")
     # transformers' sdpa would drop softcap and sinks silently
-    eager = kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None
+    eager = kwargs.get("softcap") is not None or _sinks(module) is not None
     is_causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
     sliding_window = kwargs.get("sliding_window")
     if reason not in _warned:
@@ -382,10 +398,6 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     """transformers' attention-function signature: query (batch, heads, seqlen_q,
     head_dim), key and value (batch, kv_heads, seqlen_k, head_dim); returns
     (out (batch, seqlen_q, heads, head_dim), None)."""
-    import cupy_gqa
-    from cupy_gqa import api
-
-    torch = _torch()
     reason = _unsupported(module, query, key, value, attention_mask, dropout, kwargs)
     if reason is not None:
         if isinstance(attention_mask, _Premade):
@@ -407,17 +419,20 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         # keys past the prefill are unwritten (transformers' sdpa cuts them the same way)
         key, value = key[:, :, :seqlen_q], value[:, :, :seqlen_q]
     sliding_window = kwargs.get("sliding_window")
-    sinks = getattr(module, "sinks", None)
-    out = None
+    sinks = _sinks(module)
+    result = out = None
     if not api._torch_op_call(query, key, value, sinks):  # (autograd makes its own result)
         # the result in (batch, seqlen_q, heads, head_dim) memory, as sdpa's kernels write theirs: the
         # model's reshape of it to (batch, seqlen_q, hidden) is then a view, not a copy
+        # (new_empty: query's dtype and device, cheaper on the host than torch.empty's keywords)
         batch, heads, seqlen_q, head_dim = query.shape
-        out = torch.empty((batch, seqlen_q, heads, head_dim), dtype=query.dtype, device=query.device).transpose(1, 2)
+        result = query.new_empty((batch, seqlen_q, heads, head_dim))
+        out = result.transpose(1, 2)
     out = cupy_gqa.attention(
         query, key, value, causal=causal, softmax_scale=scaling, layout="bhsd",
         window=(int(sliding_window) - 1, 0 if causal else int(sliding_window) - 1) if sliding_window else None,
         softcap=kwargs.get("softcap"), sinks=None if sinks is None else sinks.float(),  # (its gradient flows back)
         cache_leftpad=cache_leftpad, seqlens_k=seqlens_k, out=out,
     )  # fmt: skip
-    return out.transpose(1, 2), None  # (batch, seqlen_q, heads, head_dim), no copy
+    # (batch, seqlen_q, heads, head_dim), no copy: the result written through out, or autograd's
+    return (out.transpose(1, 2) if result is None else result), None
