@@ -577,7 +577,9 @@ def _hopper_tile_spec(dtype: str, dpad: int, bm: int, bn: int, stages: int, caus
         block_m=bm,
         block_n=bn,
         smem=hopper_smem(dpad, bm, bn, stages),
-        options=(f"-arch={HOPPER_ARCH}",),
+        # -default-device: the kernel's generic lambdas (the half tiles' widths) are device code;
+        # NVRTC 12 takes an unannotated generic lambda for a host function without it
+        options=(f"-arch={HOPPER_ARCH}", "-default-device"),
         arch=HOPPER_ARCH,
     )
 
