@@ -615,13 +615,18 @@ def test_softcap_with_left_padding_runs_on_cupy_gqa():
 
 def test_sinks_are_found_wherever_a_module_keeps_them():
     """The attention call reads a module's sinks without nn.Module's __getattr__ (a
-    parameter, a buffer, a plain attribute, or an object that is no Module), and finds
-    none on a module without them."""
+    parameter, a buffer, a plain attribute, a property, or an object that is no Module),
+    and finds none on a module without them."""
     sinks = torch.randn(4)
     as_parameter, as_buffer, as_attribute, plain = (torch.nn.Module() for _ in range(4))
     as_parameter.sinks = torch.nn.Parameter(sinks.clone())
     as_buffer.register_buffer("sinks", sinks.clone())
     as_attribute.__dict__["sinks"] = sinks
-    for module in (as_parameter, as_buffer, as_attribute, types.SimpleNamespace(sinks=sinks)):
+    class WithProperty(torch.nn.Module):
+        @property
+        def sinks(self):
+            return sinks
+
+    for module in (as_parameter, as_buffer, as_attribute, WithProperty(), types.SimpleNamespace(sinks=sinks)):
         assert torch.equal(hf._sinks(module), sinks)
     assert hf._sinks(plain) is None and hf._sinks(types.SimpleNamespace()) is None

@@ -299,6 +299,8 @@ def _sinks(module):
         sinks = module.__dict__.get("sinks")
         if sinks is None:
             sinks = module._buffers.get("sinks")
+            if sinks is None and hasattr(type(module), "sinks"):  # a class attribute or a property
+                sinks = getattr(module, "sinks", None)
     return sinks
 
 
