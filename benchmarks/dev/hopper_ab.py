@@ -12,7 +12,8 @@ process, the order rotated every round: the drift of clocks and of the host
 from one process to the next (a few per cent on the H200 machine, enough to
 hide a kernel step) reaches all three alike. Each keeps its best median
 (bench_attention's Timer: CUDA events, L2 flushed before each rep). The two
-versions' outputs are compared bit for bit. DIR "." times this tree against a
+versions' outputs are compared bit for bit (where they differ, the largest
+difference relative to A's largest output is printed). DIR "." times this tree against a
 second import of itself: the same kernels, so B/A is the bias of the setup
 (N1 read about 5 to 10 % slower as B on 2026-12-04, whatever B was).
 """
@@ -73,6 +74,9 @@ def main():
             f()
         torch.cuda.synchronize()
         equal = torch.equal(out_a.view(torch.int16), out_b.view(torch.int16))
+        if not equal:
+            rel = ((out_b.float() - out_a.float()).abs().max() / out_a.float().abs().max()).item()
+            equal = f"{rel:.2e}"
         best = [float("inf")] * 3
         for r in range(args.rounds):
             order = [(i + r) % 3 for i in range(3)]
