@@ -65,7 +65,9 @@
 #                                               PENDING_ONLY in a copy of this tree: hopper_ab.py (this tree
 #                                               against the copy; with PENDING_SOFTCAP also with that softcap)
 #                                               and p_rounding.py's errors in both trees (PENDING_ERROR_CASES,
-#                                               none: skipped); PENDING_ALIBI=1 adds a run with ALiBi
+#                                               none: skipped); PENDING_ALIBI=1 adds a run with ALiBi,
+#                                               PENDING_WINDOW=L one with window=(L, 0) on PENDING_WINDOW_CASES
+#                                               (default H1_S8k: W1 at L 1024)
 # Logs go to $OUT (default /tmp/device_check); the last lines printed are a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -229,6 +231,12 @@ case "$stage" in
         timeout -s KILL "${AB_S:-200}" python3 benchmarks/dev/hopper_ab.py "$d" --cases "${PENDING_CASES:-H1,H2,H3,H4,N1,H6}" \
           --rounds 3 --softcap "$PENDING_SOFTCAP" >"$out/ab_${name}_softcap.txt" 2>&1
         echo "== $name: hopper_ab softcap $PENDING_SOFTCAP rc $? in $((SECONDS - t0)) s"; reap; tail -12 "$out/ab_${name}_softcap.txt"
+      fi
+      if [ -n "${PENDING_WINDOW:-}" ]; then  # both trees again with window=(PENDING_WINDOW, 0)
+        t0=$SECONDS
+        timeout -s KILL "${AB_S:-200}" python3 benchmarks/dev/hopper_ab.py "$d" --cases "${PENDING_WINDOW_CASES:-H1_S8k}" \
+          --rounds 3 --window "$PENDING_WINDOW" >"$out/ab_${name}_window.txt" 2>&1
+        echo "== $name: hopper_ab window $PENDING_WINDOW rc $? in $((SECONDS - t0)) s"; reap; tail -6 "$out/ab_${name}_window.txt"
       fi
       if [ -n "${PENDING_ALIBI:-}" ]; then  # both trees again with ALiBi
         t0=$SECONDS

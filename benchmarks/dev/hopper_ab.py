@@ -2,6 +2,7 @@
 """This tree's hopper kernel against another checkout's, in one process.
 
     python3 benchmarks/dev/hopper_ab.py DIR [--cases H3,H1] [--rounds 3] [--reps 30] [--softcap 30] [--alibi]
+                                        [--window 1024]
     python3 benchmarks/dev/hopper_ab.py . [--cases N1]     # a control: this tree against itself
 
 DIR holds a copy of `cupy_gqa/` and `kernels/` (a patched tree, say). Its
@@ -47,8 +48,12 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--softcap", type=float, default=0.0, help="both versions with this softcap (cuDNN: none)")
     ap.add_argument("--alibi", action="store_true", help="both versions with ALiBi slopes 2^-(h+1) (cuDNN: none)")
+    ap.add_argument("--window", type=int, default=-1,
+                    help="both versions with window=(WINDOW, 0) (W1's band; cuDNN: without it)")
     args = ap.parse_args()
     mods = {"softcap": args.softcap} if args.softcap else {}
+    if args.window >= 0:
+        mods["window"] = (args.window, 0)
     torch, cupy, cupy_gqa = ba.load_gpu_stack()
     other = load_copy(args.dir)
     assert other.attention is not cupy_gqa.attention
@@ -56,7 +61,7 @@ def main():
     want = args.cases.split(",")
     label = os.path.basename(os.path.normpath(args.dir))
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}  "
-          f"B = {label}, {args.rounds} rounds" + (f", A and B with softcap {args.softcap}" if mods else "")
+          f"B = {label}, {args.rounds} rounds" + (f", A and B with {mods}" if mods else "")
           + (", A and B with ALiBi" if args.alibi else "") + (" (cuDNN without)" if mods or args.alibi else ""))
     print(f"{'case':10} {'A (here)':>9} {'B':>9} {'cudnn':>9} {'B/A':>7} {'A/cudnn':>8} {'B/cudnn':>8} equal")
     for name, b, s, hq, hkv, d, dt, causal in SHAPES:

@@ -36,6 +36,7 @@ SHAPES = [
     ("mha_d96_S2k", 4, 2048, 32, 32, 96, "bfloat16", True),  # P10
     ("mha_d192_S2k", 4, 2048, 16, 16, 192, "bfloat16", True),  # P13
     ("g6_S1k", 16, 1024, 12, 2, 128, "bfloat16", True),     # the sweep's P16: group 6
+    ("H1_S8k", 4, 8192, 32, 8, 128, "bfloat16", True),     # W1's shape (with hopper_ab.py --window 1024: W1)
 ]
 
 
