@@ -83,16 +83,14 @@ class SeqLayout:
 _HOST = "a list, tuple, NumPy array or CPU torch tensor"
 
 
-def check_index_array(name: str, a, frame: _interop.Frame, shape: tuple, what: str, optional: bool = False):
-    """An integer index array (seqlens_k, cu_seqlens_*, block_table, cache_leftpad),
-    checked on the host without touching the device: ("host", int64 NumPy array)
-    or ("device", the CUDA array, int32 of this shape on q's device). optional:
-    the argument may be None (its caller's check), which the type's message says."""
+def check_index_array(name: str, a, frame: _interop.Frame, shape: tuple, what: str):
+    """An integer index array (cu_seqlens_*, block_table, cache_leftpad), checked
+    on the host without touching the device: ("host", int64 NumPy array) or
+    ("device", the CUDA array, int32 of this shape on q's device)."""
     kind = "list" if isinstance(a, (list, tuple)) else _interop._kind(a)
     if kind == "unknown":
         raise TypeError(
-            f"{name}: expected {'None, ' if optional else ''}{_HOST}, or a CUDA array of int32, "
-            f"got {type(a).__module__}.{type(a).__qualname__}"
+            f"{name}: expected {_HOST}, or a CUDA array of int32, got {type(a).__module__}.{type(a).__qualname__}"
         )
     on_cpu = kind in ("list", "numpy") or (kind == "torch" and a.device.type == "cpu")
     expected_shape = f"{shape} {what}"
