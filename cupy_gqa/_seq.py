@@ -83,42 +83,41 @@ class SeqLayout:
 _HOST = "a list, tuple, NumPy array or CPU torch tensor"
 
 
-def check_index_array(name: str, a, frame: _interop.Frame, shape: tuple, what: str):
-    """An integer index array (cu_seqlens_*, block_table, cache_leftpad), checked
-    on the host without touching the device: ("host", int64 NumPy array) or
-    ("device", the CUDA array, int32 of this shape on q's device)."""
+def check_index_array(name: str, a, frame: _interop.Frame, shape: tuple, what: str, accepted: str = _HOST):
+    """An integer index array (cu_seqlens_*, block_table, cache_leftpad, seqlens_k),
+    checked on the host without touching the device: ("host", int64 NumPy array)
+    or ("device", the CUDA array, int32 of this shape on q's device). `what` names
+    the shape's axes and `accepted` every form that a wrong type is told of."""
     kind = "list" if isinstance(a, (list, tuple)) else _interop._kind(a)
     if kind == "unknown":
         raise TypeError(
-            f"{name}: expected {_HOST}, or a CUDA array of int32, got {type(a).__module__}.{type(a).__qualname__}"
+            f"{name}: expected {accepted}, or a CUDA array of int32, got {type(a).__module__}.{type(a).__qualname__}"
         )
-    on_cpu = kind in ("list", "numpy") or (kind == "torch" and a.device.type == "cpu")
-    expected_shape = f"{shape} {what}"
-    if not on_cpu:
-        dev = _interop._device_of(a, kind, name)
-        if not frame.on_gpu:
-            raise ValueError(f"{name}: expected {_HOST} for CPU inputs, got an array on cuda:{dev}")
-        if dev != frame.device:
-            raise ValueError(f"{name}: expected device cuda:{frame.device} (that of q), got cuda:{dev}")
-        if _interop.dtype_name(a) != "int32":
-            raise TypeError(
-                f"{name}: expected dtype int32 for a CUDA array (the kernels read it in place), got {_interop.dtype_name(a)}"
-            )
-        if tuple(a.shape) != shape:
-            raise ValueError(f"{name}: expected shape {expected_shape}, got {tuple(a.shape)}")
-        return ("device", a)
-    if kind == "torch":
-        if a.is_floating_point() or a.is_complex() or _interop.dtype_name(a) == "bool":
-            raise TypeError(f"{name}: expected an integer dtype, got {_interop.dtype_name(a)}")
-        a = a.numpy()
-    host = np.asarray(a)
-    if kind == "list" and host.size == 0:
-        host = host.astype(np.int64)  # [] is float64 to NumPy
-    if host.dtype.kind not in "iu":
-        raise TypeError(f"{name}: expected an integer dtype, got {host.dtype}")
-    if host.shape != shape:
-        raise ValueError(f"{name}: expected shape {expected_shape}, got {host.shape}")
-    return ("host", host.astype(np.int64))
+    if kind == "list" or kind == "numpy" or (kind == "torch" and a.device.type == "cpu"):
+        if kind == "torch":
+            if a.is_floating_point() or a.is_complex() or _interop.dtype_name(a) == "bool":
+                raise TypeError(f"{name}: expected an integer dtype, got {_interop.dtype_name(a)}")
+            a = a.numpy()
+        host = np.asarray(a)
+        if kind == "list" and host.size == 0:
+            host = host.astype(np.int64)  # [] is float64 to NumPy
+        if host.dtype.kind not in "iu":
+            raise TypeError(f"{name}: expected an integer dtype, got {host.dtype}")
+        if host.shape != shape:
+            raise ValueError(f"{name}: expected shape {shape} {what}, got {host.shape}")
+        return ("host", host.astype(np.int64))
+    dev = _interop._device_of(a, kind, name)
+    if not frame.on_gpu:
+        raise ValueError(f"{name}: expected {_HOST} for CPU inputs, got an array on cuda:{dev}")
+    if dev != frame.device:
+        raise ValueError(f"{name}: expected device cuda:{frame.device} (that of q), got cuda:{dev}")
+    if _interop.dtype_name(a) != "int32":
+        raise TypeError(
+            f"{name}: expected dtype int32 for a CUDA array (the kernels read it in place), got {_interop.dtype_name(a)}"
+        )
+    if tuple(a.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape} {what}, got {tuple(a.shape)}")
+    return ("device", a)
 
 
 def index_backend(name: str, checked, frame: _interop.Frame):

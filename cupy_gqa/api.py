@@ -1042,7 +1042,7 @@ def _check_shapes_and_dtypes(q, k, v, bhsd: bool = False) -> str:
     return dtype
 
 
-_HOST_SEQLENS = "a list, tuple, NumPy array or CPU torch tensor"
+_HOST_SEQLENS = "None, " + _seq._HOST
 
 
 def _check_seqlens_k(seqlens_k, frame: _interop.Frame, batch: int, seqlen_k: int):
@@ -1052,45 +1052,16 @@ def _check_seqlens_k(seqlens_k, frame: _interop.Frame, batch: int, seqlen_k: int
     ("device", the CUDA array) with its dtype, shape and device checked."""
     if seqlens_k is None:
         return None
-    kind = "list" if isinstance(seqlens_k, (list, tuple)) else _interop._kind(seqlens_k)
-    on_cpu = kind in ("list", "numpy") or (kind == "torch" and seqlens_k.device.type == "cpu")
-    if kind == "unknown":
-        raise TypeError(
-            f"seqlens_k: expected None, {_HOST_SEQLENS}, or a CUDA array of int32, "
-            f"got {type(seqlens_k).__module__}.{type(seqlens_k).__qualname__}"
-        )
-    expected_shape = f"({batch},) (the batch of q)"
-    if not on_cpu:
-        dev = _interop._device_of(seqlens_k, kind, "seqlens_k")
-        if not frame.on_gpu:
-            raise ValueError(f"seqlens_k: expected {_HOST_SEQLENS} for CPU inputs, got an array on cuda:{dev}")
-        if dev != frame.device:
-            raise ValueError(f"seqlens_k: expected device cuda:{frame.device} (that of q), got cuda:{dev}")
-        if _interop.dtype_name(seqlens_k) != "int32":
-            raise TypeError(
-                f"seqlens_k: expected dtype int32 for a CUDA array (the kernels read it in place), "
-                f"got {_interop.dtype_name(seqlens_k)}"
-            )
-        if tuple(seqlens_k.shape) != (batch,):
-            raise ValueError(f"seqlens_k: expected shape {expected_shape}, got {tuple(seqlens_k.shape)}")
-        return ("device", seqlens_k)
-
-    if kind == "torch":
-        if seqlens_k.is_floating_point() or seqlens_k.is_complex() or _interop.dtype_name(seqlens_k) == "bool":
-            raise TypeError(f"seqlens_k: expected an integer dtype, got {_interop.dtype_name(seqlens_k)}")
-        seqlens_k = seqlens_k.numpy()
-    host = np.asarray(seqlens_k)
-    if kind == "list" and host.size == 0:
-        host = host.astype(np.int64)  # [] is float64 to NumPy
-    if host.dtype.kind not in "iu":
-        raise TypeError(f"seqlens_k: expected an integer dtype, got {host.dtype}")
-    if host.shape != (batch,):
-        raise ValueError(f"seqlens_k: expected shape {expected_shape}, got {host.shape}")
-    bad = np.flatnonzero((host < 0) | (host > seqlen_k))
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(f"seqlens_k: expected values in [0, {seqlen_k}] (0 to seqlen_k), got {host[i]} at batch {i}")
-    return ("host", host.astype(np.int64))
+    lens = _seq.check_index_array(
+        "seqlens_k", seqlens_k, frame, (batch,), "(the batch of q)", _HOST_SEQLENS
+    )
+    if lens[0] == "host":
+        host = lens[1]
+        bad = np.flatnonzero((host < 0) | (host > seqlen_k))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"seqlens_k: expected values in [0, {seqlen_k}] (0 to seqlen_k), got {host[i]} at batch {i}")
+    return lens
 
 
 def _seqlens_k_backend(lens, frame: _interop.Frame):
