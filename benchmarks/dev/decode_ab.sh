@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A decode patch of benchmarks/dev/pending against this tree, on one GPU, in one call:
 # the decode sweep's points and D1, D2 (bench_attention.py, torch in the same run) with
-# this tree (A), then with the patch applied to it (B), then (ROUNDS=2, the default) A and
+# this tree (A) after a smoke test of the patch (decode_smoke.py), then with the patch applied to it (B), then (ROUNDS=2, the default) A and
 # B again; between them the patched tree's decode GPU tests. Logs and results under
 # $OUT/decode_ab.
 #   [ROUNDS=1] benchmarks/dev/decode_ab.sh PATCH_NAME
@@ -21,6 +21,9 @@ bench() {  # side round
     grep -E "geometric|worst" "$out/sweep_$1_$2.txt" | tail -2
     grep -E " D[12] " "$out/table_$1_$2.txt" | tail -8
 }
+patch -p1 < "benchmarks/dev/pending/$name.patch" || exit 1
+timeout 60 python3 benchmarks/dev/decode_smoke.py || { patch -R -p1 < "benchmarks/dev/pending/$name.patch"; exit 1; }
+patch -R -p1 < "benchmarks/dev/pending/$name.patch"
 bench A 1
 patch -p1 < "benchmarks/dev/pending/$name.patch" || exit 1
 timeout 150 python3 -m pytest -q -x -n 16 tests/test_gpu_decode.py tests/test_gpu_seq.py -k "decode or paged" > "$out/tests_B.txt" 2>&1
