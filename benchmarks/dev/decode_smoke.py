@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import cupy
+import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -14,8 +15,6 @@ b, sk, hq, hkv, d = 4, 4000, 32, 8, 128
 q = rng.standard_normal((b, 1, hq, d), dtype=np.float32)
 k = rng.standard_normal((b, sk, hkv, d), dtype=np.float32)
 v = rng.standard_normal((b, sk, hkv, d), dtype=np.float32)
-import ml_dtypes  # noqa: E402
-
 qd, kd, vd = (cupy.asarray(a.astype(ml_dtypes.bfloat16)) for a in (q, k, v))
 try:
     out = cupy_gqa.attention(qd, kd, vd)
