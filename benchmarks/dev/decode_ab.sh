@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A decode patch of benchmarks/dev/pending against this tree, on one GPU, in one call:
-# the decode sweep's points and D1, D2 (bench_attention.py, torch in the same run) with
+# the decode sweep's points and D1, D2 (bench_attention.py, torch in the same run), and in the
+# first round the one-KV-head calls at several split counts (decode_layouts.py), with
 # this tree (A) after a smoke test of the patch (decode_smoke.py), then with the patch applied to it (B), then (ROUNDS=2, the default) A and
 # B again; between them the patched tree's decode GPU tests. Logs and results under
 # $OUT/decode_ab.
@@ -20,6 +21,11 @@ bench() {  # side round
     echo "== $1 round $2"
     grep -E "geometric|worst" "$out/sweep_$1_$2.txt" | tail -2
     grep -E " D[12] " "$out/table_$1_$2.txt" | tail -8
+    if [ "$2" = 1 ]; then  # the one-KV-head calls at several split counts (measured / model us)
+        timeout 60 python3 benchmarks/dev/decode_layouts.py --cases D16,D24,D05 --splits 8,16,19,22,33,64 \
+            > "$out/layouts_$1.txt" 2>&1
+        grep -E "block_m 16|choice" "$out/layouts_$1.txt"
+    fi
 }
 patch -p1 < "benchmarks/dev/pending/$name.patch" || exit 1
 timeout 60 python3 benchmarks/dev/decode_smoke.py || { patch -R -p1 < "benchmarks/dev/pending/$name.patch"; exit 1; }
