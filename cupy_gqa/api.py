@@ -676,7 +676,7 @@ def _attention_seq(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, p
         cu_kb = _seq.index_backend("cu_seqlens_k", cu_k_c, frame)
         tableb = _seq.index_backend("block_table", table, frame)
         leftb = _seq.index_backend("cache_leftpad", leftpad, frame)
-        lensb = _seqlens_k_backend(lens, frame)
+        lensb = _seq.index_backend("seqlens_k", lens, frame)
         addr = (lambda a: 0 if a is None else a.data.ptr) if frame.on_gpu else (lambda a: 0)  # noqa: E731
         seq = _seq.SeqLayout(
             flags=seq_flags, page_size=kb.shape[1] if seq_flags & _seq.SEQ_PAGED else 0,
@@ -780,7 +780,7 @@ def _attention(q, k, v, *, causal, softmax_scale, return_lse, out, kernel, preci
                 (batch, num_q_heads, seqlen_q), q, frame, float32=not (lse64 and dtype == "float64" and not frame.on_gpu)
             )
 
-        lensb = _seqlens_k_backend(lens, frame)  # the last check, then the host array's copy
+        lensb = _seq.index_backend("seqlens_k", lens, frame)  # the last check, then the host array's copy
         if outb.size == 0:
             pass  # nothing to compute, nothing launched
         elif problem.seqlen_k == 0:
@@ -844,7 +844,7 @@ def _remember(q, k, v, out, seqlens_k, workspace, flags, frame, plan, backend, *
         def host_lens(values):
             checked = _check_seqlens_k(values, frame, batch, seqlen_k)
             with _interop.running_on(frame):
-                return _seqlens_k_backend(checked, frame)
+                return _seq.index_backend("seqlens_k", checked, frame)
 
     # a plan whose launch adds per-call values (hopper: the tensor maps of this call's k
     # and v) is launched through it; the others' argument buffers take the addresses alone
@@ -967,7 +967,7 @@ def attention_backward(
         dsinks = dsinksb = None
         if sinks_b is not None:
             dsinks, dsinksb = _interop.empty((num_q_heads,), q, frame, float32=True)
-        lensb = _seqlens_k_backend(lens, frame)
+        lensb = _seq.index_backend("seqlens_k", lens, frame)
         if seqlen_q == 0 or seqlen_k == 0 or batch == 0:
             # no row sees a key, or no row at all: zero gradients (a row's out is 0, and so is its sink's share)
             for a in (dqb, dkb, dvb, dsinksb):
@@ -1062,22 +1062,6 @@ def _check_seqlens_k(seqlens_k, frame: _interop.Frame, batch: int, seqlen_k: int
             i = int(bad[0])
             raise ValueError(f"seqlens_k: expected values in [0, {seqlen_k}] (0 to seqlen_k), got {host[i]} at batch {i}")
     return lens
-
-
-def _seqlens_k_backend(lens, frame: _interop.Frame):
-    """The checked seqlens_k as the backend takes it: None, an int64 NumPy
-    array (CPU), or an int32 cupy.ndarray on the current device and stream."""
-    if lens is None:
-        return None
-    where, a = lens
-    if not frame.on_gpu:
-        return a
-    if where == "host":
-        return _interop.host_to_device("seqlens_k", a, np.int32)
-    a = _interop.cuda_view(a, frame.device)
-    if a.size > 1 and a.strides[0] != a.itemsize:
-        raise ValueError(f"seqlens_k: expected a unit-stride CUDA array (it is read in place), got strides {a.strides} bytes")
-    return a
 
 
 def _check_mod_array(name: str, a, frame: _interop.Frame, shapes: tuple, expected: str):

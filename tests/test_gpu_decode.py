@@ -373,7 +373,7 @@ def test_device_seqlens_k_wrong_shape():
 
 def test_device_seqlens_k_strided():
     lens = cupy.asarray([1, 0, 2, 0], dtype=cupy.int32)[::2]
-    with pytest.raises(ValueError, match=r"seqlens_k: expected a unit-stride CUDA array .*, got strides \(8,\)"):
+    with pytest.raises(ValueError, match=r"seqlens_k: expected a unit-stride last axis .*, got strides \(8,\)"):
         cupy_gqa.attention(*_qkv_gpu(), seqlens_k=lens)
 
 
