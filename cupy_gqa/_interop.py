@@ -176,6 +176,21 @@ def host_to_device(name: str, a: np.ndarray, dtype):
     return cupy.asarray(a.astype(dtype, copy=False))
 
 
+def checked_backend(name: str, checked, frame: Frame, dtype):
+    """A checked side array, ``None`` or ``(where, array)`` with ``where`` "host" or
+    "device", as the backend reads it: ``(array, in_place)``. On the CPU the host
+    array; on the GPU a host array copied to the current device as ``dtype``, or a
+    zero-copy view of a device one (``in_place``: the caller checks its strides)."""
+    if checked is None:
+        return None, False
+    where, a = checked
+    if not frame.on_gpu:
+        return a, False
+    if where == "host":
+        return host_to_device(name, a, dtype), False
+    return cuda_view(a, frame.device), True
+
+
 def empty(shape, dtype_like, frame: Frame, *, float32: bool = False):
     """A new array in the caller's framework: (framework object, backend view)."""
     if frame.kind == "torch":

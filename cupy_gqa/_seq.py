@@ -124,14 +124,9 @@ def index_backend(name: str, checked, frame: _interop.Frame):
     """A checked index array as the backend reads it: an int64 NumPy array (CPU),
     or an int32 CuPy array on the current device whose last axis has unit stride
     (a host array is copied on the current stream)."""
-    if checked is None:
-        return None
-    where, a = checked
-    if not frame.on_gpu:
-        return a
-    if where == "host":
-        return _interop.host_to_device(name, a, np.int32)
-    b = _interop.cuda_view(a, frame.device)
+    b, in_place = _interop.checked_backend(name, checked, frame, np.int32)
+    if not in_place:
+        return b
     if b.ndim and b.shape[-1] > 1 and b.strides[-1] != b.itemsize:
         raise ValueError(f"{name}: expected a unit-stride last axis (it is read in place), got strides {b.strides} bytes")
     if b.ndim == 2 and b.shape[0] > 1 and b.strides[0] < 0:

@@ -1099,15 +1099,8 @@ def _check_mod_array(name: str, a, frame: _interop.Frame, shapes: tuple, expecte
 def _mod_array_backend(name: str, checked, frame: _interop.Frame):
     """The checked modifier array as the backend reads it: a NumPy array (CPU) or a
     contiguous float32 CuPy array on the current device (a host one copied on the call's stream)."""
-    if checked is None:
-        return None
-    where, a = checked
-    if not frame.on_gpu:
-        return a
-    if where == "host":
-        return _interop.host_to_device(name, a, np.float32)
-    b = _interop.cuda_view(a, frame.device)
-    if not b.flags.c_contiguous:
+    b, in_place = _interop.checked_backend(name, checked, frame, np.float32)
+    if in_place and not b.flags.c_contiguous:
         raise ValueError(f"{name}: expected a contiguous CUDA array (it is read in place), got strides {b.strides} bytes")
     return b
 
