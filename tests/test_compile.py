@@ -3,6 +3,8 @@
 Needs CuPy and the NVRTC library (the cuda12 / cuda13 extra). This is
 ``python -m cupy_gqa compile --arch ...``, run in CI.
 """
+import re
+
 import pytest
 
 pytest.importorskip("cupy")
@@ -396,3 +398,17 @@ def test_compile_report_message_says_when_ptxas_printed_nothing():
     assert spec.name in empty.message and "no ptxas report" in empty.message
     log = "ptxas info    : Used 168 registers\nptxas         .     0 bytes stack frame"
     assert CompileReport(spec, "sm_90", True, 168, 0, 0, 0, log).message == log
+
+
+def test_no_cp_async_takes_an_l2_cache_hint():
+    """No 16-byte cp.async carries an L2 policy (`.L2::cache_hint`). The NVRTC of CUDA 13.0
+    builds such copies with a memory descriptor that nothing sets (an odd uniform
+    register that no instruction writes), and those of 13.1 to 13.3 drop the
+    `createpolicy` that feeds it: either way the kernel compiles without a word and traps
+    at run time with an illegal instruction (benchmarks/NOTES_decode.md)."""
+    files = sorted(KERNEL_DIR.glob("*.cu")) + sorted(KERNEL_DIR.glob("*.cuh"))
+    assert files
+    in_asm = re.compile(r'"[^"\n]*cp\.async\.(?!bulk)[^"\n]*L2::cache_hint')  # inside one asm string
+    for f in files:
+        found = in_asm.search(f.read_text())
+        assert found is None, f"{f.name}: {found.group(0)}"

@@ -15,6 +15,7 @@ import argparse
 import collections
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -27,8 +28,7 @@ from cupy_gqa._specs import SPECS, with_mods, with_seq
 
 def cubin(spec, arch):
     """The specialization's cubin from NVRTC; with PTXAS=path/to/ptxas set, from
-    NVRTC's PTX assembled by that ptxas instead (for an nvdisasm newer than
-    NVRTC, which may not read NVRTC's own cubin)."""
+    NVRTC's PTX assembled by that ptxas instead (to see another ptxas's code)."""
     target = spec.arch or arch
     prog = nvrtc.createProgram(source(spec.source), spec.source, [], [])
     try:
@@ -37,7 +37,7 @@ def cubin(spec, arch):
         ptxas = os.environ.get("PTXAS")
         nvrtc.compileProgram(prog, [f"--gpu-architecture={target.replace('sm_', 'compute_') if ptxas else target}", *options])
         if not ptxas:
-            return nvrtc.getCUBIN(prog)
+            return whole_elf(nvrtc.getCUBIN(prog))
         ptx = nvrtc.getPTX(prog).rstrip(b"\0")
     finally:
         nvrtc.destroyProgram(prog)
@@ -47,6 +47,16 @@ def cubin(spec, arch):
         subprocess.run([ptxas, f"-arch={target}", f"{d}/k.ptx", "-o", f"{d}/k.cubin"], check=True)
         with open(f"{d}/k.cubin", "rb") as f:
             return f.read()
+
+
+def whole_elf(binary):
+    """CuPy's getCUBIN drops the cubin's last byte (it takes the buffer for a
+    string), which can cut the ELF's last header and make nvdisasm refuse it:
+    pad to the end of the program and section header tables."""
+    phoff, shoff = struct.unpack_from("<QQ", binary, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", binary, 0x36)
+    end = max(phoff + phnum * phentsize, shoff + shnum * shentsize)
+    return binary + b"\0" * max(0, end - len(binary))
 
 
 def sass(binary):
