@@ -4,6 +4,7 @@ reads them, against other orders of the same bytes: no attention, only loads.
 
     python3 benchmarks/dev/decode_read_pattern.py [--cases D1,D2] [--u 2,4,8] [--reps 20]
                                                   [--tma 16x4,16x8,32x4,32x8,64x2,64x4,128x2,128x3]
+                                                  [--flush dirty,clean] [--policies none,evict_first]
 
 K and V are (batch, seqlen_k, num_kv_heads, head_dim) bf16, as D1 and D2 of
 bench_attention.py. Each pattern copies both arrays once, whole, into shared
@@ -29,7 +30,10 @@ onto the stage's mbarrier, S tiles in flight (tma TxS: 512 T S bytes a CTA at
 head dim 128). Whether the copy engine streams faster than 16-byte cp.async is
 the question behind a decode kernel on bulk copies (benchmarks/NOTES_decode.md).
 GPU time by CUDA events, a 256 MB buffer zeroed before each repetition (no K
-or V in L2), the median of REPS; GB/s over the bytes of K and V. If `row`
+or V in L2), the median of REPS; GB/s over the bytes of K and V. --flush clean reads
+that buffer instead, so L2 holds clean lines: the difference is what writing back
+the zeroed buffer's dirty lines costs the reads. --policies gives the bulk tensor
+copies an L2 policy (evict_first: the call's lines go first, the dirty ones stay). If `row`
 reads faster than `head` by more than the 2 % that D1 and D2 trail cuDNN by,
 the order of the heads' reads is worth a kernel (benchmarks/NOTES_decode.md).
 """
@@ -115,6 +119,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) row(const uint4* k, const 
 TMA_SRC = r"""
 #include "sm90.cuh"
 using namespace sm90;
+// with POLICY (a 64-bit L2 cache policy), the same copies carry it (`.L2::cache_hint`)
+__device__ __forceinline__ void load_box(unsigned dst, const TensorMap& map, unsigned bar, int c0, int c1, int c2, int c3) {
+#ifdef POLICY
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n"
+      ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
+        "l"((unsigned long long)POLICY) : "memory");
+#else
+  tma_load_4d(dst, map, bar, c0, c1, c2, c3);
+#endif
+}
 extern "C" __global__ void __launch_bounds__(THREADS) tma_head(const TensorMap* kmap, const TensorMap* vmap,
                                                                unsigned* out, int heads, int rows) {
   extern __shared__ __align__(1024) unsigned char sbuf[];  // [S stages][K, V][SLABS][T rows][128 bytes]
@@ -132,8 +148,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) tma_head(const TensorMap* 
       if (i >= S) mbar_wait(bar0 + 8 * s, (i / S - 1) & 1);
       mbar_expect_tx(bar0 + 8 * s, STAGE);
       for (int sl = 0; sl < SLABS; ++sl) {
-        tma_load_4d(base + s * STAGE + sl * SLAB, *kmap, bar0 + 8 * s, sl * 64, i * T, h, b);
-        tma_load_4d(base + s * STAGE + (SLABS + sl) * SLAB, *vmap, bar0 + 8 * s, sl * 64, i * T, h, b);
+        load_box(base + s * STAGE + sl * SLAB, *kmap, bar0 + 8 * s, sl * 64, i * T, h, b);
+        load_box(base + s * STAGE + (SLABS + sl) * SLAB, *vmap, bar0 + 8 * s, sl * 64, i * T, h, b);
       }
     }
     for (int i = tiles > S ? tiles - S : 0; i < tiles; ++i) mbar_wait(bar0 + 8 * (i % S), (i / S) & 1);
@@ -190,9 +206,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) bulk_head(const unsigned c
 """
 
 
-def tma_module(t: int, stages: int, slabs: int):
+# L2 policies for --policies: the one `createpolicy.fractional.L2::evict_first.b64 p, 1.0`
+# makes (CUTLASS's EVICT_FIRST hint) and evict_normal
+POLICIES = {"none": None, "evict_first": 0x12F0000000000000, "evict_normal": 0x1000000000000000}
+
+
+def tma_module(t: int, stages: int, slabs: int, policy: int | None = None):
+    hint = "" if policy is None else f"#define POLICY {policy:#x}ull\n"
     return cupy.RawModule(
-        code=f"#define THREADS {THREADS}\n#define T {t}\n#define S {stages}\n#define SLABS {slabs}\n" + TMA_SRC,
+        code=f"#define THREADS {THREADS}\n#define T {t}\n#define S {stages}\n#define SLABS {slabs}\n{hint}" + TMA_SRC,
         options=("-std=c++17", f"-I{KERNELS}"),
     )
 
@@ -212,11 +234,23 @@ def smem_bytes(u: int) -> int:
     return 2 * 2 * u * THREADS * 16
 
 
+def flush_dirty():
+    FLUSH.fill(0)  # as the benchmark's timer: L2 left full of dirty lines
+
+
+def flush_clean():
+    FLUSH.max()  # L2 left full of clean lines: nothing to write back when the call's reads evict them
+
+
+FLUSHES = {"dirty": flush_dirty, "clean": flush_clean}
+FLUSH_NOW = [flush_dirty]
+
+
 def time_call(fn, reps: int) -> float:
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     times = []
     for _ in range(reps):
-        FLUSH.fill(0)
+        FLUSH_NOW[0]()
         start.record()
         fn()
         end.record()
@@ -233,7 +267,18 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tma", default="16x4,16x8,32x4,32x8,64x2,64x4,128x2,128x3",
                         help="bulk tensor copies in the head order: T keys a copy x S stages ('' for none)")
+    parser.add_argument("--flush", default="dirty", help="what L2 holds before each repetition: dirty (the "
+                        "benchmark's zeroed buffer), clean (the same buffer read), or both, comma-separated")
+    parser.add_argument("--policies", default="none", help="the bulk tensor copies' L2 policies: none, "
+                        "evict_first, evict_normal, comma-separated")
     args = parser.parse_args()
+    for flush in args.flush.split(","):
+        FLUSH_NOW[0] = FLUSHES[flush]
+        print(f"== L2 before each repetition: {flush} lines of a 256 MB buffer")
+        measure(args)
+
+
+def measure(args):
     dev = cupy.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
     print(cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(), f"{sms} SMs, {THREADS} threads a CTA")
@@ -275,12 +320,15 @@ def main():
         for ts in filter(None, args.tma.split(",")):
             t, stages = (int(x) for x in ts.split("x"))
             slabs = d // 64
-            mod = tma_module(t, stages, slabs)
             maps = (tma_map(k.data.ptr, (batch, seqlen, heads, d), t), tma_map(v.data.ptr, (batch, seqlen, heads, d), t))
-            runs = [("tma", "tma_head", stages * 2 * slabs * t * 128, maps)]
+            runs = []
+            for policy in args.policies.split(","):
+                mod = tma_module(t, stages, slabs, POLICIES[policy])
+                label = "tma" if policy == "none" else f"tma {policy}"
+                runs.append((mod, label, "tma_head", stages * 2 * slabs * t * 128, maps))
             if t <= 32:  # the same by one-dimensional bulk copies, a lane per key row
-                runs.append(("bulk rows", "bulk_head", stages * 2 * t * (slabs * 128 + 16), (k, v)))
-            for label, name, smem, sources in runs:
+                runs.append((runs[0][0], "bulk rows", "bulk_head", stages * 2 * t * (slabs * 128 + 16), (k, v)))
+            for mod, label, name, smem, sources in runs:
                 f = mod.get_function(name)
                 f.max_dynamic_shared_size_bytes = smem
                 run = lambda: f((batch * heads,), (THREADS,), (*sources, out, np.int32(heads), np.int32(seqlen)), shared_mem=smem)  # noqa: E731, B023

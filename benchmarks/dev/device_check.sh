@@ -58,7 +58,8 @@
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
 #   benchmarks/dev/device_check.sh next         the next calls of NOTES.md in one, on whichever card came:
-#                                               decode_read_pattern.py at D1 and D2, the sweep
+#                                               decode_read_pattern.py (dirty and clean L2, bulk copies
+#                                               with an evict_first policy), the sweep
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -416,11 +417,12 @@ case "$stage" in
     done ;;
   next)
     # the next calls of NOTES.md ("Next, on an H200", lines 1 and 2) in one, on whichever card came:
-    # decode's read orders at D1 and D2, then the sweep at this tree's kernels
+    # decode's reads at D1 and D05 after a dirty and a clean L2, bulk copies with and without an
+    # evict_first policy; then the sweep at this tree's kernels
     echo "next on: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-    t0=$SECONDS; timeout -s KILL 120 python3 -u benchmarks/dev/decode_read_pattern.py --cases D1,D2 --u 4,8 \
-        --tma 64x2,128x2 >"$out/read_pattern.txt" 2>&1
-    echo "== read pattern: rc $? in $((SECONDS - t0)) s"; reap; tail -12 "$out/read_pattern.txt"
+    t0=$SECONDS; timeout -s KILL 150 python3 -u benchmarks/dev/decode_read_pattern.py --cases D1,D05 --u 4 \
+        --tma 64x2,128x2 --flush dirty,clean --policies none,evict_first >"$out/read_pattern.txt" 2>&1
+    echo "== read pattern: rc $? in $((SECONDS - t0)) s"; reap; cat "$out/read_pattern.txt"
     t0=$SECONDS; timeout -s KILL 120 python3 -u benchmarks/bench_attention.py --out "$out/results" --sweep \
         --no-compile-probe >"$out/sweep.txt" 2>&1
     echo "== sweep: rc $? in $((SECONDS - t0)) s"; reap; grep -E "geometric|wrote" "$out/sweep.txt" ;;
