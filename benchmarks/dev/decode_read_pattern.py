@@ -33,7 +33,8 @@ GPU time by CUDA events, a 256 MB buffer zeroed before each repetition (no K
 or V in L2), the median of REPS; GB/s over the bytes of K and V. --flush clean reads
 that buffer instead, so L2 holds clean lines: the difference is what writing back
 the zeroed buffer's dirty lines costs the reads. --policies gives the bulk tensor
-copies an L2 policy (evict_first: the call's lines go first, the dirty ones stay). If `row`
+and one-dimensional bulk copies an L2 policy (evict_first: the call's lines go first, the
+dirty ones stay). If `row`
 reads faster than `head` by more than the 2 % that D1 and D2 trail cuDNN by,
 the order of the heads' reads is worth a kernel (benchmarks/NOTES_decode.md).
 """
@@ -164,8 +165,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) tma_head(const TensorMap* 
 // shared memory, as a decode tile without the swizzle would lie), onto the stage's mbarrier.
 #if T <= 32
 __device__ __forceinline__ void bulk_row(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+#ifdef POLICY
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"((unsigned long long)POLICY) : "memory");
+#else
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
 }
 extern "C" __global__ void __launch_bounds__(THREADS) bulk_head(const unsigned char* k, const unsigned char* v,
                                                                 unsigned* out, int heads, int rows) {
@@ -324,10 +330,10 @@ def measure(args):
             runs = []
             for policy in args.policies.split(","):
                 mod = tma_module(t, stages, slabs, POLICIES[policy])
-                label = "tma" if policy == "none" else f"tma {policy}"
-                runs.append((mod, label, "tma_head", stages * 2 * slabs * t * 128, maps))
-            if t <= 32:  # the same by one-dimensional bulk copies, a lane per key row
-                runs.append((runs[0][0], "bulk rows", "bulk_head", stages * 2 * t * (slabs * 128 + 16), (k, v)))
+                hint = "" if policy == "none" else f" {policy}"
+                runs.append((mod, "tma" + hint, "tma_head", stages * 2 * slabs * t * 128, maps))
+                if t <= 32:  # the same by one-dimensional bulk copies, a lane per key row
+                    runs.append((mod, "bulk rows" + hint, "bulk_head", stages * 2 * t * (slabs * 128 + 16), (k, v)))
             for mod, label, name, smem, sources in runs:
                 f = mod.get_function(name)
                 f.max_dynamic_shared_size_bytes = smem
