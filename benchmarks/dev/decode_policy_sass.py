@@ -26,12 +26,12 @@ binary = sass_stats.cubin(spec, "sm_90")
 if args.cubin:
     open(args.cubin, "wb").write(binary)
 lines = sass_stats.sass(binary).splitlines()
+DEST = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?[A-Z0-9_.]+\s+(UR\d+)\b")  # an instruction's first operand
 print(f"{spec.name}: NVRTC {nvrtc.getVersion()}")
 descs = collections.Counter(m for t in lines if "LDGSTS" in t for m in re.findall(r"desc\[(UR\d+)\]", t))
 for reg, n in sorted(descs.items()):
     pair = {reg, f"UR{int(reg[2:]) + 1}"}
-    writes = [t.strip() for t in lines if "LDGSTS" not in t and re.search(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?[A-Z0-9_.]+\s+(UR\d+)", t)
-              and re.search(r"[A-Z0-9_.]+\s+(UR\d+)", t.split("*/", 1)[1]).group(1) in pair]
+    writes = [t.strip() for t in lines if (m := DEST.match(t)) and m.group(1) in pair]
     print(f"{n} copies read desc[{reg}]; instructions writing {'/'.join(sorted(pair))}: {len(writes)}")
     for t in writes:
         print("   ", t)

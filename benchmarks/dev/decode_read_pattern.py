@@ -249,14 +249,13 @@ def flush_clean():
 
 
 FLUSHES = {"dirty": flush_dirty, "clean": flush_clean}
-FLUSH_NOW = [flush_dirty]
 
 
-def time_call(fn, reps: int) -> float:
+def time_call(fn, reps: int, flush) -> float:
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     times = []
     for _ in range(reps):
-        FLUSH_NOW[0]()
+        flush()
         start.record()
         fn()
         end.record()
@@ -279,12 +278,11 @@ def main():
                         "evict_first, evict_normal, comma-separated")
     args = parser.parse_args()
     for flush in args.flush.split(","):
-        FLUSH_NOW[0] = FLUSHES[flush]
         print(f"== L2 before each repetition: {flush} lines of a 256 MB buffer")
-        measure(args)
+        measure(args, FLUSHES[flush])
 
 
-def measure(args):
+def measure(args, flush):
     dev = cupy.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
     print(cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(), f"{sms} SMs, {THREADS} threads a CTA")
@@ -318,7 +316,7 @@ def measure(args):
             for r in range(args.rounds):
                 for p in order if r % 2 == 0 else order[::-1]:
                     patterns[p]()  # warm-up
-                    best[p] = min(best[p], time_call(patterns[p], args.reps))
+                    best[p] = min(best[p], time_call(patterns[p], args.reps, flush))
             print(f"  U {u} ({smem // 1024} KB a CTA in flight at most)")
             for p in patterns:
                 print(f"    {p:8s} {best[p]:9.2f} us  {nbytes / best[p] / 1e3:8.1f} GB/s  {best['head'] / best[p]:6.3f} x head's speed")
@@ -341,7 +339,7 @@ def measure(args):
                 us = float("inf")
                 for _ in range(args.rounds):
                     run()
-                    us = min(us, time_call(run, args.reps))
+                    us = min(us, time_call(run, args.reps, flush))
                 print(f"  {label} {t}x{stages} ({smem // 1024} KB a CTA in flight)")
                 print(f"    {'head':8s} {us:9.2f} us  {nbytes / us / 1e3:8.1f} GB/s  {head_us / us:6.3f} x cp.async head's speed (last U)")
 
