@@ -512,21 +512,6 @@ HOPPER_TILES = {
     192: (128, 96, 2),
     256: (128, 64, 2),
 }
-# Padded head dim -> the tile of its kernel with three consumer warpgroups (192 rows),
-# for the calls whose group packs a tile's 192 rows into few positions
-# (HOPPER_WG3_MIN_GROUP query heads a KV head or more: at most 64 positions a tile).
-# At head dim 128 a third warpgroup's 160 registers a thread hold S and P of 80 keys
-# beside O, not of 128; its tile costs the short rows' fixed parts less and keeps the
-# tensor cores busier (benchmarks/NOTES_hopper.md, step 35: 0.88 to 0.95 of the
-# two-warpgroup time from group 3 on, on an H100), where group 1 and 2, whose CTAs
-# span 192 and 96 positions, lose (1.13 and 1.00 to 1.05: the warpgroups of a tile
-# walk its keys to the last row's). Paged calls keep the two-warpgroup tile: a
-# page's boxes are the largest multiple of 16 dividing the page and BLOCK_N, 16 keys
-# for 80-key tiles whatever the page.
-HOPPER_WG3_TILES = {
-    128: (192, 80, 3),
-}
-HOPPER_WG3_MIN_GROUP = 3
 HOPPER_DTYPES = ("float16", "bfloat16")
 HOPPER_ARCH = "sm_90a"
 # kernel="auto" prefers hopper to tiled, where both apply, from this many keys
@@ -605,12 +590,6 @@ HOPPER = {
     for dpad, (bm, bn, stages) in HOPPER_TILES.items()
     for causal in (True, False)
 }
-HOPPER_WG3 = {
-    (dtype, dpad, causal): _hopper_tile_spec(dtype, dpad, bm, bn, stages, causal)
-    for dtype in HOPPER_DTYPES
-    for dpad, (bm, bn, stages) in HOPPER_WG3_TILES.items()
-    for causal in (True, False)
-}
 
 
 def _two_consumer_warpgroups(spec: Spec) -> Spec:
@@ -623,23 +602,14 @@ def _two_consumer_warpgroups(spec: Spec) -> Spec:
     if spec.family != "hopper" or spec.block_m <= 128:
         return spec
     ctype, dpad, _, bn, stages, causal, _ = spec.name.split("<", 1)[1][:-1].split(", ")
-    if spec in HOPPER_WG3.values():  # the head dim's own two-warpgroup tile
-        return HOPPER[spec.dtype, int(dpad), causal == "true"]
     return _hopper_tile_spec(spec.dtype, int(dpad), 128, int(bn), int(stages), causal == "true")
 
 
-def hopper_spec(dtype: str, head_dim: int, causal: bool, arch: Arch, group_size: int = 1,
-                paged: bool = False) -> Spec | None:
-    """The hopper kernel for a call on ``arch`` (sm_90 only) with ``group_size``
-    query heads a KV head, K/V in pages or not, or None: the three-warpgroup tile
-    (HOPPER_WG3_TILES) where the head dim has one, the group is at least
-    HOPPER_WG3_MIN_GROUP and K/V are not paged, else HOPPER_TILES'."""
+def hopper_spec(dtype: str, head_dim: int, causal: bool, arch: Arch) -> Spec | None:
+    """The hopper kernel for a call on ``arch`` (sm_90 only), or None."""
     if arch.name != "sm_90" or dtype not in HOPPER_DTYPES or head_dim % 8 or head_dim > MAX_HEAD_DIM:
         return None
-    dpad = hopper_head_dim_pad(head_dim)
-    if dpad in HOPPER_WG3_TILES and group_size >= HOPPER_WG3_MIN_GROUP and not paged:
-        return HOPPER_WG3[dtype, dpad, causal]
-    return HOPPER[dtype, dpad, causal]
+    return HOPPER[dtype, hopper_head_dim_pad(head_dim), causal]
 
 
 # --- decode: split-KV, a few query tokens against a long KV cache --------------
@@ -1243,7 +1213,6 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
         for dpad in HOPPER_TILES:
             for causal in (True, False):
                 add(hopper_spec(dtype, dpad, causal, arch))
-                add(hopper_spec(dtype, dpad, causal, arch, group_size=HOPPER_WG3_MIN_GROUP))
     for dtype in DECODE_DTYPES:
         for head_dim in DECODE_HEAD_DIMS:
             for spec in decode_specs(dtype, head_dim, arch):

@@ -38,12 +38,9 @@
  * passes no counter: one CTA per tile (the grid is num_tiles).
  *
  * Roles. A CTA has NWG = BLOCK_M / 64 consumer warpgroups (two, BLOCK_M = 128;
- * three, BLOCK_M = 192, at head dim 64, as FlashAttention-3 does: a third warp
- * on each scheduler for the softmax, whose exponentials bound that head dim; and
- * at head dim 128 on 80-key tiles, whose S and P fit a third warpgroup's
- * registers beside O, for groups that pack 192 rows into few positions:
- * cupy_gqa/_specs.py, HOPPER_WG3_TILES) and one producer warpgroup (the last),
- * 128 threads each:
+ * three at head dim 64, BLOCK_M = 192, as FlashAttention-3 does: a third warp
+ * on each scheduler for the softmax, whose exponentials bound that head dim)
+ * and one producer warpgroup (the last), 128 threads each:
  *   producer   (setmaxnreg down to producer_regs): the tiles' order (above);
  *              per tile K_0, then each consumer warpgroup's 64 rows of Q once
  *              that warpgroup is done with its last tile, by bulk tensor
@@ -233,8 +230,8 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // The epilogue (see the top): at head dim 64 out goes from the registers and the
     // Q rows are freed after the last Q K^T; above, out is staged through them.
     constexpr bool DIRECT_OUT = HEAD_DIM_PAD == 64;
-    static_assert((BLOCK_M == 128 || (BLOCK_M == 192 && HEAD_DIM_PAD <= 128)) && BLOCK_N % 16 == 0,
-                  "two consumer warpgroups of 64 rows (three up to head dim 128); 16 keys per step");
+    static_assert((BLOCK_M == 128 || (BLOCK_M == 192 && HEAD_DIM_PAD == 64)) && BLOCK_N % 16 == 0,
+                  "two consumer warpgroups of 64 rows (three at head dim 64); 16 keys per step");
     constexpr int NWG = BLOCK_M / 64;          // consumer warpgroups
     constexpr int TURN_BAR = turn_bar<NWG>();
     using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES>;

@@ -37,6 +37,10 @@ SHAPES = [
     ("mha_d192_S2k", 4, 2048, 16, 16, 192, "bfloat16", True),  # P13
     ("g6_S1k", 16, 1024, 12, 2, 128, "bfloat16", True),     # the sweep's P16: group 6
     ("H1_S8k", 4, 8192, 32, 8, 128, "bfloat16", True),     # W1's shape (with hopper_ab.py --window 1024: W1)
+    ("g2_S2k", 4, 2048, 32, 16, 128, "bfloat16", True),    # group 2
+    ("g3_S2k", 4, 2048, 24, 8, 128, "bfloat16", True),     # group 3
+    ("g2_S512", 16, 512, 32, 16, 128, "float16", True),    # H3 at group 2
+    ("mha_S512", 16, 512, 32, 32, 128, "float16", True),   # H3 at group 1
 ]
 
 
