@@ -57,13 +57,13 @@
 #                                               G1-G3 beside torch
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
-#   benchmarks/dev/device_check.sh next         the next calls of NOTES.md in one, on whichever card came:
-#                                               decode_read_pattern.py (dirty and clean L2, bulk copies
-#                                               with an evict_first policy), the sweep
+#   benchmarks/dev/device_check.sh next         the probes of NOTES.md's run of 2026-12-07 05:25 UTC in one,
+#                                               on whichever card came: decode_read_pattern.py (dirty and
+#                                               clean L2, bulk copies with an evict_first policy), the sweep
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
-#                                               PENDING_ONLY in a copy of this tree: hopper_ab.py (this tree
+#                                               PENDING_ONLY (a+b: b applied on top of a) in a copy of this tree: hopper_ab.py (this tree
 #                                               against the copy; with PENDING_SOFTCAP also with that softcap)
 #                                               and p_rounding.py's errors in both trees (PENDING_ERROR_CASES,
 #                                               none: skipped); PENDING_ALIBI=1 adds a run with ALiBi,
@@ -220,9 +220,18 @@ case "$stage" in
     done
     read -r -a only <<<"${PENDING_ONLY:-}"
     for name in "${only[@]}"; do
+      # a+b: patch a, then b on top of it, in one copy (its files named a_plus_b: plain characters)
+      IFS='+' read -r -a parts <<<"$name"
+      name=${name//+/_plus_}
       d=/tmp/pending_$name; rm -rf "$d"; mkdir -p "$d"
       cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
-      if ! (cd "$d" && patch -p1 -s <"$here/benchmarks/dev/pending/$name.patch"); then echo "$name: does not apply"; continue; fi
+      applied=1
+      for part in "${parts[@]}"; do
+        if ! (cd "$d" && patch -p1 -s <"$here/benchmarks/dev/pending/$part.patch"); then
+          echo "$name: $part does not apply"; applied=0; break
+        fi
+      done
+      [ "$applied" = 1 ] || continue
       t0=$SECONDS
       timeout -s KILL "${AB_S:-200}" python3 benchmarks/dev/hopper_ab.py "$d" --cases "${PENDING_CASES:-H1,H2,H3,H4,N1,H6}" \
         --rounds 3 >"$out/ab_${name}.txt" 2>&1
@@ -416,7 +425,7 @@ case "$stage" in
       echo "== $cmd: rc $? in $((SECONDS - t0)) s"; reap; tail -24 "$f" | cut -c1-160
     done ;;
   next)
-    # the next calls of NOTES.md ("Next, on an H200", lines 1 and 2) in one, on whichever card came:
+    # the probes of NOTES.md's run of 2026-12-07 05:25 UTC in one, on whichever card came:
     # decode's reads at D1 and D05 after a dirty and a clean L2, bulk copies with and without an
     # evict_first policy; then the sweep at this tree's kernels
     echo "next on: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
