@@ -597,7 +597,8 @@ class HopperLaunch(Launch):
 
 @functools.lru_cache(maxsize=4096)
 def plan_hopper(problem: Problem, layout: tuple) -> HopperLaunch:
-    spec = _specs.HOPPER[problem.dtype, _specs.hopper_head_dim_pad(problem.head_dim), problem.causal]
+    paged = problem.seq is not None and problem.seq.paged
+    spec = _specs.hopper_tile(problem.dtype, problem.head_dim, problem.causal, problem.group_size, paged)
     bulk_qo = hopper_bulk_qo(problem, layout[0], layout[3])
     tile_rows = spec.block_m // 64 * hopper_wg_rows(problem.group_size, bulk_qo)
     launch = _prefill_launch(problem, layout, problem.spec(spec), tile_rows)

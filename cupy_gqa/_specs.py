@@ -512,6 +512,21 @@ HOPPER_TILES = {
     192: (128, 96, 2),
     256: (128, 64, 2),
 }
+# Padded head dim -> the tile of its kernel with three consumer warpgroups (192 rows),
+# for the calls whose group packs a tile's 192 rows into few positions
+# (HOPPER_WG3_MIN_GROUP query heads a KV head or more: at most 64 positions a tile).
+# At head dim 128 a third warpgroup's 152 registers a thread hold S and P of 80 keys
+# beside O, not of 128; its tile costs the short rows' fixed parts less and keeps the
+# tensor cores busier (benchmarks/NOTES_hopper.md, step 35: 0.88 to 0.95 of the
+# two-warpgroup time from group 3 on, on an H100), where group 1 and 2, whose CTAs
+# span 192 and 96 positions, lose (1.13 and 1.00 to 1.05: the warpgroups of a tile
+# walk its keys to the last row's). Paged calls keep the two-warpgroup tile: a
+# page's boxes are the largest multiple of 16 dividing the page and BLOCK_N, 16 keys
+# for 80-key tiles whatever the page.
+HOPPER_WG3_TILES = {
+    128: (192, 80, 3),
+}
+HOPPER_WG3_MIN_GROUP = 3
 HOPPER_DTYPES = ("float16", "bfloat16")
 HOPPER_ARCH = "sm_90a"
 # kernel="auto" prefers hopper to tiled, where both apply, from this many keys
@@ -584,12 +599,18 @@ def _hopper_tile_spec(dtype: str, dpad: int, bm: int, bn: int, stages: int, caus
     )
 
 
-HOPPER = {
-    (dtype, dpad, causal): _hopper_tile_spec(dtype, dpad, bm, bn, stages, causal)
-    for dtype in HOPPER_DTYPES
-    for dpad, (bm, bn, stages) in HOPPER_TILES.items()
-    for causal in (True, False)
-}
+def _hopper_table(tiles: dict) -> dict:
+    """(dtype, padded head dim, causal) -> the hopper kernel of each tile of ``tiles``."""
+    return {
+        (dtype, dpad, causal): _hopper_tile_spec(dtype, dpad, bm, bn, stages, causal)
+        for dtype in HOPPER_DTYPES
+        for dpad, (bm, bn, stages) in tiles.items()
+        for causal in (True, False)
+    }
+
+
+HOPPER = _hopper_table(HOPPER_TILES)
+HOPPER_WG3 = _hopper_table(HOPPER_WG3_TILES)
 
 
 def _two_consumer_warpgroups(spec: Spec) -> Spec:
@@ -598,18 +619,32 @@ def _two_consumer_warpgroups(spec: Spec) -> Spec:
     that a third warpgroup takes (160 a thread, against 224 with two; with
     three, ALiBi spilled 240 bytes at head dim 64). A window, sinks and a
     softcap keep three (a softcap there waits for its P V before its softmax:
-    kernels/hopper.cu, OVERLAP_PV)."""
+    kernels/hopper.cu, OVERLAP_PV). The key tile stays: each row then meets its
+    keys in the same tiles as with three, so a user's twin of a built-in (a
+    score_mod written as the softcap) gives the built-in's very bits."""
     if spec.family != "hopper" or spec.block_m <= 128:
         return spec
     ctype, dpad, _, bn, stages, causal, _ = spec.name.split("<", 1)[1][:-1].split(", ")
     return _hopper_tile_spec(spec.dtype, int(dpad), 128, int(bn), int(stages), causal == "true")
 
 
-def hopper_spec(dtype: str, head_dim: int, causal: bool, arch: Arch) -> Spec | None:
-    """The hopper kernel for a call on ``arch`` (sm_90 only), or None."""
+def hopper_tile(dtype: str, head_dim: int, causal: bool, group_size: int = 1, paged: bool = False) -> Spec:
+    """The hopper kernel of a call with ``group_size`` query heads a KV head, K/V in
+    pages or not: the three-warpgroup tile (HOPPER_WG3_TILES) where the head dim has
+    one, the group is at least HOPPER_WG3_MIN_GROUP and K/V are not paged, else
+    HOPPER_TILES'."""
+    dpad = hopper_head_dim_pad(head_dim)
+    if dpad in HOPPER_WG3_TILES and group_size >= HOPPER_WG3_MIN_GROUP and not paged:
+        return HOPPER_WG3[dtype, dpad, causal]
+    return HOPPER[dtype, dpad, causal]
+
+
+def hopper_spec(dtype: str, head_dim: int, causal: bool, arch: Arch, group_size: int = 1,
+                paged: bool = False) -> Spec | None:
+    """hopper_tile's kernel for a call on ``arch`` (sm_90 only), or None."""
     if arch.name != "sm_90" or dtype not in HOPPER_DTYPES or head_dim % 8 or head_dim > MAX_HEAD_DIM:
         return None
-    return HOPPER[dtype, hopper_head_dim_pad(head_dim), causal]
+    return hopper_tile(dtype, head_dim, causal, group_size, paged)
 
 
 # --- decode: split-KV, a few query tokens against a long KV cache --------------
@@ -1213,6 +1248,7 @@ def specs_for(arch: Arch) -> tuple[Spec, ...]:
         for dpad in HOPPER_TILES:
             for causal in (True, False):
                 add(hopper_spec(dtype, dpad, causal, arch))
+                add(hopper_spec(dtype, dpad, causal, arch, group_size=HOPPER_WG3_MIN_GROUP))
     for dtype in DECODE_DTYPES:
         for head_dim in DECODE_HEAD_DIMS:
             for spec in decode_specs(dtype, head_dim, arch):

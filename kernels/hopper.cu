@@ -38,9 +38,12 @@
  * passes no counter: one CTA per tile (the grid is num_tiles).
  *
  * Roles. A CTA has NWG = BLOCK_M / 64 consumer warpgroups (two, BLOCK_M = 128;
- * three at head dim 64, BLOCK_M = 192, as FlashAttention-3 does: a third warp
- * on each scheduler for the softmax, whose exponentials bound that head dim)
- * and one producer warpgroup (the last), 128 threads each:
+ * three, BLOCK_M = 192, at head dim 64, as FlashAttention-3 does: a third warp
+ * on each scheduler for the softmax, whose exponentials bound that head dim; and
+ * at head dim 128 on 80-key tiles, whose S and P fit a third warpgroup's
+ * registers beside O, for groups that pack 192 rows into few positions:
+ * cupy_gqa/_specs.py, HOPPER_WG3_TILES) and one producer warpgroup (the last),
+ * 128 threads each:
  *   producer   (setmaxnreg down to producer_regs): the tiles' order (above);
  *              per tile K_0, then each consumer warpgroup's 64 rows of Q once
  *              that warpgroup is done with its last tile, by bulk tensor
@@ -164,9 +167,15 @@ enum { EPILOGUE_BAR = 1 };
 template <int NWG> __host__ __device__ constexpr int turn_bar() { return EPILOGUE_BAR + NWG; }
 
 // Registers per thread of each role: what the producer frees, the consumers take
-// (2 consumer warpgroups: 56 + 2 x 224 = 3 x 168; 3: 32 + 3 x 160 = 4 x 128).
-template <int NWG> __host__ __device__ constexpr int producer_regs() { return NWG == 2 ? 56 : 32; }
-template <int NWG> __host__ __device__ constexpr int consumer_regs() { return NWG == 2 ? 224 : 160; }
+// (2 consumer warpgroups: 56 + 2 x 224 = 3 x 168; 3 at head dim 64: 32 + 3 x 160 =
+// 4 x 128; 3 at head dim 128, whose 80-key tiles fit the consumers in 152 and whose
+// producer spilled 4 bytes at 32 with a causal window: 40 + 3 x 152 = 496 of 4 x 128).
+template <int NWG, int HEAD_DIM_PAD> __host__ __device__ constexpr int producer_regs() {
+    return NWG == 2 ? 56 : HEAD_DIM_PAD == 64 ? 32 : 40;
+}
+template <int NWG, int HEAD_DIM_PAD> __host__ __device__ constexpr int consumer_regs() {
+    return NWG == 2 ? 224 : HEAD_DIM_PAD == 64 ? 160 : 152;
+}
 
 // The packed rows of a consumer warpgroup's block of a tile: 64, or, where Q and
 // out go by bulk copies for a group that does not divide 64, the whole positions
@@ -230,8 +239,8 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // The epilogue (see the top): at head dim 64 out goes from the registers and the
     // Q rows are freed after the last Q K^T; above, out is staged through them.
     constexpr bool DIRECT_OUT = HEAD_DIM_PAD == 64;
-    static_assert((BLOCK_M == 128 || (BLOCK_M == 192 && HEAD_DIM_PAD == 64)) && BLOCK_N % 16 == 0,
-                  "two consumer warpgroups of 64 rows (three at head dim 64); 16 keys per step");
+    static_assert((BLOCK_M == 128 || (BLOCK_M == 192 && HEAD_DIM_PAD <= 128)) && BLOCK_N % 16 == 0,
+                  "two consumer warpgroups of 64 rows (three up to head dim 128); 16 keys per step");
     constexpr int NWG = BLOCK_M / 64;          // consumer warpgroups
     constexpr int TURN_BAR = turn_bar<NWG>();
     using L = HopperSmem<HEAD_DIM_PAD, BLOCK_M, BLOCK_N, STAGES>;
@@ -332,7 +341,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         // A tile: K_0 first (it needs only a free stage), then each warpgroup's Q
         // rows once that warpgroup is done with its last tile, then V_0, K_1,
         // V_1, ...; each copy waits only for its stage to be free.
-        regs_dec<producer_regs<NWG>()>();
+        regs_dec<producer_regs<NWG, HEAD_DIM_PAD>()>();
         const int pt = tid - CONSUMERS;
         const int ch_used = p.head_dim / 8;    // chunks that hold data; the rest are zero
         // paged K/V: the rows of a K/V box, the largest multiple of 16 that divides the page
@@ -584,7 +593,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     }
 
     // ============================ consumer warpgroups ============================
-    regs_inc<consumer_regs<NWG>()>();
+    regs_inc<consumer_regs<NWG, HEAD_DIM_PAD>()>();
     // converted once: opaque to ptxas, which would otherwise convert the
     // double again on every key tile (F2F and DSETP on the FP64 pipe, in the
     // loop's critical path) rather than hold it in a register

@@ -33,6 +33,7 @@ CASES = [
     (2, 3, 900, 8, 2, 80),  # decode at a padded head_dim (fp16 / bf16: the 128 kernel), split keys
     (2, 70, 300, 8, 2, 192),  # hopper: head_dim padded to a third slab, several K/V tiles per CTA
     (2, 50, 150, 12, 2, 64),  # hopper: group 6, bulk Q in blocks of 60 rows (three warpgroups, idle rows)
+    (1, 90, 250, 8, 2, 128),  # hopper: three warpgroups on 80-key tiles (group 4), several K/V tiles per CTA
 ]
 DTYPES = ["float32", "float16", "bfloat16", "float64"]
 

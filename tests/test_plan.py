@@ -348,18 +348,18 @@ def test_hopper_launch_passes_tensor_maps(monkeypatch):
     q_layout = ((2, 300, 8, 80), (300 * 8 * 160, 8 * 160, 160, 2), 2)
     kv_layout = ((2, 300, 2, 80), (300 * 2 * 160, 2 * 160, 160, 2), 2)
     layout = (q_layout, kv_layout, kv_layout, q_layout)
-    spec = _specs.HOPPER["bfloat16", 128, True]
+    spec = _specs.HOPPER_WG3["bfloat16", 128, True]  # group 4: three consumer warpgroups, 80-key tiles
     tiles = math.ceil(300 * 4 / spec.block_m) * 2 * 2
     plan = _plan.plan_hopper(problem, layout)
-    assert plan.grid == (tiles,) and plan.bulk_qo
+    assert plan.spec == spec and plan.grid == (tiles,) and plan.bulk_qo
     monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, plan.packed().values())))
     plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
     plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)  # the same addresses: no new encoding
     plan.launch(99, 1 << 20, 4096, 12288, 3 << 20, 0, 0)  # a new V and a new out
     assert encoded == [
-        ("tile", 4096, *kv_layout, 128), ("tile", 8192, *kv_layout, 128),
+        ("tile", 4096, *kv_layout, 80), ("tile", 8192, *kv_layout, 80),
         ("packed", 1 << 20, *q_layout, 4, 16), ("packed", 2 << 20, *q_layout, 4, 16),
-        ("tile", 12288, *kv_layout, 128), ("packed", 3 << 20, *q_layout, 4, 16),
+        ("tile", 12288, *kv_layout, 80), ("packed", 3 << 20, *q_layout, 4, 16),
     ]  # fmt: skip
     assert tiles > 16
     assert [a[:9] for a, _ in launched] == [(77, 16, 1, 1, spec.threads, 1, 1, spec.smem, 99)] * 3
@@ -711,6 +711,41 @@ def test_auto_takes_hopper_for_varlen_from_max_seqlen_k(monkeypatch):
     assert _plan.choose_kernel(problem, *_varlen_arrays(9000, 9000)) == "tiled"
 
 
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 7, 16])
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
+def test_hopper_tile_by_group(group, head_dim):
+    """Head dims that pad to 128 take three consumer warpgroups on 80-key tiles
+    from group 3 on (a tile's 192 rows then span at most 64 positions), except
+    with paged K/V; groups 1 and 2, and the other head dims, keep their tile.
+    ALiBi, score_mod and mask_mod, which need a third warpgroup's registers, run
+    two on the same key tile (so a user's twin of a built-in gives its bits); a
+    window or a softcap keep three."""
+    arch = _specs.ARCHS["sm_90"]
+    dpad = _specs.hopper_head_dim_pad(head_dim)
+    wg3 = dpad == 128 and group >= 3
+    spec = _specs.hopper_spec("bfloat16", head_dim, True, arch, group)
+    assert spec == (_specs.HOPPER_WG3 if wg3 else _specs.HOPPER)["bfloat16", dpad, True]
+    assert (spec.block_m, spec.block_n) == ((192, 80) if wg3 else _specs.HOPPER_TILES[dpad][:2])
+    assert _specs.hopper_spec("bfloat16", head_dim, True, arch, group, paged=True) == _specs.HOPPER["bfloat16", dpad, True]
+    alibi = _specs.with_mods(spec, 4)
+    assert (alibi.block_m, alibi.block_n) == (min(spec.block_m, 128), spec.block_n)
+    assert alibi.threads == alibi.block_m // 64 * 128 + 128 and alibi.smem <= spec.smem
+    for flags in (1, 2, 3):  # window, softcap
+        assert _specs.with_mods(spec, flags).block_m == spec.block_m
+
+
+def test_hopper_plan_takes_the_tile_of_its_group():
+    """plan_hopper's spec is hopper_spec's for the call's group and paging."""
+    for group, block_m in ((1, 128), (2, 128), (3, 192), (8, 192)):
+        problem = _plan.Problem(2, 500, 500, 2 * group, 2, 128, "float16", True, 128**-0.5)
+        q_layout = ((2, 500, 2 * group, 128), (500 * 2 * group * 256, 2 * group * 256, 256, 2), 2)
+        kv_layout = ((2, 500, 2, 128), (500 * 2 * 256, 2 * 256, 256, 2), 2)
+        plan = _plan.plan_hopper(problem, (q_layout, kv_layout, kv_layout, q_layout))
+        assert plan.spec.block_m == block_m, group
+        wg_rows = _plan.hopper_wg_rows(group, plan.bulk_qo)
+        assert plan.grid[0] <= math.ceil(500 * group / (block_m // 64 * wg_rows)) * 2 * 2
+
+
 def test_hopper_varlen_plan_passes_seq_params_and_packed_tensor_maps(monkeypatch):
     """A varlen hopper plan launches hopper_attention_seq<..., 1> on the prefill
     grid of max_seqlen_q, with the SeqParams between the parameter struct and
@@ -721,13 +756,13 @@ def test_hopper_varlen_plan_passes_seq_params_and_packed_tensor_maps(monkeypatch
     layout = _plan._layout(*_varlen_arrays(700, 1100))
     plan = _plan.plan_hopper(problem, layout)
     monkeypatch.setattr(_launch, "_driver_launch", lambda *a: launched.append((a, plan.packed().values())))
-    base = _specs.HOPPER["bfloat16", 128, True]
+    base = _specs.HOPPER_WG3["bfloat16", 128, True]  # group 4, K/V not paged: three consumer warpgroups
     assert plan.spec.name == base.name.replace("hopper_attention<", "hopper_attention_seq<")[:-1] + ", 1>"
     assert (plan.spec.threads, plan.spec.smem, plan.spec.block_n) == (base.threads, base.smem, base.block_n)
-    assert plan.grid == (math.ceil(300 * 4 / 128) * 3 * 8,)
+    assert plan.grid == (math.ceil(300 * 4 / 192) * 3 * 8,)
     assert plan.params[0]["k_stride"][0] == 0 and plan.params[0]["q_stride"][0] == 0  # sequences found by cu_seqlens
     plan.launch(99, 1 << 20, 4096, 8192, 2 << 20, 0, 0)
-    assert encoded == [("tile", 4096, *layout[1], 128), ("tile", 8192, *layout[2], 128)]
+    assert encoded == [("tile", 4096, *layout[1], 80), ("tile", 8192, *layout[2], 80)]
     assert encoded[0][2] == (1, 1100, 8, 128)
     args = plan.packed().arg_addresses(0)
     assert len(args) == 14  # q k v out lse seqlens_k, params, SeqParams, k_map v_map q_map o_map, qo_bulk, tile_counter
