@@ -3,6 +3,7 @@
 probabilities' rounding on the same inputs.
 
     python3 benchmarks/dev/p_rounding.py [--cases D1,D06,D24,P03,H3] [--device cuda]
+                                         [--tiles 128,80 --lazy 8,1,0 --variants p16_lazy]
 
 For one call of each case (bench_attention's CASES and SHAPE_SWEEP, its
 inputs: make_inputs, seed 0), the relative error ||out - ref|| / ||ref||
@@ -23,6 +24,9 @@ float32 on the same inputs, each with one rounding changed:
   p16_lazy_sum16  p16_lazy with row sums of the rounded P
   p16_tiles_sum16  p16_tiles with row sums of the rounded P
   pfp16       P rounded to float16 whatever the input dtype (10 bits, not 7)
+The tiled models take each key tile of --tiles (default 128) and the lazy ones each
+threshold of --lazy (default 8; 0: exact maxima), labelled "@tile/threshold" where
+either is not the default; --variants keeps only the named models.
 The model whose error meets torch's says which rounding torch's kernels use
 (benchmarks/NOTES.md: errors against torch's). On a GPU each cupy_gqa kernel
 that takes the call runs too (rowwise keeps P in fp32: the output's rounding
@@ -57,8 +61,9 @@ def scores(case, q, k, b, h):
     return s
 
 
-def model(case, q, k, v, variant, batches):
-    """The output of one rounding model (see the module's doc) in the input dtype."""
+def model(case, q, k, v, variant, batches, tile=TILE, lazy=LAZY):
+    """The output of one rounding model (see the module's doc) in the input dtype; the
+    tiled ones on key tiles of ``tile``, the lazy ones with threshold ``lazy``."""
     dt, g = q.dtype, case.group_size
     out = torch.empty((len(batches), case.seqlen_q, case.num_q_heads, case.head_dim), dtype=dt, device=q.device)
     for bi, b in enumerate(batches):
@@ -68,16 +73,16 @@ def model(case, q, k, v, variant, batches):
                 o = torch.zeros(s.shape[:2] + (case.head_dim,), device=q.device)
                 m = torch.full(s.shape[:2] + (1,), -math.inf, device=q.device)
                 l = torch.zeros(s.shape[:2] + (1,), device=q.device)
-                for n0 in range(0, case.seqlen_k, TILE):
-                    st = s[..., n0 : n0 + TILE]
+                for n0 in range(0, case.seqlen_k, tile):
+                    st = s[..., n0 : n0 + tile]
                     m_new = torch.maximum(m, st.amax(-1, keepdim=True))
                     if variant.startswith("p16_lazy"):  # raised only where the tile's max passes it by more than LAZY
-                        m_new = torch.where(m_new > m + LAZY, m_new, m)
+                        m_new = torch.where(m_new > m + lazy, m_new, m)
                     ref = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
                     alpha = torch.exp2(m - ref)
                     p = torch.exp2(st - ref)
                     pr = p.to(dt).float()
-                    o = o * alpha + pr @ vh[n0 : n0 + TILE]
+                    o = o * alpha + pr @ vh[n0 : n0 + tile]
                     l = l * alpha + (pr if variant.endswith("_sum16") else p).sum(-1, keepdim=True)
                     m = m_new
                 o = o / l
@@ -99,12 +104,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="D1,D06,D24,P03,H3")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiles", default=str(TILE), help="key tiles of the tiled models (comma-separated)")
+    ap.add_argument("--lazy", default=str(LAZY), help="thresholds of the lazy models, log2 units (0: exact maxima)")
+    ap.add_argument("--variants", default="", help="only these models (comma-separated)")
     args = ap.parse_args()
+    tiles = [int(t) for t in args.tiles.split(",")]
+    thresholds = [float(x) for x in args.lazy.split(",")]
     ba.DEVICE = args.device
     by_name = {c.name: c for c in (*ba.CASES, *ba.SHAPE_SWEEP)}
     variants = ["p16", "p16_sum16", "p32", "p16_x2^0.25", "p16_x2^0.5", "p16_x2^0.75", "p16_tiles", "p16_lazy", "p16_lazy_sum16", "p16_tiles_sum16", "pfp16"]
     print(f"{args.device}  torch {torch.__version__}; relative error against float64, one call per case")
-    print(f"{'case':5s} {'impl':18s} rel_err")
+    print(f"{'case':5s} {'impl':24s} rel_err")
     for name in args.cases.split(","):
         case = by_name[name]
         q, k, v = ba.make_inputs(torch, case)
@@ -125,12 +135,19 @@ def main() -> int:
                     q, k, v, causal=case.causal, kernel=kernel)))
             found, _ = ba.torch_impls(torch, case, q, k, v)
             impls += [(n, fn) for n, fn in found if n in ("torch_cudnn", "torch_flash")]
-        impls += [(f"model {x}", lambda x=x: model(case, q, k, v, x, batches)) for x in variants]
+        for x in variants:
+            if args.variants and x not in args.variants.split(","):
+                continue
+            tiled = x in ("p16_tiles", "p16_lazy", "p16_lazy_sum16", "p16_tiles_sum16")
+            for t in tiles if tiled else [TILE]:
+                for tau in thresholds if x.startswith("p16_lazy") else [LAZY]:
+                    label = x + (f"@{t}/{tau:g}" if (t, tau) != (TILE, LAZY) else "")
+                    impls.append((f"model {label}", lambda x=x, t=t, tau=tau: model(case, q, k, v, x, batches, t, tau)))
         for impl, fn in impls:
             out = fn()
             if out.shape[0] != len(batches):
                 out = out[index]
-            print(f"{name:5s} {impl:18s} {float((out.double() - ref).norm() / ref.norm()):.4e}", flush=True)
+            print(f"{name:5s} {impl:24s} {float((out.double() - ref).norm() / ref.norm()):.4e}", flush=True)
     return 0
 
 
