@@ -406,7 +406,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                             }
                         };
                         if constexpr (NWG > 2) {
-                            // not unrolled: the producer of three consumer warpgroups has 32 registers
+                            // not unrolled: the producer of three consumer warpgroups has 32 or 40 registers
 #pragma unroll 1
                             for (int i = 0; i < BLOCK_N / RS; ++i) row_step(i);
                         } else {
@@ -630,7 +630,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
     // O and P, held meanwhile). ALiBi, a score_mod in natural units and the larger
     // tiles need those registers: there the warpgroup waits for P V first, and the
     // other warpgroup's products still overlap its softmax. So does a softcap with
-    // three consumer warpgroups (160 registers a thread). A score_mod in units that is
+    // three consumer warpgroups (160 or 152 registers a thread). A score_mod in units that is
     // the one score modifier runs where the softcap does (softmax.cuh: frag_unit), so
     // that written as the softcap it costs what the softcap costs, unless its code needs
     // the registers (SERIAL_PV: the variant the host takes where this one spills).
