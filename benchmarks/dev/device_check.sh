@@ -322,7 +322,8 @@ case "$stage" in
     # per-sequence and graph GPU tests and the sanitizer's decode group in the copy (at once),
     # then, unless PENDING_DECODE_STAGES=0, p_rounding.py's errors (PENDING_ERROR_CASES) in both and
     # decode_stages.py --stages 3 in this tree, and with DECODE_STAGES_ARGS decode_stages.py in the copy.
-    # PENDING_ONLY (names or globs, space-separated) picks patches; PENDING_SOFTCAP=30 adds a hopper_ab.py
+    # (tests and sanitizer under PENDING_TESTS_S, default 380 s: on a fresh machine the sanitizer's hopper
+    # group compiled for more than 240 s beside the tests). PENDING_ONLY (names or globs, space-separated) picks patches; PENDING_SOFTCAP=30 adds a hopper_ab.py
     # run of the cases with that softcap on both sides, PENDING_ALIBI=1 one with ALiBi; after any patch's
     # stage, PENDING_BENCH (bench_attention.py's arguments, e.g. "--cases D1,D2" or "--modifiers") runs
     # the benchmark in the copy
@@ -342,10 +343,10 @@ case "$stage" in
         # a feature of the per-sequence calls: their GPU tests with the modifiers' and the graphs', and
         # the sanitizer's per-sequence groups, in the copy (at once); no timings
         (cd "$d" && export PYTHONPATH="$d" && CUPY_GQA_FAILURE_LOG="$out/pending_${name}_failures.txt" \
-          timeout -s KILL "${PENDING_TESTS_S:-240}" python3 -m pytest -q -n 12 -p no:cacheprovider -rf \
+          timeout -s KILL "${PENDING_TESTS_S:-380}" python3 -m pytest -q -n 12 -p no:cacheprovider -rf \
           tests/test_gpu_seq.py tests/test_gpu_modifiers.py tests/test_gpu_graphs.py) >"$out/pending_${name}_tests.txt" 2>&1 &
         (cd "$d" && PYTHONPATH="$d" SANITIZE_GROUPS="hopper:seq tiled:seq|rowwise:seq decode:seq" \
-          timeout -s KILL "${PENDING_TESTS_S:-240}" bash benchmarks/dev/sanitize_parallel.sh "$out/pending_${name}_san") \
+          timeout -s KILL "${PENDING_TESTS_S:-380}" bash benchmarks/dev/sanitize_parallel.sh "$out/pending_${name}_san") \
           >"$out/pending_${name}_san.txt" 2>&1 &
         wait
         echo "$name: per-sequence tests and sanitizer in $((SECONDS - t0)) s"; reap
@@ -354,10 +355,10 @@ case "$stage" in
         continue
       fi
       if grep -qE "^diff --git a/kernels/(hopper.cu|softmax.cuh)" "$patch"; then
-        (cd "$d" && export PYTHONPATH="$d" && timeout -s KILL "${PENDING_TESTS_S:-240}" python3 -m pytest -q -n 12 -p no:cacheprovider \
+        (cd "$d" && export PYTHONPATH="$d" && timeout -s KILL "${PENDING_TESTS_S:-380}" python3 -m pytest -q -n 12 -p no:cacheprovider \
           -rf tests/test_gpu_kernels.py tests/test_gpu_seq.py tests/test_gpu_modifiers.py tests/test_gpu_graphs.py \
           tests/test_gpu_fuzz.py -k "hopper or twins") >"$out/pending_${name}_tests.txt" 2>&1 &
-        (cd "$d" && PYTHONPATH="$d" SANITIZE_GROUPS=hopper timeout -s KILL "${PENDING_TESTS_S:-240}" \
+        (cd "$d" && PYTHONPATH="$d" SANITIZE_GROUPS=hopper timeout -s KILL "${PENDING_TESTS_S:-380}" \
           bash benchmarks/dev/sanitize_parallel.sh "$out/pending_${name}_san") >"$out/pending_${name}_san.txt" 2>&1 &
         wait
         echo "$name: hopper tests and sanitizer in $((SECONDS - t0)) s"; reap
@@ -386,10 +387,10 @@ case "$stage" in
       fi
       if grep -q "^diff --git a/kernels/decode.cu" "$patch"; then
         t0=$SECONDS
-        (cd "$d" && export PYTHONPATH="$d" && timeout -s KILL "${PENDING_TESTS_S:-240}" python3 -m pytest -q -n 8 -p no:cacheprovider \
+        (cd "$d" && export PYTHONPATH="$d" && timeout -s KILL "${PENDING_TESTS_S:-380}" python3 -m pytest -q -n 8 -p no:cacheprovider \
           -rf tests/test_gpu_decode.py tests/test_gpu_seq.py tests/test_gpu_graphs.py -k "decode or paged or graph") \
           >"$out/pending_${name}_tests.txt" 2>&1 &
-        (cd "$d" && PYTHONPATH="$d" SANITIZE_GROUPS=decode timeout -s KILL "${PENDING_TESTS_S:-240}" \
+        (cd "$d" && PYTHONPATH="$d" SANITIZE_GROUPS=decode timeout -s KILL "${PENDING_TESTS_S:-380}" \
           bash benchmarks/dev/sanitize_parallel.sh "$out/pending_${name}_san") >"$out/pending_${name}_san.txt" 2>&1 &
         wait
         echo "$name: decode tests and sanitizer in $((SECONDS - t0)) s"; reap
