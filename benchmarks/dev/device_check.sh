@@ -324,7 +324,8 @@ case "$stage" in
     # decode_stages.py --stages 3 in this tree, and with DECODE_STAGES_ARGS decode_stages.py in the copy.
     # (tests and sanitizer under PENDING_TESTS_S, default 380 s: on a fresh machine the sanitizer's hopper
     # group compiled for more than 240 s beside the tests). PENDING_ONLY (names or globs, space-separated) picks patches; PENDING_SOFTCAP=30 adds a hopper_ab.py
-    # run of the cases with that softcap on both sides, PENDING_ALIBI=1 one with ALiBi; after any patch's
+    # run of the cases with that softcap on both sides, PENDING_ALIBI=1 one with ALiBi, PENDING_WINDOW=L
+    # one with window=(L, 0) on PENDING_WINDOW_CASES (default H1_S8k: W1 at L 1024); after any patch's
     # stage, PENDING_BENCH (bench_attention.py's arguments, e.g. "--cases D1,D2" or "--modifiers") runs
     # the benchmark in the copy
     here=$PWD
@@ -376,6 +377,11 @@ case "$stage" in
           timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "$cases" --rounds 3 \
             --alibi >"$out/pending_${name}_ab_alibi.txt" 2>&1
           reap; cat "$out/pending_${name}_ab_alibi.txt"
+        fi
+        if [ -n "${PENDING_WINDOW:-}" ]; then  # both trees again with window=(PENDING_WINDOW, 0)
+          timeout -s KILL 200 python3 benchmarks/dev/hopper_ab.py "$d" --cases "${PENDING_WINDOW_CASES:-H1_S8k}" \
+            --rounds 3 --window "$PENDING_WINDOW" >"$out/pending_${name}_ab_window.txt" 2>&1
+          reap; cat "$out/pending_${name}_ab_window.txt"
         fi
         if [ -n "${PENDING_CTA_COST:-}" ]; then
           for t in "$here" "$d"; do
