@@ -514,19 +514,19 @@ HOPPER_TILES = {
 }
 # Padded head dim -> the tile of its kernel with three consumer warpgroups (192 rows),
 # for the calls whose group packs a tile's 192 rows into few positions
-# (HOPPER_WG3_MIN_GROUP query heads a KV head or more: at most 64 positions a tile).
+# (HOPPER_WG3_MIN_GROUP query heads a KV head or more: at most 96 positions a tile).
 # At head dim 128 a third warpgroup's 152 registers a thread hold S and P of 80 keys
 # beside O, not of 128; its tile costs the short rows' fixed parts less and keeps the
 # tensor cores busier (benchmarks/NOTES_hopper.md, step 35: 0.88 to 0.95 of the
-# two-warpgroup time from group 3 on, on an H100), where group 1 and 2, whose CTAs
-# span 192 and 96 positions, lose (1.13 and 1.00 to 1.05: the warpgroups of a tile
-# walk its keys to the last row's). Paged calls keep the two-warpgroup tile: a
+# two-warpgroup time from group 3 on, on an H100; step 37: 0.97 at group 2, where
+# each warpgroup walks only its own rows' keys), where group 1, whose CTAs span 192
+# positions, loses (1.03 to 1.05). Paged calls keep the two-warpgroup tile: a
 # page's boxes are the largest multiple of 16 dividing the page and BLOCK_N, 16 keys
 # for 80-key tiles whatever the page.
 HOPPER_WG3_TILES = {
     128: (192, 80, 3),
 }
-HOPPER_WG3_MIN_GROUP = 3
+HOPPER_WG3_MIN_GROUP = 2
 HOPPER_DTYPES = ("float16", "bfloat16")
 HOPPER_ARCH = "sm_90a"
 # kernel="auto" prefers hopper to tiled, where both apply, from this many keys

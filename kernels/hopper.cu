@@ -684,6 +684,19 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         const KeyRange<CAUSAL, M::WINDOW>& keys = tile.keys;
         const int j0 = keys.start / BLOCK_N;
         const int num_n = (keys.end + BLOCK_N - 1) / BLOCK_N - j0;
+        // this warpgroup's key tiles: the first wg_n of the tile's, up to its own rows' end
+        // wg_end. With three warpgroups a causal tile's first rows can end key tiles before
+        // its last row's, and a tile past them is all -inf for them (P 0, O and l unchanged),
+        // so the warpgroup only frees those tiles' stages and takes their turns (below). Two
+        // warpgroups walk the tile's whole range: there it measured 1 to 2.6 % slower, with
+        // three 1.2 to 1.7 % faster (benchmarks/NOTES_hopper.md, steps 36 and 37). Without a
+        // causal mask or a window every row sees the tile's keys
+        constexpr bool OWN_KEYS = NWG == 3 && (CAUSAL || M::WINDOW);
+        const int wg_row0 = row0 + wg * wg_rows, wg_last = min(wg_row0 + wg_rows, packed_rows) - 1;
+        const int wg_end = OWN_KEYS && wg_last >= wg_row0 ? min(keys.end, keys.last_key(wg_last) + 1) : keys.end;
+        const int wg_n = !OWN_KEYS               ? num_n
+                         : wg_last < wg_row0     ? 0
+                                                 : max(0, min(num_n, (wg_end + BLOCK_N - 1) / BLOCK_N - j0));
 
         // the wgmma accumulators as m16n8 fragments (wgmma.cuh: the same layout)
         float o[DT][4];                        // O: DT n8 tiles of head dims
@@ -778,7 +791,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         // product of BLOCK_N / 2 keys, its softmax on those, its P V on half the
         // k-steps, in code of its own outside the key loop (a branch inside the loop
         // costs every step of it). Plain kernels of 128-key tiles.
-        const bool half_last = HALF_TILES && num_n > 0 && keys.end - (j0 + num_n - 1) * BLOCK_N <= BLOCK_N / 2;
+        const bool half_last = HALF_TILES && wg_n > 0 && wg_end - (j0 + wg_n - 1) * BLOCK_N <= BLOCK_N / 2;
         using Full = Const<NT>;
         using Half = Const<(HALF_TILES ? NT / 2 : NT)>;
 
@@ -793,7 +806,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             wgmma_wait<0>();
             fence_regs(flat(s));
             mbar_arrive(k_empty(ring % STAGES));
-            if (DIRECT_OUT && num_n == 1) mbar_arrive(q_empty(wg, qs));  // the tile's last read of Q is done
+            if (DIRECT_OUT && wg_n == 1) mbar_arrive(q_empty(wg, qs));  // the tile's last read of Q is done
             const bool rescale = probabilities(s, j0, alpha, rs);
             softmax::frag_rescale(o, l_run, rescale, alpha, rs);
             to_operand(s);
@@ -812,7 +825,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             wgmma_wait<1>();                   // S_j is ready: K_j is free
             fence_regs(flat(s));
             mbar_arrive(k_empty((ring + j) % STAGES));
-            if (DIRECT_OUT && j == num_n - 1) mbar_arrive(q_empty(wg, qs));  // and so is Q after the last
+            if (DIRECT_OUT && j == wg_n - 1) mbar_arrive(q_empty(wg, qs));  // and so is Q after the last
             auto pv_done = [&] {
                 wgmma_wait<0>();               // P_{j-1} V_{j-1} is done: V_{j-1} is free
                 fence_regs(flat(o));
@@ -824,31 +837,45 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
             softmax::frag_rescale(o, l_run, rescale, alpha, rs);
             to_operand(s);
         };
-        if (num_n > 0) {
-            if (num_n == 1 && half_last) first(Half());
+        if (wg_n > 0) {
+            if (wg_n == 1 && half_last) first(Half());
             else first(Full());
         }
-        for (int j = 1; j < num_n - (half_last ? 1 : 0); ++j) step(j, Full());
-        if (num_n > 1 && half_last) step(num_n - 1, Half());
-        if (num_n > 0) {                       // the last tile's P V
-            wait_v(num_n - 1);
+        for (int j = 1; j < wg_n - (half_last ? 1 : 0); ++j) step(j, Full());
+        if (wg_n > 1 && half_last) step(wg_n - 1, Half());
+        if (wg_n > 0) {                        // the last tile's P V
+            wait_v(wg_n - 1);
             take_turn();
             if (half_last) {                   // (the fence on each path: ptxas adds one there else)
                 wgmma_fence();
-                issue_pv(num_n - 1, Const<BLOCK_N / 32>());
+                issue_pv(wg_n - 1, Const<BLOCK_N / 32>());
             } else {
                 wgmma_fence();
-                issue_pv(num_n - 1, Const<BLOCK_N / 16>());
+                issue_pv(wg_n - 1, Const<BLOCK_N / 16>());
             }
             pass_turn();
             wgmma_wait<0>();
             fence_regs(flat(o));
-            mbar_arrive(v_empty((ring + num_n - 1) % STAGES));
+            mbar_arrive(v_empty((ring + wg_n - 1) % STAGES));
+        } else if (num_n > 0) {                // (the turn of the last P V, which every warpgroup takes)
+            take_turn();
+            pass_turn();
+        }
+        // the tiles that none of its rows sees: each stage freed once it has landed (an
+        // arrival before that would count toward the stage's last use), each turn taken,
+        // so that every warpgroup takes num_n + 1 turns a tile
+        for (int j = wg_n; j < num_n; ++j) {
+            wait_k(j);
+            take_turn();
+            pass_turn();
+            mbar_arrive(k_empty((ring + j) % STAGES));
+            wait_v(j);
+            mbar_arrive(v_empty((ring + j) % STAGES));
         }
         ring += num_n;
 
         if constexpr (DIRECT_OUT) {
-            if (num_n == 0) mbar_arrive(q_empty(wg, qs));  // Q was never read
+            if (wg_n == 0) mbar_arrive(q_empty(wg, qs));  // Q was never read
 
             // ---- epilogue: O / l from the registers straight to out ---------------------------
             // (a lane holds columns 8 dt + 2 (lane % 4) + {0, 1} of its two rows: four

@@ -34,6 +34,7 @@ CASES = [
     (2, 70, 300, 8, 2, 192),  # hopper: head_dim padded to a third slab, several K/V tiles per CTA
     (2, 50, 150, 12, 2, 64),  # hopper: group 6, bulk Q in blocks of 60 rows (three warpgroups, idle rows)
     (1, 90, 250, 8, 2, 128),  # hopper: three warpgroups on 80-key tiles (group 4), several K/V tiles per CTA
+    (1, 200, 200, 4, 2, 128),  # hopper: three warpgroups at group 2 (96 positions a tile), each to its own rows' keys
 ]
 DTYPES = ["float32", "float16", "bfloat16", "float64"]
 

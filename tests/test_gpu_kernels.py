@@ -426,12 +426,15 @@ def _hopper_only():
 
 
 @pytest.mark.parametrize("ctas", [1, 3, 7])
-@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(8, 2, 128), (6, 2, 64), (4, 4, 80), (26, 2, 128)])
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(8, 2, 128), (6, 2, 64), (4, 4, 80), (26, 2, 128),
+                                                               (8, 4, 128)])
 @pytest.mark.parametrize("causal", [True, False])
 def test_hopper_persistent_ctas_walk_every_tile(monkeypatch, ctas, num_q_heads, num_kv_heads, head_dim, causal):
     """Few persistent CTAs (1, 3, 7) take every tile between them from a
     counter of the device's ring: tiles with no keys, Q and out by bulk copies (groups 4,
-    3 in blocks of 63 rows, 1) and by the threads (13), and a per-batch key count. Twice, so the second
+    3 in blocks of 63 rows, 1, 2) and by the threads (13), and a per-batch key count; three
+    consumer warpgroups whose first rows end key tiles before the tile's last (group 2 at
+    head dim 128: 96 positions a tile). Twice, so the second
     launch finds its counter at 0 too; the result equals one CTA per tile bit
     for bit, and every counter of the ring reads 0 afterwards."""
     _hopper_only()

@@ -715,14 +715,14 @@ def test_auto_takes_hopper_for_varlen_from_max_seqlen_k(monkeypatch):
 @pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
 def test_hopper_tile_by_group(group, head_dim):
     """Head dims that pad to 128 take three consumer warpgroups on 80-key tiles
-    from group 3 on (a tile's 192 rows then span at most 64 positions), except
-    with paged K/V; groups 1 and 2, and the other head dims, keep their tile.
+    from group 2 on (a tile's 192 rows then span at most 96 positions), except
+    with paged K/V; group 1, and the other head dims, keep their tile.
     ALiBi, score_mod and mask_mod, which need a third warpgroup's registers, run
     two on the same key tile (so a user's twin of a built-in gives its bits); a
     window or a softcap keep three."""
     arch = _specs.ARCHS["sm_90"]
     dpad = _specs.hopper_head_dim_pad(head_dim)
-    wg3 = dpad == 128 and group >= 3
+    wg3 = dpad == 128 and group >= 2
     spec = _specs.hopper_spec("bfloat16", head_dim, True, arch, group)
     assert spec == (_specs.HOPPER_WG3 if wg3 else _specs.HOPPER)["bfloat16", dpad, True]
     assert (spec.block_m, spec.block_n) == ((192, 80) if wg3 else _specs.HOPPER_TILES[dpad][:2])
@@ -736,7 +736,7 @@ def test_hopper_tile_by_group(group, head_dim):
 
 def test_hopper_plan_takes_the_tile_of_its_group():
     """plan_hopper's spec is hopper_spec's for the call's group and paging."""
-    for group, block_m in ((1, 128), (2, 128), (3, 192), (8, 192)):
+    for group, block_m in ((1, 128), (2, 192), (3, 192), (8, 192)):
         problem = _plan.Problem(2, 500, 500, 2 * group, 2, 128, "float16", True, 128**-0.5)
         q_layout = ((2, 500, 2 * group, 128), (500 * 2 * group * 256, 2 * group * 256, 256, 2), 2)
         kv_layout = ((2, 500, 2, 128), (500 * 2 * 256, 2 * 256, 256, 2), 2)

@@ -13,7 +13,7 @@ Marks (per CTA; consumer warpgroups 0 and 1, and the producer):
   consumer  qwait   before the wait for its Q rows (q_full)
             qfull   Q has landed (tile index known)
             s0      S_0 = Q K_0^T is in registers
-            pvlast  the tile's last P V is done (the field: key tiles)
+            pvlast  the tile's last P V is done (the field: the warpgroup's key tiles)
             end     the epilogue is done (out written, Q freed)
   producer  tile    starts issuing a tile's copies (after the last tile's)
             q0, q1  the wait for warpgroup h's Q rows to be free is over
@@ -84,8 +84,8 @@ INSERTIONS = [
     ("        mbar_wait(q_full(wg, qs), (tn / QS) & 1);\n", "before", _mark(8, "consumer", CODES["qwait"], "tn")),
     ("            break;\n        }\n", "after", _mark(8, "consumer", CODES["qfull"], "tile_index")),
     ("            mbar_arrive(k_empty(ring % STAGES));\n", "after", _mark(12, "consumer", CODES["s0"], "0")),
-    ("            mbar_arrive(v_empty((ring + num_n - 1) % STAGES));\n", "after",
-     _mark(12, "consumer", CODES["pvlast"], "num_n")),
+    ("            mbar_arrive(v_empty((ring + wg_n - 1) % STAGES));\n", "after",
+     _mark(12, "consumer", CODES["pvlast"], "wg_n")),
     ("    }\n    if (wg == 0) take_turn();", "before", _mark(8, "consumer", CODES["end"], "0")),
     ("                if (num_n > 0) fill_k(0);\n", "before", _mark(16, "producer", CODES["tile"], "tile")),
     ("                    if (published >= QS) mbar_wait(q_empty(h, qs), (published / QS - 1) & 1);\n", "after",
