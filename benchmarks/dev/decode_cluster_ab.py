@@ -32,7 +32,9 @@ from cupy_gqa import _plan, _specs  # noqa: E402
 
 REPS, CALLS = 30, 1000
 FLUSH = cupy.empty(256 * 2**20 // 4, dtype=cupy.int32)
-# name: (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim), then (splits, cluster) to time
+# name: (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim), then (splits, cluster) to
+# time, then the dtype (bfloat16 where not given). D07 (the sweep's fp16 point) and D02 read the same
+# bytes in the same number of CTAs (4096 keys each): clusters of 4 against 2, fp16 against bf16
 CASES = {
     "D01": ((1, 1, 4096, 32, 8, 128), [(16, False), (8, True), (8, False), (4, True)]),
     "D02": ((8, 1, 8192, 32, 8, 128), [(2, True), (2, False), (4, True), (1, False)]),
@@ -40,24 +42,28 @@ CASES = {
     "B2_S2048_mqa": ((2, 1, 2048, 16, 1, 64), [(8, True), (8, False), (16, False)]),
     "D1": ((16, 1, 8192, 32, 8, 128), [(1, False), (2, True), (4, True)]),
     "D2": ((64, 1, 2048, 32, 8, 128), [(1, False), (2, True)]),
+    "D07": ((4, 1, 16384, 32, 8, 128), [(4, True), (4, False), (2, True), (8, True)], "float16"),
+    "D07_bf16": ((4, 1, 16384, 32, 8, 128), [(4, True), (4, False), (2, True), (8, True)]),
+    "D02_fp16": ((8, 1, 8192, 32, 8, 128), [(2, True), (2, False), (4, True)], "float16"),
 }
+TYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
 
-def inputs(shape):
+def inputs(shape, dtype):
     batch, sq, sk, hq, hkv, d = shape
-    rnd = lambda *s: cupy.random.standard_normal(s, dtype=cupy.float32).astype(ml_dtypes.bfloat16)  # noqa: E731
+    rnd = lambda *s: cupy.random.standard_normal(s, dtype=cupy.float32).astype(TYPES[dtype])  # noqa: E731
     return rnd(batch, sq, hq, d), rnd(batch, sk, hkv, d), rnd(batch, sk, hkv, d)
 
 
-def setup(shape, qkv, splits, cluster):
+def setup(shape, qkv, splits, cluster, dtype):
     batch, sq, sk, hq, hkv, d = shape
     q, k, v = qkv
     out = cupy.empty_like(q)
     lse = cupy.empty((batch, hq, sq), dtype=cupy.float32)
-    problem = _plan.Problem.of(q, k, dtype="bfloat16", causal=True, softmax_scale=1 / math.sqrt(d))
+    problem = _plan.Problem.of(q, k, dtype=dtype, causal=True, softmax_scale=1 / math.sqrt(d))
     arch = _specs.arch_of(*divmod(int(cupy.cuda.Device().compute_capability), 10))
     block_m = _plan.decode_dispatch(problem, _plan.sm_count(0), arch).block_m
-    spec = _specs.decode_spec("bfloat16", d, block_m, arch)
+    spec = _specs.decode_spec(dtype, d, block_m, arch)
     plan = _plan._decode_plan(problem, _plan._layout(q, k, v, out), spec, splits, cluster)
     work = cupy.empty(max(plan.workspace_bytes // 4, 1), dtype=cupy.float32)
     return plan, (q, k, v, out, lse), work
@@ -111,9 +117,9 @@ def main() -> int:
           f"{args.rounds} rounds; best of the rounds' medians")
     print(f"{'case':14s} {'splits':>6s} {'merge':>8s} {'gpu_us':>8s} {'loop_us':>8s} {'host_us':>8s}  dispatch")
     for name in args.cases.split(","):
-        shape, configs = CASES[name]
-        qkv = inputs(shape)
-        setups = [setup(shape, qkv, s, c) for s, c in configs]
+        shape, configs, dtype = (*CASES[name], "bfloat16")[:3]
+        qkv = inputs(shape, dtype)
+        setups = [setup(shape, qkv, s, c, dtype) for s, c in configs]
         best = {i: [math.inf] * 3 for i in range(len(configs))}
         for r in range(args.rounds):
             order = range(len(configs)) if r % 2 == 0 else reversed(range(len(configs)))
@@ -121,7 +127,7 @@ def main() -> int:
                 plan, arrays, work = setups[i]
                 got = (gpu_us(plan, arrays, work), loop_us(plan, arrays), host_us(plan, arrays))
                 best[i] = [min(a, b) for a, b in zip(best[i], got)]
-        problem = _plan.Problem(*shape[:6], "bfloat16", True, 1 / math.sqrt(shape[5]))
+        problem = _plan.Problem(*shape[:6], dtype, True, 1 / math.sqrt(shape[5]))
         arch = _specs.arch_of(*divmod(int(dev.compute_capability), 10))
         choice = _plan.decode_dispatch(problem, _plan.sm_count(dev.id), arch)
         for i, (s, c) in enumerate(configs):
