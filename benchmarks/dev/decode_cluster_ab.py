@@ -4,7 +4,7 @@ call merged by the combine kernel (kernels/decode.cu), at forced split counts.
 
     python3 benchmarks/dev/decode_cluster_ab.py [--cases D01,D02] [--rounds 4]
 
-Per case and (splits, merge), three numbers:
+Per case and (splits, merge[, one CTA an SM]), three numbers:
   gpu_us    CUDA events around one call, a 256 MB buffer zeroed before each
             repetition (no input in L2), median of REPS; the combine path's
             workspace is allocated beforehand, as a caller's
@@ -16,6 +16,7 @@ The configurations are timed in turn, the order reversed every other round.
 Also printed: decode_dispatch's choice for the case. Notes: benchmarks/NOTES_decode.md.
 """
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import cupy  # noqa: E402
 import ml_dtypes  # noqa: E402
 
-from cupy_gqa import _plan, _specs  # noqa: E402
+from cupy_gqa import _compile, _plan, _specs  # noqa: E402
 
 REPS, CALLS = 30, 1000
 FLUSH = cupy.empty(256 * 2**20 // 4, dtype=cupy.int32)
@@ -42,9 +43,10 @@ CASES = {
     "B2_S2048_mqa": ((2, 1, 2048, 16, 1, 64), [(8, True), (8, False), (16, False)]),
     "D1": ((16, 1, 8192, 32, 8, 128), [(1, False), (2, True), (4, True)]),
     "D2": ((64, 1, 2048, 32, 8, 128), [(1, False), (2, True)]),
-    "D07": ((4, 1, 16384, 32, 8, 128), [(4, True), (4, False), (2, True), (8, True)], "float16"),
-    "D07_bf16": ((4, 1, 16384, 32, 8, 128), [(4, True), (4, False), (2, True), (8, True)]),
-    "D02_fp16": ((8, 1, 8192, 32, 8, 128), [(2, True), (2, False), (4, True)], "float16"),
+    "D07": ((4, 1, 16384, 32, 8, 128), [(4, True), (4, False), (2, True), (4, True, 1), (8, True), (8, True, 1)], "float16"),
+    "D07_bf16": ((4, 1, 16384, 32, 8, 128), [(4, True), (4, False), (2, True), (4, True, 1)]),
+    "D02_fp16": ((8, 1, 8192, 32, 8, 128), [(2, True), (2, False), (4, True), (2, True, 1)], "float16"),
+    "D1_1cta": ((8, 1, 16384, 32, 8, 128), [(1, False), (2, True), (2, True, 1), (2, False)]),
 }
 TYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -55,7 +57,12 @@ def inputs(shape, dtype):
     return rnd(batch, sq, hq, d), rnd(batch, sk, hkv, d), rnd(batch, sk, hkv, d)
 
 
-def setup(shape, qkv, splits, cluster, dtype):
+# (splits, cluster, 1): the kernel launched with ONE_CTA_SMEM bytes of shared memory, more than half
+# an SM's, so that no SM holds two of its CTAs (the kernel uses its own size of it)
+ONE_CTA_SMEM = 120 * 1024
+
+
+def setup(shape, qkv, splits, cluster, dtype, one_cta=0):
     batch, sq, sk, hq, hkv, d = shape
     q, k, v = qkv
     out = cupy.empty_like(q)
@@ -65,6 +72,10 @@ def setup(shape, qkv, splits, cluster, dtype):
     block_m = _plan.decode_dispatch(problem, _plan.sm_count(0), arch).block_m
     spec = _specs.decode_spec(dtype, d, block_m, arch)
     plan = _plan._decode_plan(problem, _plan._layout(q, k, v, out), spec, splits, cluster)
+    if one_cta:
+        wide = dataclasses.replace(plan.spec, smem=ONE_CTA_SMEM)
+        _compile.get_kernel(plan.spec).max_dynamic_shared_size_bytes = ONE_CTA_SMEM  # (the same kernel)
+        plan = dataclasses.replace(plan, spec=wide)
     work = cupy.empty(max(plan.workspace_bytes // 4, 1), dtype=cupy.float32)
     return plan, (q, k, v, out, lse), work
 
@@ -115,11 +126,11 @@ def main() -> int:
     dev = cupy.cuda.Device()
     print(f"{cupy.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}  cupy {cupy.__version__}  "
           f"{args.rounds} rounds; best of the rounds' medians")
-    print(f"{'case':14s} {'splits':>6s} {'merge':>8s} {'gpu_us':>8s} {'loop_us':>8s} {'host_us':>8s}  dispatch")
+    print(f"{'case':14s} {'splits':>6s} {'merge':>14s} {'gpu_us':>8s} {'loop_us':>8s} {'host_us':>8s}  dispatch")
     for name in args.cases.split(","):
         shape, configs, dtype = (*CASES[name], "bfloat16")[:3]
         qkv = inputs(shape, dtype)
-        setups = [setup(shape, qkv, s, c, dtype) for s, c in configs]
+        setups = [setup(shape, qkv, *config, dtype=dtype) for config in configs]
         best = {i: [math.inf] * 3 for i in range(len(configs))}
         for r in range(args.rounds):
             order = range(len(configs)) if r % 2 == 0 else reversed(range(len(configs)))
@@ -130,11 +141,12 @@ def main() -> int:
         problem = _plan.Problem(*shape[:6], dtype, True, 1 / math.sqrt(shape[5]))
         arch = _specs.arch_of(*divmod(int(dev.compute_capability), 10))
         choice = _plan.decode_dispatch(problem, _plan.sm_count(dev.id), arch)
-        for i, (s, c) in enumerate(configs):
+        for i, (s, c, *one) in enumerate(configs):
             g, lp, h = best[i]
-            print(f"{name:14s} {s:6d} {'cluster' if c else 'combine':>8s} {g:8.2f} {lp:8.2f} {h:8.2f}  "
+            merge = ("cluster" if c else "combine") + (",1/SM" if one else "")
+            print(f"{name:14s} {s:6d} {merge:>14s} {g:8.2f} {lp:8.2f} {h:8.2f}  "
                   f"{choice.block_m} rows, {choice.num_splits} splits" if i == 0 else
-                  f"{name:14s} {s:6d} {'cluster' if c else 'combine':>8s} {g:8.2f} {lp:8.2f} {h:8.2f}")
+                  f"{name:14s} {s:6d} {merge:>14s} {g:8.2f} {lp:8.2f} {h:8.2f}")
         # every configuration's output against the first's (the same inputs)
         outs = []
         for plan, arrays, work in setups:
