@@ -4,7 +4,7 @@ call merged by the combine kernel (kernels/decode.cu), at forced split counts.
 
     python3 benchmarks/dev/decode_cluster_ab.py [--cases D01,D02] [--rounds 4]
 
-Per case and (splits, merge[, one CTA an SM]), three numbers:
+Per case and (splits, merge[, variant: one CTA an SM, or the spread policy]), three numbers:
   gpu_us    CUDA events around one call, a 256 MB buffer zeroed before each
             repetition (no input in L2), median of REPS; the combine path's
             workspace is allocated beforehand, as a caller's
@@ -29,12 +29,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import cupy  # noqa: E402
 import ml_dtypes  # noqa: E402
 
+from cupy_backends.cuda.api import driver  # noqa: E402
 from cupy_gqa import _compile, _plan, _specs  # noqa: E402
 
 REPS, CALLS = 30, 1000
 FLUSH = cupy.empty(256 * 2**20 // 4, dtype=cupy.int32)
+
+# (splits, cluster, ONE): the kernel launched with ONE_CTA_SMEM bytes of shared memory, more than
+# half an SM's, so that no SM holds two of its CTAs (the kernel uses its own size of it);
+# (splits, cluster, SPREAD): the cluster kernel under the driver's cluster scheduling policy
+# "spread" (CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 15, CU_CLUSTER_SCHEDULING_
+# POLICY_SPREAD = 1; every other configuration runs with the default, 0)
+ONE, SPREAD = "1/SM", "spread"
+ONE_CTA_SMEM = 120 * 1024
+FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY = 15
+
 # name: (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim), then (splits, cluster) to
-# time, then the dtype (bfloat16 where not given). D07 (the sweep's fp16 point) and D02 read the same
+# time (and a variant: ONE or SPREAD), then the dtype (bfloat16 where not given). D07 (the sweep's fp16 point) and D02 read the same
 # bytes in the same number of CTAs (4096 keys each): clusters of 4 against 2, fp16 against bf16
 CASES = {
     "D01": ((1, 1, 4096, 32, 8, 128), [(16, False), (8, True), (8, False), (4, True)]),
@@ -43,10 +54,13 @@ CASES = {
     "B2_S2048_mqa": ((2, 1, 2048, 16, 1, 64), [(8, True), (8, False), (16, False)]),
     "D1": ((16, 1, 8192, 32, 8, 128), [(1, False), (2, True), (4, True)]),
     "D2": ((64, 1, 2048, 32, 8, 128), [(1, False), (2, True)]),
-    "D07": ((4, 1, 16384, 32, 8, 128), [(4, True), (4, False), (2, True), (4, True, 1), (8, True), (8, True, 1)], "float16"),
-    "D07_bf16": ((4, 1, 16384, 32, 8, 128), [(4, True), (4, False), (2, True), (4, True, 1)]),
-    "D02_fp16": ((8, 1, 8192, 32, 8, 128), [(2, True), (2, False), (4, True), (2, True, 1)], "float16"),
-    "D1_1cta": ((8, 1, 16384, 32, 8, 128), [(1, False), (2, True), (2, True, 1), (2, False)]),
+    "D07": ((4, 1, 16384, 32, 8, 128), [(4, True), (4, False), (2, True), (4, True, ONE), (4, True, SPREAD),
+                                        (8, True), (8, True, SPREAD)], "float16"),
+    "D07_bf16": ((4, 1, 16384, 32, 8, 128), [(4, True), (4, False), (2, True), (4, True, ONE), (4, True, SPREAD)]),
+    "D02_fp16": ((8, 1, 8192, 32, 8, 128), [(2, True), (2, False), (4, True), (2, True, ONE), (2, True, SPREAD)],
+                 "float16"),
+    "D1_1cta": ((8, 1, 16384, 32, 8, 128), [(1, False), (2, True), (2, True, ONE), (2, True, SPREAD), (2, False)]),
+    "D01_spread": ((1, 1, 4096, 32, 8, 128), [(8, True), (8, True, SPREAD), (8, True, ONE), (8, False)]),
 }
 TYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -57,12 +71,7 @@ def inputs(shape, dtype):
     return rnd(batch, sq, hq, d), rnd(batch, sk, hkv, d), rnd(batch, sk, hkv, d)
 
 
-# (splits, cluster, 1): the kernel launched with ONE_CTA_SMEM bytes of shared memory, more than half
-# an SM's, so that no SM holds two of its CTAs (the kernel uses its own size of it)
-ONE_CTA_SMEM = 120 * 1024
-
-
-def setup(shape, qkv, splits, cluster, dtype, one_cta=0):
+def setup(shape, qkv, splits, cluster, variant="", *, dtype):
     batch, sq, sk, hq, hkv, d = shape
     q, k, v = qkv
     out = cupy.empty_like(q)
@@ -72,12 +81,18 @@ def setup(shape, qkv, splits, cluster, dtype, one_cta=0):
     block_m = _plan.decode_dispatch(problem, _plan.sm_count(0), arch).block_m
     spec = _specs.decode_spec(dtype, d, block_m, arch)
     plan = _plan._decode_plan(problem, _plan._layout(q, k, v, out), spec, splits, cluster)
-    if one_cta:
+    if variant == ONE:
         wide = dataclasses.replace(plan.spec, smem=ONE_CTA_SMEM)
         _compile.get_kernel(plan.spec).max_dynamic_shared_size_bytes = ONE_CTA_SMEM  # (the same kernel)
         plan = dataclasses.replace(plan, spec=wide)
+    function = _compile.get_kernel(plan.spec).kernel.ptr
+    policy = 1 if variant == SPREAD else 0
+
+    def prepare():
+        if plan.cluster:
+            driver.funcSetAttribute(function, FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY, policy)
     work = cupy.empty(max(plan.workspace_bytes // 4, 1), dtype=cupy.float32)
-    return plan, (q, k, v, out, lse), work
+    return plan, (q, k, v, out, lse), work, prepare
 
 
 def gpu_us(plan, arrays, work):
@@ -135,21 +150,23 @@ def main() -> int:
         for r in range(args.rounds):
             order = range(len(configs)) if r % 2 == 0 else reversed(range(len(configs)))
             for i in order:
-                plan, arrays, work = setups[i]
+                plan, arrays, work, prepare = setups[i]
+                prepare()
                 got = (gpu_us(plan, arrays, work), loop_us(plan, arrays), host_us(plan, arrays))
                 best[i] = [min(a, b) for a, b in zip(best[i], got)]
         problem = _plan.Problem(*shape[:6], dtype, True, 1 / math.sqrt(shape[5]))
         arch = _specs.arch_of(*divmod(int(dev.compute_capability), 10))
         choice = _plan.decode_dispatch(problem, _plan.sm_count(dev.id), arch)
-        for i, (s, c, *one) in enumerate(configs):
+        for i, (s, c, *variant) in enumerate(configs):
             g, lp, h = best[i]
-            merge = ("cluster" if c else "combine") + (",1/SM" if one else "")
+            merge = ("cluster" if c else "combine") + "".join("," + v for v in variant)
             print(f"{name:14s} {s:6d} {merge:>14s} {g:8.2f} {lp:8.2f} {h:8.2f}  "
                   f"{choice.block_m} rows, {choice.num_splits} splits" if i == 0 else
                   f"{name:14s} {s:6d} {merge:>14s} {g:8.2f} {lp:8.2f} {h:8.2f}")
         # every configuration's output against the first's (the same inputs)
         outs = []
-        for plan, arrays, work in setups:
+        for plan, arrays, work, prepare in setups:
+            prepare()
             q, k, v, out, lse = arrays
             plan(q, k, v, out, lse, None, work if plan.combined else None)
             outs.append(cupy.asnumpy(out.astype(cupy.float32)))

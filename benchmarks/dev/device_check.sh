@@ -57,9 +57,9 @@
 #                                               G1-G3 beside torch
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
-#   benchmarks/dev/device_check.sh next         the probes of NOTES.md's run of 2026-12-07 05:25 UTC in one,
-#                                               on whichever card came: decode_read_pattern.py (dirty and
-#                                               clean L2, bulk copies with an evict_first policy), the sweep
+#   benchmarks/dev/device_check.sh next         one call for the decode clusters' placement: decode_cluster_ab.py (one
+#                                               CTA an SM, the spread policy), then dev/pending/decode_cluster_spread.patch
+#                                               in a copy: decode's GPU tests there, the decode sweep in both trees
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -432,15 +432,29 @@ case "$stage" in
       echo "== $cmd: rc $? in $((SECONDS - t0)) s"; reap; tail -24 "$f" | cut -c1-160
     done ;;
   next)
-    # the probes of NOTES.md's run of 2026-12-07 05:25 UTC in one, on whichever card came:
-    # decode's reads at D1 and D05 after a dirty and a clean L2, bulk copies with and without an
-    # evict_first policy; then the sweep at this tree's kernels
+    # the decode clusters' placement (NOTES_decode, "D07's clusters of four"), on whichever card came:
+    # decode_cluster_ab.py with one CTA an SM and with the spread policy; then
+    # dev/pending/decode_cluster_spread.patch in a copy: the decode, graph and interop GPU tests
+    # there, and the decode sweep in this tree and in the copy, taking turns (twice each)
     echo "next on: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-    t0=$SECONDS; timeout -s KILL 150 python3 -u benchmarks/dev/decode_read_pattern.py --cases D1,D05 --u 4 \
-        --tma 64x2,128x2 --flush dirty,clean --policies none,evict_first >"$out/read_pattern.txt" 2>&1
-    echo "== read pattern: rc $? in $((SECONDS - t0)) s"; reap; cat "$out/read_pattern.txt"
-    t0=$SECONDS; timeout -s KILL 120 python3 -u benchmarks/bench_attention.py --out "$out/results" --sweep \
-        --no-compile-probe >"$out/sweep.txt" 2>&1
-    echo "== sweep: rc $? in $((SECONDS - t0)) s"; reap; grep -E "geometric|wrote" "$out/sweep.txt" ;;
+    t0=$SECONDS; timeout -s KILL 150 python3 -u benchmarks/dev/decode_cluster_ab.py --cases D07,D02_fp16,D1_1cta,D01_spread \
+        --rounds 3 >"$out/cluster_ab.txt" 2>&1
+    echo "== cluster_ab: rc $? in $((SECONDS - t0)) s"; reap; cat "$out/cluster_ab.txt"
+    here=$PWD; d=/tmp/pending_decode_cluster_spread; rm -rf "$d"; mkdir -p "$d"
+    cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
+    (cd "$d" && patch -p1 -s <"$here/benchmarks/dev/pending/decode_cluster_spread.patch") || { echo "patch does not apply"; exit 1; }
+    t0=$SECONDS
+    (cd "$d" && PYTHONPATH="$d" timeout -s KILL "${NEXT_TESTS_S:-200}" python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
+      tests/test_gpu_decode.py tests/test_gpu_graphs.py tests/test_gpu_interop.py tests/test_fast.py) >"$out/spread_tests.txt" 2>&1
+    echo "== spread: decode tests rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/spread_tests.txt" | tail -8
+    for r in 1 2; do
+      for t in "$PWD" "$d"; do
+        t0=$SECONDS
+        (cd "$t" && PYTHONPATH="$t" timeout -s KILL 90 python3 -u benchmarks/bench_attention.py --sweep --sweep-kind decode \
+          --no-compile-probe --out "$out/sweep_$(basename "$t")_$r") >"$out/sweep_$(basename "$t")_$r.txt" 2>&1
+        echo "== decode sweep in $(basename "$t"), round $r: rc $? in $((SECONDS - t0)) s"; reap
+        grep -E "geometric" "$out/sweep_$(basename "$t")_$r.txt"
+      done
+    done ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
