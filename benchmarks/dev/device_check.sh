@@ -60,6 +60,8 @@
 #   benchmarks/dev/device_check.sh next         one call for the decode clusters' placement: decode_cluster_ab.py (one
 #                                               CTA an SM, the spread policy), then dev/pending/decode_cluster_spread.patch
 #                                               in a copy: decode's GPU tests there, the decode sweep in both trees
+#   benchmarks/dev/device_check.sh canon        the canonical runs in one call: the table, the sweep, --modifiers
+#                                               (results.tgz), then exact maxima's patch against this tree (CANON_AB=0: not)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -456,5 +458,26 @@ case "$stage" in
         grep -E "geometric" "$out/sweep_$(basename "$t")_$r.txt"
       done
     done ;;
+  canon)
+    # the canonical runs in one call (on an H200 for the issues' lines; about 400 s on an H100):
+    # the table, the sweep and --modifiers into $out/results (packed in results.tgz), then exact
+    # maxima (dev/pending/hopper_exact_max.patch) timed against this tree with the errors of both
+    # (as the ab stage does), unless CANON_AB=0
+    echo "canon on: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+    mkdir -p "$out/results"
+    for args in "--no-compile-probe --no-plot" "--sweep --no-compile-probe" "--modifiers --no-compile-probe --no-plot"; do
+      t0=$SECONDS; log="$out/canon_$(echo "$args" | cut -d' ' -f1 | tr -d -).txt"
+      # shellcheck disable=SC2086
+      timeout -s KILL "${CANON_LIMIT_S:-220}" python3 -u benchmarks/bench_attention.py --out "$out/results" $args >"$log" 2>&1
+      echo "== bench_attention.py $args: rc $? in $((SECONDS - t0)) s"; reap
+      grep -E "geometric|W1|W2|W3" "$log" | tail -6
+    done
+    grep -hE "^\| (H[1-7]|N1|D1|D2|F1|P[1-3]|V1) \| (cupy_gqa\[auto\]|torch_cudnn|torch_flash|torch_varlen|torch_efficient_expanded) " \
+      "$out/results/"*.md 2>/dev/null | grep -v sweep | cut -d'|' -f2-4,8 | head -60
+    tar czf "$out/results.tgz" -C "$out" results
+    if [ "${CANON_AB:-1}" != 0 ]; then
+      OUT="$out/ab" PENDING_ONLY=hopper_exact_max PENDING_CASES=H1,H2,H3,H4,N1,H5,H6 PENDING_ERROR_CASES=H3,H4,P03 \
+        AB_S=220 bash "$0" ab 2>&1 | tail -40
+    fi ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
