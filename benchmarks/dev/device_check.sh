@@ -59,7 +59,8 @@
 #                                               each under PROBE_S seconds: measurements, no tests
 #   benchmarks/dev/device_check.sh next         one call for the decode clusters' placement: decode_cluster_ab.py (one
 #                                               CTA an SM, the spread policy), then dev/pending/decode_cluster_spread.patch
-#                                               in a copy: decode's GPU tests there, the decode sweep in both trees
+#                                               in a copy: decode's GPU tests there, the decode sweep in both trees;
+#                                               decode_layouts.py on D16 and D24
 #   benchmarks/dev/device_check.sh canon        the canonical runs in one call: the table, the sweep, --modifiers
 #                                               (results.tgz), then exact maxima's patch against this tree (CANON_AB=0: not)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
@@ -457,7 +458,12 @@ case "$stage" in
         echo "== decode sweep in $(basename "$t"), round $r: rc $? in $((SECONDS - t0)) s"; reap
         grep -E "geometric" "$out/sweep_$(basename "$t")_$r.txt"
       done
-    done ;;
+    done
+    # the one-KV-head points over every rows-per-CTA layout (the H200's worst decode point, D16:
+    # 48 rows a KV head, three row blocks of 16 at the model's choice)
+    t0=$SECONDS; timeout -s KILL 90 python3 -u benchmarks/dev/decode_layouts.py --cases D16,D24 \
+        --splits 4,8,12,16,19,24,32 >"$out/layouts.txt" 2>&1
+    echo "== decode_layouts: rc $? in $((SECONDS - t0)) s"; reap; cat "$out/layouts.txt" ;;
   canon)
     # the canonical runs in one call (on an H200 for the issues' lines; about 400 s on an H100):
     # the table, the sweep and --modifiers into $out/results (packed in results.tgz), then exact
