@@ -59,7 +59,7 @@ CASES = {
     "D07_bf16": ((4, 1, 16384, 32, 8, 128), [(4, True), (4, False), (2, True), (4, True, ONE), (4, True, SPREAD)]),
     "D02_fp16": ((8, 1, 8192, 32, 8, 128), [(2, True), (2, False), (4, True), (2, True, ONE), (2, True, SPREAD)],
                  "float16"),
-    "D1_1cta": ((8, 1, 16384, 32, 8, 128), [(1, False), (2, True), (2, True, ONE), (2, True, SPREAD), (2, False)]),
+    "D1_spread": ((16, 1, 8192, 32, 8, 128), [(1, False), (2, True), (2, True, SPREAD), (2, False)]),
     "D01_spread": ((1, 1, 4096, 32, 8, 128), [(8, True), (8, True, SPREAD), (8, True, ONE), (8, False)]),
 }
 TYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
