@@ -61,6 +61,10 @@ CASES = {
                  "float16"),
     "D1_spread": ((16, 1, 8192, 32, 8, 128), [(1, False), (2, True), (2, True, SPREAD), (2, False)]),
     "D01_spread": ((1, 1, 4096, 32, 8, 128), [(8, True), (8, True, SPREAD), (8, True, ONE), (8, False)]),
+    # D1's per-CTA work (one KV head's 8192 keys, 4 query heads on it) in 128 CTAs and in 132 (every
+    # SM of an H100 or H200): whether the unsplit launch is bound per SM (bytes in flight) or by HBM
+    "pairs128": ((32, 1, 8192, 16, 4, 128), [(1, False)]),
+    "pairs132": ((33, 1, 8192, 16, 4, 128), [(1, False)]),
 }
 TYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -141,7 +145,7 @@ def main() -> int:
     dev = cupy.cuda.Device()
     print(f"{cupy.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}  cupy {cupy.__version__}  "
           f"{args.rounds} rounds; best of the rounds' medians")
-    print(f"{'case':14s} {'splits':>6s} {'merge':>14s} {'gpu_us':>8s} {'loop_us':>8s} {'host_us':>8s}  dispatch")
+    print(f"{'case':14s} {'splits':>6s} {'merge':>14s} {'gpu_us':>8s} {'loop_us':>8s} {'host_us':>8s} {'GB/s':>7s}  dispatch")
     for name in args.cases.split(","):
         shape, configs, dtype = (*CASES[name], "bfloat16")[:3]
         qkv = inputs(shape, dtype)
@@ -157,12 +161,14 @@ def main() -> int:
         problem = _plan.Problem(*shape[:6], dtype, True, 1 / math.sqrt(shape[5]))
         arch = _specs.arch_of(*divmod(int(dev.compute_capability), 10))
         choice = _plan.decode_dispatch(problem, _plan.sm_count(dev.id), arch)
+        kv_bytes = 2 * shape[0] * shape[2] * shape[4] * shape[5] * 2  # K and V, 16-bit
         for i, (s, c, *variant) in enumerate(configs):
             g, lp, h = best[i]
             merge = ("cluster" if c else "combine") + "".join("," + v for v in variant)
-            print(f"{name:14s} {s:6d} {merge:>14s} {g:8.2f} {lp:8.2f} {h:8.2f}  "
+            gbs = kv_bytes / (g * 1e-6) / 1e9
+            print(f"{name:14s} {s:6d} {merge:>14s} {g:8.2f} {lp:8.2f} {h:8.2f} {gbs:7.0f}  "
                   f"{choice.block_m} rows, {choice.num_splits} splits" if i == 0 else
-                  f"{name:14s} {s:6d} {merge:>14s} {g:8.2f} {lp:8.2f} {h:8.2f}")
+                  f"{name:14s} {s:6d} {merge:>14s} {g:8.2f} {lp:8.2f} {h:8.2f} {gbs:7.0f}")
         # every configuration's output against the first's (the same inputs)
         outs = []
         for plan, arrays, work, prepare in setups:

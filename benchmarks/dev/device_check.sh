@@ -440,7 +440,7 @@ case "$stage" in
     # dev/pending/decode_cluster_spread.patch in a copy: the decode, graph and interop GPU tests
     # there, and the decode sweep in this tree and in the copy, taking turns (twice each)
     echo "next on: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-    t0=$SECONDS; timeout -s KILL 150 python3 -u benchmarks/dev/decode_cluster_ab.py --cases D07,D02_fp16,D1_spread,D01_spread \
+    t0=$SECONDS; timeout -s KILL 150 python3 -u benchmarks/dev/decode_cluster_ab.py --cases D07,D02_fp16,D1_spread,D01_spread,pairs128,pairs132 \
         --rounds 3 >"$out/cluster_ab.txt" 2>&1
     echo "== cluster_ab: rc $? in $((SECONDS - t0)) s"; reap; cat "$out/cluster_ab.txt"
     here=$PWD; d=/tmp/pending_decode_cluster_spread; rm -rf "$d"; mkdir -p "$d"
