@@ -43,6 +43,11 @@ class Problem:
     def group_size(self) -> int:
         return self.num_q_heads // self.num_kv_heads
 
+    @property
+    def paged(self) -> bool:
+        """Whether K and V come from a paged cache (seq's block table)."""
+        return self.seq is not None and self.seq.paged
+
     @classmethod
     def of(cls, q, k, *, dtype: str, causal: bool, softmax_scale: float, precision: str = "highest", mods=None) -> "Problem":
         batch, seqlen_q, num_q_heads, head_dim = q.shape
@@ -583,7 +588,7 @@ class HopperLaunch(Launch):
             shape, strides, itemsize = self.layouts[which]
             if which in (1, 2):  # key tiles; of a paged pool, boxes that never cross a page (kernels/hopper.cu)
                 rows = self.spec.block_n
-                if self.problem.seq is not None and self.problem.seq.paged:
+                if self.problem.paged:
                     rows = math.gcd(self.problem.seq.page_size, rows)
                 encoded = _tma.tile_map(ptr, shape, strides, itemsize, rows)
             else:  # packed rows: a consumer warpgroup's rows of the tile, whole positions
@@ -597,8 +602,7 @@ class HopperLaunch(Launch):
 
 @functools.lru_cache(maxsize=4096)
 def plan_hopper(problem: Problem, layout: tuple) -> HopperLaunch:
-    paged = problem.seq is not None and problem.seq.paged
-    spec = _specs.hopper_tile(problem.dtype, problem.head_dim, problem.causal, problem.group_size, paged)
+    spec = _specs.hopper_tile(problem.dtype, problem.head_dim, problem.causal, problem.group_size, problem.paged)
     bulk_qo = hopper_bulk_qo(problem, layout[0], layout[3])
     tile_rows = spec.block_m // 64 * hopper_wg_rows(problem.group_size, bulk_qo)
     launch = _prefill_launch(problem, layout, problem.spec(spec), tile_rows)
