@@ -13,8 +13,8 @@
  *            issue O += P_{j-1} V_{j-1}     (A = P_{j-1} in registers, B = V)
  *            wait for S_j; release K_j
  *            mask S_j (tiles crossing the diagonal or the end of the keys);
- *            m' = max(m, rowmax S_j * scale log2 e)   (lazily: only when it
- *                 grows by more than 2^8, warp-uniform)
+ *            m' = max(m, rowmax S_j * scale log2 e)   (exact: P <= 1, so the
+ *                 largest P of a row is 1 in 16 bits; warp-uniform skip when no row grows)
  *            P_j = exp2(S_j * scale log2 e - m'), its row sums
  *            -- all of this while P_{j-1} V_{j-1} runs on the tensor cores --
  *            wait for P V; release V_{j-1}; O *= exp2(m - m'), l likewise
@@ -149,7 +149,7 @@
 
 namespace hopper_detail {
 
-enum { RESCALE_THRESHOLD = 8 };  // log2 units: P <= 2^8 between rescales (softmax.cuh: LAZY)
+enum { RESCALE_THRESHOLD = 0 };  // log2 units: exact maxima, P <= 1 (softmax.cuh: LAZY)
 
 using namespace sm90;  // swizzle, descriptors, wgmma fences (kernels/sm90.cuh)
 
@@ -748,7 +748,7 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         auto wait_v = [&](int j) { wait_kv(v_full((ring + j) % STAGES), ring + j); };
 
         // Mask S of key tile j (tiles crossing the diagonal or the end of the keys), then
-        // P = exp2(S * scale_log2 - m) in place (softmax.cuh, lazy rescale).
+        // P = exp2(S * scale_log2 - m) in place (softmax.cuh, exact maxima).
         auto probabilities = [&](auto& s, int j, float (&alpha)[2], float (&rs)[2]) {
             const int n0 = j * BLOCK_N;
             if constexpr (!M::ANY) {

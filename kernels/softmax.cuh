@@ -380,7 +380,7 @@ __device__ __forceinline__ void frag_update(float (&s)[NT][4], float (&o)[DT][4]
 template <int LAZY, bool SCALE_IN_EXP2, int NT, class RowMax, class Exp2>
 __device__ __forceinline__ bool frag_probabilities_by(float (&s)[NT][4], RowMax row_max, float (&m)[2],
                                                       float (&alpha)[2], float (&rs)[2], float scale, Exp2 exp2) {
-    static_assert(LAZY > 0, "the split update is the lazy one");
+    static_assert(LAZY >= 0, "LAZY: a threshold in log2 units");
     float mxs[2];
     bool grow = false;
 #pragma unroll

@@ -62,7 +62,7 @@
 #                                               in a copy: decode's GPU tests there, the decode sweep in both trees;
 #                                               decode_layouts.py on D16 and D24
 #   benchmarks/dev/device_check.sh canon        the canonical runs in one call: the table, the sweep, --modifiers
-#                                               (results.tgz), then exact maxima's patch against this tree (CANON_AB=0: not)
+#                                               (results.tgz), then the lazy rescale's patch against this tree (CANON_AB=0: not)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
 #                                               runs them): bwd_ab.py $BWD_AB_ARGS (invocations separated by
 #                                               ';'), then each patch of
@@ -466,9 +466,9 @@ case "$stage" in
     echo "== decode_layouts: rc $? in $((SECONDS - t0)) s"; reap; cat "$out/layouts.txt" ;;
   canon)
     # the canonical runs in one call (on an H200 for the issues' lines; about 400 s on an H100):
-    # the table, the sweep and --modifiers into $out/results (packed in results.tgz), then exact
-    # maxima (dev/pending/hopper_exact_max.patch) timed against this tree with the errors of both
-    # (as the ab stage does), unless CANON_AB=0
+    # the table, the sweep and --modifiers into $out/results (packed in results.tgz), then the
+    # lazy rescale (dev/pending/hopper_lazy_max.patch) timed against this tree's exact maxima with
+    # the errors of both (as the ab stage does), unless CANON_AB=0
     echo "canon on: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
     mkdir -p "$out/results"
     for args in "--no-compile-probe --no-plot" "--sweep --no-compile-probe" "--modifiers --no-compile-probe --no-plot"; do
@@ -482,7 +482,7 @@ case "$stage" in
       "$out/results/"*.md 2>/dev/null | grep -v sweep | cut -d'|' -f2-4,8 | head -60
     tar czf "$out/results.tgz" -C "$out" results
     if [ "${CANON_AB:-1}" != 0 ]; then
-      OUT="$out/ab" PENDING_ONLY=hopper_exact_max PENDING_CASES=H1,H2,H3,H4,N1,H5,H6 PENDING_ERROR_CASES=H3,H4,P03 \
+      OUT="$out/ab" PENDING_ONLY=hopper_lazy_max PENDING_CASES=H1,H2,H3,H4,N1,H5,H6 PENDING_ERROR_CASES=H3,H4,P03 \
         AB_S=220 bash "$0" ab 2>&1 | tail -40
     fi ;;
   *) echo "unknown stage $stage"; exit 2 ;;
