@@ -57,10 +57,6 @@
 #                                               G1-G3 beside torch
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
-#   benchmarks/dev/device_check.sh next         one call for the decode clusters' placement: decode_cluster_ab.py (one
-#                                               CTA an SM, the spread policy), then dev/pending/decode_cluster_spread.patch
-#                                               in a copy: decode's GPU tests there, the decode sweep in both trees;
-#                                               decode_layouts.py on D16 and D24
 #   benchmarks/dev/device_check.sh canon        the canonical runs in one call: the table, the sweep, --modifiers
 #                                               (results.tgz), then the lazy rescale's patch against this tree (CANON_AB=0: not)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
@@ -434,36 +430,6 @@ case "$stage" in
       timeout -s KILL "${PROBE_S:-120}" python3 benchmarks/dev/$cmd >"$f" 2>&1
       echo "== $cmd: rc $? in $((SECONDS - t0)) s"; reap; tail -24 "$f" | cut -c1-160
     done ;;
-  next)
-    # the decode clusters' placement (NOTES_decode, "D07's clusters of four"), on whichever card came:
-    # decode_cluster_ab.py with one CTA an SM and with the spread policy; then
-    # dev/pending/decode_cluster_spread.patch in a copy: the decode, graph and interop GPU tests
-    # there, and the decode sweep in this tree and in the copy, taking turns (twice each)
-    echo "next on: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-    t0=$SECONDS; timeout -s KILL 150 python3 -u benchmarks/dev/decode_cluster_ab.py --cases D07,D02_fp16,D1_spread,D01_spread,pairs128,pairs132 \
-        --rounds 3 >"$out/cluster_ab.txt" 2>&1
-    echo "== cluster_ab: rc $? in $((SECONDS - t0)) s"; reap; cat "$out/cluster_ab.txt"
-    here=$PWD; d=/tmp/pending_decode_cluster_spread; rm -rf "$d"; mkdir -p "$d"
-    cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
-    (cd "$d" && patch -p1 -s <"$here/benchmarks/dev/pending/decode_cluster_spread.patch") || { echo "patch does not apply"; exit 1; }
-    t0=$SECONDS
-    (cd "$d" && PYTHONPATH="$d" timeout -s KILL "${NEXT_TESTS_S:-200}" python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
-      tests/test_gpu_decode.py tests/test_gpu_graphs.py tests/test_gpu_interop.py tests/test_fast.py) >"$out/spread_tests.txt" 2>&1
-    echo "== spread: decode tests rc $? in $((SECONDS - t0)) s"; reap; grep -E "passed|failed|FAILED" "$out/spread_tests.txt" | tail -8
-    for r in 1 2; do
-      for t in "$PWD" "$d"; do
-        t0=$SECONDS
-        (cd "$t" && PYTHONPATH="$t" timeout -s KILL 90 python3 -u benchmarks/bench_attention.py --sweep --sweep-kind decode \
-          --no-compile-probe --out "$out/sweep_$(basename "$t")_$r") >"$out/sweep_$(basename "$t")_$r.txt" 2>&1
-        echo "== decode sweep in $(basename "$t"), round $r: rc $? in $((SECONDS - t0)) s"; reap
-        grep -E "geometric" "$out/sweep_$(basename "$t")_$r.txt"
-      done
-    done
-    # the one-KV-head points over every rows-per-CTA layout (the H200's worst decode point, D16:
-    # 48 rows a KV head, three row blocks of 16 at the model's choice)
-    t0=$SECONDS; timeout -s KILL 90 python3 -u benchmarks/dev/decode_layouts.py --cases D16,D24 \
-        --splits 4,8,12,16,19,24,32 >"$out/layouts.txt" 2>&1
-    echo "== decode_layouts: rc $? in $((SECONDS - t0)) s"; reap; cat "$out/layouts.txt" ;;
   canon)
     # the canonical runs in one call (on an H200 for the issues' lines; about 400 s on an H100):
     # the table, the sweep and --modifiers into $out/results (packed in results.tgz), then the
