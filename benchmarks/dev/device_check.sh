@@ -57,6 +57,10 @@
 #                                               G1-G3 beside torch
 #   benchmarks/dev/device_check.sh probe        mufu_rate.py, decode_read_pattern.py, decode_cluster_ab.py (D1, D2),
 #                                               each under PROBE_S seconds: measurements, no tests
+#   benchmarks/dev/device_check.sh timelines    where a tile's and a decode CTA's time goes: hopper_timeline.py
+#                                               (HOPPER_TIMELINE_CASES, default W1, H1_S8k, H3) and
+#                                               decode_timeline.py (DECODE_TIMELINE_CASES, default D16 and D24 at
+#                                               the model's split counts and at 16, D1), each under 150 s
 #   benchmarks/dev/device_check.sh canon        the canonical runs in one call: the table, the sweep, --modifiers
 #                                               (results.tgz), then the lazy rescale's patch against this tree (CANON_AB=0: not)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
@@ -430,6 +434,13 @@ case "$stage" in
       timeout -s KILL "${PROBE_S:-120}" python3 benchmarks/dev/$cmd >"$f" 2>&1
       echo "== $cmd: rc $? in $((SECONDS - t0)) s"; reap; tail -24 "$f" | cut -c1-160
     done ;;
+  timelines)
+    t0=$SECONDS; timeout -s KILL 150 python3 -u benchmarks/dev/hopper_timeline.py \
+        --cases "${HOPPER_TIMELINE_CASES:-W1,H1_S8k,H3}" >"$out/hopper_timeline.txt" 2>&1
+    echo "== hopper_timeline: rc $? in $((SECONDS - t0)) s"; reap; grep -vE "^  +[0-9]+ key tiles" "$out/hopper_timeline.txt" | tail -60
+    t0=$SECONDS; timeout -s KILL 150 python3 -u benchmarks/dev/decode_timeline.py \
+        --cases "${DECODE_TIMELINE_CASES:-D16:19,D16:16,D24:14,D24:16,D1:1}" >"$out/decode_timeline.txt" 2>&1
+    echo "== decode_timeline: rc $? in $((SECONDS - t0)) s"; reap; tail -70 "$out/decode_timeline.txt" ;;
   canon)
     # the canonical runs in one call (on an H200 for the issues' lines; about 400 s on an H100):
     # the table, the sweep and --modifiers into $out/results (packed in results.tgz), then the
