@@ -75,9 +75,10 @@ def main():
         fns = [lambda: cupy_gqa.attention(q, k, v, causal=causal, out=out_a, kernel="hopper", **kw),
                lambda: other.attention(q, k, v, causal=causal, out=out_b, kernel="hopper", **kw),
                cudnn_call(torch, q, k, v, causal)]
-        for f in fns[:2]:
+        for side, f in zip("AB", fns[:2]):  # (each side's first call reported: a kernel that hangs is named)
             f()
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            print(f"-- {name}: {side}'s first call done", flush=True)
         equal = torch.equal(out_a.view(torch.int16), out_b.view(torch.int16))
         if not equal:
             rel = ((out_b.float() - out_a.float()).abs().max() / out_a.float().abs().max()).item()

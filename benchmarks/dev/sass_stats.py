@@ -1,6 +1,9 @@
 """Compile kernel specializations to cubin with NVRTC and count instructions in
 their SASS (needs nvdisasm on PATH or NVDISASM=...): matrix instructions
-(HGMMA, HMMA), local-memory traffic (LDL/STL) and totals. For the hopper
+(HGMMA, HMMA), local-memory traffic (LDL/STL) and totals, and R2UR: a wgmma's
+descriptors must be in uniform registers, and where ptxas builds them in vector
+registers it moves each one over before its HGMMA (main's plain kernels: 40 to 60
+a kernel; a few hundred means the key loop's descriptors left the uniform path). For the hopper
 family also the exponentials (MUFU.EX2) between the wait for S
 (WARPGROUP.DEPBAR.LE gsb0, 0x1) and the wait for P V (0x0) that follows it:
 the softmax that overlaps P V. ptxas reorders within a basic block, so this
@@ -84,7 +87,7 @@ def main():
         text = sass(cubin(spec, args.arch))
         ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", text, re.M))
         total = sum(ops.values())
-        keys = ("HGMMA", "HMMA", "WARPGROUP", "LDL", "STL", "MUFU", "LDGSTS", "BAR", "SHFL")
+        keys = ("HGMMA", "HMMA", "WARPGROUP", "LDL", "STL", "MUFU", "LDGSTS", "BAR", "SHFL", "R2UR")
         line = f"{spec.name:<64} total {total:6d} " + " ".join(f"{k} {ops.get(k, 0)}" for k in keys)
         lines = text.splitlines()
         wait1 = next((i for i, t in enumerate(lines) if "DEPBAR.LE gsb0, 0x1" in t), None)
