@@ -2,8 +2,9 @@
 their SASS (needs nvdisasm on PATH or NVDISASM=...): matrix instructions
 (HGMMA, HMMA), local-memory traffic (LDL/STL) and totals, and R2UR: a wgmma's
 descriptors must be in uniform registers, and where ptxas builds them in vector
-registers it moves each one over before its HGMMA (main's plain kernels: 40 to 60
-a kernel; a few hundred means the key loop's descriptors left the uniform path). For the hopper
+registers it moves each one over before its HGMMA (every hopper kernel of the tree,
+plain, with modifiers or per-sequence: 25 to 78 a kernel on 2026-12-07; a few hundred
+means the key loop's descriptors left the uniform path). For the hopper
 family also the exponentials (MUFU.EX2) between the wait for S
 (WARPGROUP.DEPBAR.LE gsb0, 0x1) and the wait for P V (0x0) that follows it:
 the softmax that overlaps P V. ptxas reorders within a basic block, so this
