@@ -139,6 +139,10 @@ struct KeyRange {
     __device__ __forceinline__ int first_key(int) const { return 0; }
     // whether keys [n0, n0 + n) are seen by every row of the CTA (no mask needed)
     __device__ __forceinline__ bool unmasked(int n0, int n) const { return n0 + n <= free; }
+    // the range of rows [row0, last_row] of the same sequence (some of the CTA's rows)
+    __device__ __forceinline__ KeyRange rows(int row0, int last_row) const {
+        return KeyRange(row0, last_row, seqlen_k - diag, seqlen_k, group);
+    }
 };
 
 // WINDOW: the band [t + diag - left, t + diag + right] of each row (-1: that
@@ -170,6 +174,9 @@ struct KeyRange<CAUSAL, true> {
         return left >= 0 ? clamp_key((long long)(pr / group) + diag - left) : 0;
     }
     __device__ __forceinline__ bool unmasked(int n0, int n) const { return n0 + n <= free && n0 >= free_start; }
+    __device__ __forceinline__ KeyRange rows(int row0, int last_row) const {
+        return KeyRange(row0, last_row, seqlen_k - diag, seqlen_k, group, left, right);
+    }
 };
 
 // The first packed row (packed row pr = query pr / group, common to the
@@ -623,21 +630,31 @@ struct Row {
     float slope;
 };
 
+// The keys [first, last] that the row of diagonal key c = t + diag sees under the
+// sequence's end, the causal mask and the window (last < first: none), in
+// [0, len] and [-1, len - 1]. (No overflow: -seqlen_q <= c < len, and len +
+// seqlen_q fits an int.)
+struct Bounds {
+    int first, last;
+};
+template <class M>
+__device__ __forceinline__ Bounds bounds(const ModParams& mp, const Seq& sq, int c, bool causal) {
+    int first = 0, last = sq.len - 1;
+    if (causal && c < last) last = c;
+    if (M::WINDOW) {
+        if (mp.window_left >= 0 && c > mp.window_left) first = c - mp.window_left;
+        if (!causal && mp.window_right >= 0 && mp.window_right < last - c) last = c + mp.window_right;
+    }
+    return {min(first, sq.len), max(last, -1)};
+}
+
 // The key bounds of query t (causal: the causal end; window: its band).
 template <class M>
 __device__ __forceinline__ Row row(const ModParams& mp, const Seq& sq, int t, int h, bool causal) {
-    long long first = 0, last = (long long)sq.len - 1;
-    const long long c = (long long)t + sq.diag;
-    if (causal && c < last) last = c;
-    if (M::WINDOW) {
-        if (mp.window_left >= 0 && c - mp.window_left > first) first = c - mp.window_left;
-        if (!causal && mp.window_right >= 0 && c + mp.window_right < last) last = c + mp.window_right;
-    }
-    if (last < -1) last = -1;
-    if (first > sq.len) first = sq.len;
+    const Bounds kb = bounds<M>(mp, sq, t + sq.diag, causal);
     float slope = 0.f;
     if (M::ALIBI) slope = mp.alibi[sq.b * mp.alibi_batch_stride + h];
-    return {t, h, (int)first, (int)last, slope};
+    return {t, h, kb.first, kb.last, slope};
 }
 
 // A score in natural units (x = softmax_scale * q . k) after the score modifiers,
@@ -738,17 +755,16 @@ __device__ __forceinline__ Diag diag(const ModParams& mp, const Seq& sq, int t, 
     if (M::ALIBI) d.slope = mp.alibi[sq.b * mp.alibi_batch_stride + h];
     return d;
 }
-// Whether the row sees key j (j >= 0): the same bounds as Row's first and last.
+// Whether the row's mask_mod (if any) lets it see key j; and whether it sees key j
+// (j >= 0): Row's bounds, and the mask_mod.
+template <class M>
+__device__ __forceinline__ bool user_visible(const ModParams& mp, const Seq& sq, const Diag& r, int j) {
+    return !M::MASK || user_mask_mod(sq.b, r.h, r.c - sq.diag, j, sq.seqlen_q, sq.len, mp);
+}
 template <class M, bool CAUSAL>
 __device__ __forceinline__ bool visible(const ModParams& mp, const Seq& sq, const Diag& r, int j) {
-    const int d = j - r.c;  // no overflow: j < len + a tile, -seqlen_q <= c < len
-    bool ok = j < sq.len && (!CAUSAL || d <= 0);
-    if (M::WINDOW) {
-        if (mp.window_left >= 0) ok = ok && d >= -mp.window_left;
-        if (!CAUSAL && mp.window_right >= 0) ok = ok && d <= mp.window_right;
-    }
-    if (M::MASK) ok = ok && user_mask_mod(sq.b, r.h, r.c - sq.diag, j, sq.seqlen_q, sq.len, mp);
-    return ok;
+    const Bounds kb = bounds<M>(mp, sq, r.c, CAUSAL);
+    return j >= kb.first && j <= kb.last && user_visible<M>(mp, sq, r, j);
 }
 template <class M, typename A>
 __device__ __forceinline__ A score_nat(A x, const ModParams& mp, const Seq& sq, const Diag& r, int j, A dist) {

@@ -746,14 +746,17 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
         };
         auto wait_k = [&](int j) { wait_kv(k_full((ring + j) % STAGES), ring + j); };
         auto wait_v = [&](int j) { wait_kv(v_full((ring + j) % STAGES), ring + j); };
+        // the key tiles this warpgroup masks: those that a row of its own sees only in part
+        // (with three warpgroups, of fewer rows than the tile's: a third of a band's edges)
+        const KeyRange<CAUSAL, M::WINDOW> wg_keys = OWN_KEYS && wg_last >= wg_row0 ? keys.rows(wg_row0, wg_last) : keys;
 
         // Mask S of key tile j (tiles crossing the diagonal or the end of the keys), then
         // P = exp2(S * scale_log2 - m) in place (softmax.cuh, exact maxima).
         auto probabilities = [&](auto& s, int j, float (&alpha)[2], float (&rs)[2]) {
             const int n0 = j * BLOCK_N;
             if constexpr (!M::ANY) {
-                if (n0 + 8 * int(sizeof(s) / sizeof(s[0])) > keys.free) {
-                    const int last[2] = {keys.last_key(pr0), keys.last_key(pr0 + 8)};
+                if (n0 + 8 * int(sizeof(s) / sizeof(s[0])) > wg_keys.free) {
+                    const int last[2] = {wg_keys.last_key(pr0), wg_keys.last_key(pr0 + 8)};
                     softmax::frag_mask(s, n0, lane, last);
                 }
                 return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale_log2,
@@ -762,21 +765,21 @@ __device__ __forceinline__ void hopper_body(const T* __restrict__ q, const T* __
                 // scores in a known range: the modifiers (one rule in units, a softcap's or a
                 // score_mod's: scaled to its units at one multiply), then one reference for every row
                 const float scale =
-                    softmax::frag_modify<M, CAUSAL, TWO_LOOPS>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
+                    softmax::frag_modify<M, CAUSAL, TWO_LOOPS>(s, n0, BLOCK_N, lane, mp, sq, mrow, wg_keys, scale_log2);
                 return softmax::frag_probabilities_fixed(s, mp.fixed_ref, m_run, rs, scale, softmax::FastExp2());
             } else if constexpr (M::SOFTCAP_ONLY && NWG == 2) {
                 // the softcap with the maxima taken before it (softmax.cuh: frag_unit; with
                 // three warpgroups and a window, its two paths spilled 8 bytes)
                 float mx[2];
                 const float scale =
-                    softmax::frag_unit<M, CAUSAL>(s, mx, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
+                    softmax::frag_unit<M, CAUSAL>(s, mx, n0, BLOCK_N, lane, mp, sq, mrow, wg_keys, scale_log2);
                 return softmax::frag_probabilities_max<RESCALE_THRESHOLD, true>(s, mx, m_run, alpha, rs, scale,
                                                                                 softmax::FastExp2());
             } else {
                 // modifiers (softmax.cuh: frag_modify; one rule in units by frag_unit), then the
                 // probabilities
                 const float scale =
-                    softmax::frag_modify<M, CAUSAL, TWO_LOOPS>(s, n0, BLOCK_N, lane, mp, sq, mrow, keys, scale_log2);
+                    softmax::frag_modify<M, CAUSAL, TWO_LOOPS>(s, n0, BLOCK_N, lane, mp, sq, mrow, wg_keys, scale_log2);
                 return softmax::frag_probabilities<RESCALE_THRESHOLD, true>(s, m_run, alpha, rs, scale,
                                                                             softmax::FastExp2());
             }

@@ -151,18 +151,29 @@ __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane,
 // in float from the row's c - key0 - 2 (lane % 4), which the unmasked tile's loop
 // converts once a row (the masked loop, a branch per score, once a score): the same
 // value as a conversion per score while |c - j| < 2^24.
+// The row's bounds (mods::visible) are taken once a tile, relative to the lane's first
+// key: element (nt, e) is then in them when its constant offset 8 nt + (e & 1) is, two
+// comparisons a score.
 template <class M, bool CAUSAL, int NT>
 __device__ __forceinline__ void frag_mods(float (&s)[NT][4], int key0, int lane, const ModParams& mp,
                                           const mods::Seq& sq, const mods::Diag (&row)[2], bool mask) {
+    const int base = key0 + (lane & 3) * 2;  // the lane's first key
+    int lo[2], hi[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const mods::Bounds kb = mods::bounds<M>(mp, sq, row[hf].c, CAUSAL);
+        lo[hf] = kb.first - base;
+        hi[hf] = kb.last - base;
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int j = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+            const int c = nt * 8 + (e & 1), j = base + c;
             const mods::Diag& r = row[e >> 1];
-            const float dist = M::ALIBI ? fabsf((float)(r.c - key0 - (lane & 3) * 2) - (float)(nt * 8 + (e & 1))) : 0.f;
-            s[nt][e] = (mask && !mods::visible<M, CAUSAL>(mp, sq, r, j)) ? neg_inf<float>()
-                                                                      : mods::score_nat<M>(s[nt][e], mp, sq, r, j, dist);
+            const float dist = M::ALIBI ? fabsf((float)(r.c - base) - (float)c) : 0.f;
+            const bool seen = c >= lo[e >> 1] && c <= hi[e >> 1] && mods::user_visible<M>(mp, sq, r, j);
+            s[nt][e] = (mask && !seen) ? neg_inf<float>() : mods::score_nat<M>(s[nt][e], mp, sq, r, j, dist);
         }
 }
 
