@@ -742,7 +742,7 @@ __device__ __forceinline__ bool visible(const ModParams& mp, const Seq& sq, cons
 // The tensor-core prefill kernels (tiled, tiled_tf32) hold less of a row across
 // their key loop, where registers are short: its diagonal key c = t + diag, its
 // ALiBi slope (ALiBi) and its query head (score_mod, mask_mod); its key bounds
-// are the distance j - c compared with the window where a tile is masked, and
+// are taken from c (bounds, above) where a tile is masked, and
 // its head for the sink is recomputed after the loop. Unused fields cost nothing.
 struct Diag {
     int c, h;
@@ -755,8 +755,8 @@ __device__ __forceinline__ Diag diag(const ModParams& mp, const Seq& sq, int t, 
     if (M::ALIBI) d.slope = mp.alibi[sq.b * mp.alibi_batch_stride + h];
     return d;
 }
-// Whether the row's mask_mod (if any) lets it see key j; and whether it sees key j
-// (j >= 0): Row's bounds, and the mask_mod.
+// Whether the row's mask_mod (if any) lets it see key j; and whether the row sees
+// key j (j >= 0) at all: within its bounds, and let by the mask_mod.
 template <class M>
 __device__ __forceinline__ bool user_visible(const ModParams& mp, const Seq& sq, const Diag& r, int j) {
     return !M::MASK || user_mask_mod(sq.b, r.h, r.c - sq.diag, j, sq.seqlen_q, sq.len, mp);
