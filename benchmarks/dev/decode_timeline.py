@@ -17,11 +17,13 @@ SM's clock64 and the global timer (ns, comparable across SMs):
   loop    warp w has left its key loop (w = 0 .. 3)
   merged  the streams' (m, l, o) are in shared memory (before write_cta_result)
   end     the CTA's result is written
-The report: the spread of the CTAs' start times from the first, and the mean
+and the SM it ran on (%smid). The report: the spread of the CTAs' start times from the first, and the mean
 and the largest per-CTA time of each step (clock cycles and us at the rated
 SM clock; then each CTA's time by the global timer and the clock the SMs ran
 at), the first CTA's start to the last CTA's end, against the events' time of
-the whole call (decode kernel and combine). Notes: NOTES_decode.md.
+the whole call (decode kernel and combine); then the tail: the CTAs' ends by the
+global timer (percentiles), and the CTAs that end in its last microsecond with
+their SMs and how many CTAs those SMs ran. Notes: NOTES_decode.md.
 """
 import argparse
 import math
@@ -48,7 +50,7 @@ CASES = {  # (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim)
     "D2": (64, 1, 2048, 32, 8, 128),
 }
 MAX_CTAS = 2048
-SLOTS = 8  # start, q, loop x 4 warps, merged, end
+SLOTS = 9  # start, q, loop x 4 warps, merged, end; the CTA's SM (its %smid, in the clock's place)
 PRELUDE = f"""
 __device__ unsigned long long dt_trace[{MAX_CTAS} * {SLOTS} * 2];
 __device__ __forceinline__ void dt_mark(int slot) {{
@@ -60,9 +62,17 @@ __device__ __forceinline__ void dt_mark(int slot) {{
         r[1] = g;
     }}
 }}
+__device__ __forceinline__ void dt_sm() {{
+    if (blockIdx.x < {MAX_CTAS}) {{
+        unsigned s;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+        dt_trace[((unsigned long long)blockIdx.x * {SLOTS} + 8) * 2] = s;
+    }}
+}}
 """
 INSERTIONS = [  # (a place in kernels/decode.cu, found exactly once; the text put before or after it)
-    ("    extern __shared__ __align__(16) unsigned char smem_raw[];\n", "after", "    if (threadIdx.x == 0) dt_mark(0);\n"),
+    ("    extern __shared__ __align__(16) unsigned char smem_raw[];\n", "after",
+     "    if (threadIdx.x == 0) {\n        dt_mark(0);\n        dt_sm();\n    }\n"),
     ("    cp_async_wait<STAGES - 1>();  // the Q group, for this thread ..\n    __syncthreads();              // .. and for all\n",
      "after", "    if (threadIdx.x == 0) dt_mark(1);\n"),
     ("    if constexpr (ROW_WARPS > 1 && NS > 1) {\n        // every stream's warps meet", "before",
@@ -130,6 +140,15 @@ def run_case(name: str, splits: int, say) -> None:
     ns = np.maximum(gt[:, 7] - gt[:, 0], 1)
     say(f"  start to end (global timer)      mean {ns.mean() / 1e3:7.2f} us   max {ns.max() / 1e3:7.2f} us; "
         f"SM clock {np.median((clk[:, 7] - clk[:, 0]) / ns):.2f} GHz (rated {clock_ghz:.2f})")
+    # the tail: which CTAs end last, on which SMs (and how many CTAs each of those SMs ran)
+    ends = (gt[:, 7] - start0) / 1e3
+    sm = clk[:, 8]
+    per_sm = np.bincount(sm, minlength=int(sm.max()) + 1)
+    say("  CTA ends (global timer, us after the first start): "
+        + ", ".join(f"p{q} {np.percentile(ends, q):.2f}" for q in (10, 50, 90, 99)) + f", max {ends.max():.2f}")
+    late = np.flatnonzero(ends >= ends.max() - 1.0)
+    say(f"  ending in the last 1 us: {late.size} CTAs; (CTA, SM, CTAs on that SM): "
+        + " ".join(f"({i},{sm[i]},{per_sm[sm[i]]})" for i in late[:24]))
 
 
 def main() -> int:
