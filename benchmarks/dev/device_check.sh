@@ -324,7 +324,8 @@ case "$stage" in
     # hopper_cta_cost.py in each); decode.cu -- the decode,
     # per-sequence and graph GPU tests and the sanitizer's decode group in the copy (at once),
     # then, unless PENDING_DECODE_STAGES=0, p_rounding.py's errors (PENDING_ERROR_CASES) in both and
-    # decode_stages.py --stages 3 in this tree, and with DECODE_STAGES_ARGS decode_stages.py in the copy.
+    # decode_stages.py --stages 3 in this tree, and with DECODE_STAGES_ARGS decode_stages.py in the copy,
+    # with PENDING_DECODE_AB decode_cluster_ab.py (its arguments) in the copy.
     # (tests and sanitizer under PENDING_TESTS_S, default 380 s: on a fresh machine the sanitizer's hopper
     # group compiled for more than 240 s beside the tests). PENDING_ONLY (names or globs, space-separated) picks patches; PENDING_SOFTCAP=30 adds a hopper_ab.py
     # run of the cases with that softcap on both sides, PENDING_ALIBI=1 one with ALiBi, PENDING_WINDOW=L
@@ -413,6 +414,12 @@ case "$stage" in
           echo "== decode_stages.py --stages 3 $DECODE_STAGES_ARGS in the copy"
           (cd "$d" && PYTHONPATH="$d" timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 \
             $DECODE_STAGES_ARGS) 2>&1 | tail -16
+          reap
+        fi
+        if [ -n "${PENDING_DECODE_AB:-}" ]; then  # forced launches side by side (decode_cluster_ab.py), in the copy
+          echo "== decode_cluster_ab.py $PENDING_DECODE_AB in the copy"
+          (cd "$d" && PYTHONPATH="$d" timeout -s KILL 150 python3 -u benchmarks/dev/decode_cluster_ab.py \
+            $PENDING_DECODE_AB) 2>&1 | tee "$out/pending_${name}_decode_ab.txt" | tail -30
           reap
         fi
       fi
