@@ -787,6 +787,33 @@ def test_hopper_timeline_finds_its_marks_in_the_kernel():
         assert source.count("cg_mark(cg_n") == len(tool.INSERTIONS) - 1, kernel.name
 
 
+def test_decode_timeline_finds_its_marks_in_the_kernel():
+    """benchmarks/dev/decode_timeline.py puts its clock marks (and the SM's id) at named
+    places of kernels/decode.cu: every place is still there, once, in the tensor-core
+    decode kernels of every row layout."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("cupy")
+    dev = Path(__file__).resolve().parent.parent / "benchmarks" / "dev"
+    sys.path.insert(0, str(dev))
+    try:
+        spec = importlib.util.spec_from_file_location("decode_timeline", dev / "decode_timeline.py")
+        tool = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tool)
+    finally:
+        sys.path.remove(str(dev))
+    arch = _specs.ARCHS["sm_90"]
+    for block_m in _specs.decode_block_ms("bfloat16"):
+        kernel = _specs.decode_spec("bfloat16", 128, block_m, arch)
+        if kernel is None or not kernel.sm80:
+            continue
+        source = tool.traced_source(kernel)
+        assert source.count("dt_mark(") == len(tool.INSERTIONS) + 1, kernel.name  # (and its definition)
+        assert source.count("dt_sm();") == 1, kernel.name
+
+
 def test_hopper_barrier_protocol_model():
     """benchmarks/dev/hopper_barriers.py, the model of hopper.cu's barriers over a
     persistent CTA's tiles: the protocol as built never deadlocks nor confuses
