@@ -46,6 +46,16 @@ if os.environ.get("CUPY_GQA_TEST_BWD_SM90"):
     _plan.set_bwd_sm90(os.environ["CUPY_GQA_TEST_BWD_SM90"])
 
 
+def dev_tool(name: str):
+    """benchmarks/dev/<name>.py loaded as a module: for the tests that check a development
+    tool against the kernels or the model it reads."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "dev", name + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @functools.cache
 def gpu_available() -> bool:
     try:

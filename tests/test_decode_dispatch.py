@@ -10,6 +10,7 @@ import math
 import pytest
 
 from cupy_gqa import _plan, _specs
+from conftest import dev_tool
 
 H200 = (132, _specs.ARCHS["sm_90"])
 
@@ -74,14 +75,10 @@ def test_picks_against_the_measured_layouts():
     h200_decode_layouts_cold_f1ba464.txt) against the fastest of them: at most
     6 % slower at any shape, 1 % in geometric mean (decode_model_fit.py reads
     the file and applies decode_dispatch's tie rule)."""
-    import importlib.util
     from pathlib import Path
 
-    dev = Path(__file__).resolve().parents[1] / "benchmarks" / "dev"
-    spec = importlib.util.spec_from_file_location("decode_model_fit", dev / "decode_model_fit.py")
-    fit = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fit)
-    cases = fit.read(dev / "results" / "h200_decode_layouts_cold_f1ba464.txt")
+    fit = dev_tool("decode_model_fit")
+    cases = fit.read(Path(fit.__file__).parent / "results" / "h200_decode_layouts_cold_f1ba464.txt")
     assert len(cases) == 28
     regrets, _ = fit.regrets(cases, H200[1], H200[0])
     worst = max(regrets, key=lambda r: r[1])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from cupy_gqa import _compile, _launch, _plan, _specs, _tma
+from conftest import dev_tool
 
 
 @pytest.mark.parametrize("total", [1, 127, 128, 129, 10**6, 2**31 * 128, 10**13])
@@ -775,13 +776,7 @@ def test_hopper_varlen_plan_passes_seq_params_and_packed_tensor_maps(monkeypatch
 def test_hopper_timeline_finds_its_marks_in_the_kernel():
     """benchmarks/dev/hopper_timeline.py puts its clock marks at named places of
     kernels/hopper.cu: every place is still there, once, in every table kernel."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "dev" / "hopper_timeline.py"
-    spec = importlib.util.spec_from_file_location("hopper_timeline", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = dev_tool("hopper_timeline")
     for kernel in _specs.HOPPER.values():
         source = tool.traced_source(kernel)
         assert source.count("cg_mark(cg_n") == len(tool.INSERTIONS) - 1, kernel.name
@@ -791,19 +786,8 @@ def test_decode_timeline_finds_its_marks_in_the_kernel():
     """benchmarks/dev/decode_timeline.py puts its clock marks (and the SM's id) at named
     places of kernels/decode.cu: every place is still there, once, in the tensor-core
     decode kernels of every row layout."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
     pytest.importorskip("cupy")
-    dev = Path(__file__).resolve().parent.parent / "benchmarks" / "dev"
-    sys.path.insert(0, str(dev))
-    try:
-        spec = importlib.util.spec_from_file_location("decode_timeline", dev / "decode_timeline.py")
-        tool = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(tool)
-    finally:
-        sys.path.remove(str(dev))
+    tool = dev_tool("decode_timeline")
     arch = _specs.ARCHS["sm_90"]
     for block_m in _specs.decode_block_ms("bfloat16"):
         kernel = _specs.decode_spec("bfloat16", 128, block_m, arch)
@@ -818,13 +802,7 @@ def test_hopper_barrier_protocol_model():
     """benchmarks/dev/hopper_barriers.py, the model of hopper.cu's barriers over a
     persistent CTA's tiles: the protocol as built never deadlocks nor confuses
     phases, and the model does catch a broken one (no wait for q_empty)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "dev" / "hopper_barriers.py"
-    spec = importlib.util.spec_from_file_location("hopper_barriers", path)
-    model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(model)
+    model = dev_tool("hopper_barriers")
     # the two epilogues (head dim 64: Q freed after the last Q K^T), one and two Q tiles
     for direct_out, q_slots in ((False, 1), (True, 1), (False, 2)):
         assert model.check(q_empty_wait=True, direct_out=direct_out, q_slots=q_slots) is None

@@ -17,13 +17,14 @@ SM's clock64 and the global timer (ns, comparable across SMs):
   loop    warp w has left its key loop (w = 0 .. 3)
   merged  the streams' (m, l, o) are in shared memory (before write_cta_result)
   end     the CTA's result is written
-and the SM it ran on (%smid). The report: the spread of the CTAs' start times from the first, and the mean
-and the largest per-CTA time of each step (clock cycles and us at the rated
-SM clock; then each CTA's time by the global timer and the clock the SMs ran
-at), the first CTA's start to the last CTA's end, against the events' time of
-the whole call (decode kernel and combine); then the tail: the CTAs' ends by the
-global timer (percentiles), and the CTAs that end in its last microsecond with
-their SMs and how many CTAs those SMs ran. Notes: NOTES_decode.md.
+and the SM it ran on (%smid). The report: the spread of the CTAs' start times
+from the first, and the mean and the largest per-CTA time of each step (clock
+cycles and us at the rated SM clock; then each CTA's time by the global timer
+and the clock the SMs ran at), the first CTA's start to the last CTA's end,
+against the events' time of the whole call (decode kernel and combine); then
+the tail: the CTAs' ends by the global timer (percentiles), and the CTAs that
+end in its last microsecond with their SMs and how many CTAs those SMs ran.
+Notes: NOTES_decode.md.
 """
 import argparse
 import math
