@@ -325,7 +325,8 @@ case "$stage" in
     # per-sequence and graph GPU tests and the sanitizer's decode group in the copy (at once),
     # then, unless PENDING_DECODE_STAGES=0, p_rounding.py's errors (PENDING_ERROR_CASES) in both and
     # decode_stages.py --stages 3 in this tree, and with DECODE_STAGES_ARGS decode_stages.py in the copy,
-    # with PENDING_DECODE_AB decode_cluster_ab.py (its arguments) in the copy.
+    # with PENDING_DECODE_AB decode_cluster_ab.py (its arguments) in the copy; PENDING_TESTS=0 skips the
+    # decode tests and sanitizer (timings first, checks once a change wins).
     # (tests and sanitizer under PENDING_TESTS_S, default 380 s: on a fresh machine the sanitizer's hopper
     # group compiled for more than 240 s beside the tests). PENDING_ONLY (names or globs, space-separated) picks patches; PENDING_SOFTCAP=30 adds a hopper_ab.py
     # run of the cases with that softcap on both sides, PENDING_ALIBI=1 one with ALiBi, PENDING_WINDOW=L
@@ -395,7 +396,7 @@ case "$stage" in
           done
         fi
       fi
-      if grep -q "^diff --git a/kernels/decode.cu" "$patch"; then
+      if grep -q "^diff --git a/kernels/decode.cu" "$patch" && [ "${PENDING_TESTS:-1}" != 0 ]; then
         t0=$SECONDS
         (cd "$d" && export PYTHONPATH="$d" && timeout -s KILL "${PENDING_TESTS_S:-380}" python3 -m pytest -q -n 8 -p no:cacheprovider \
           -rf tests/test_gpu_decode.py tests/test_gpu_seq.py tests/test_gpu_graphs.py -k "decode or paged or graph") \
@@ -405,6 +406,8 @@ case "$stage" in
         wait
         echo "$name: decode tests and sanitizer in $((SECONDS - t0)) s"; reap
         grep -E "passed|failed|FAILED" "$out/pending_${name}_tests.txt" | tail -8; cat "$out/pending_${name}_san.txt"
+      fi
+      if grep -q "^diff --git a/kernels/decode.cu" "$patch"; then
         if [ "${PENDING_DECODE_STAGES:-1}" != 0 ]; then
           echo "== decode_stages.py in this tree"
           timeout -s KILL 120 python3 benchmarks/dev/decode_stages.py --stages 3 --rounds 3 2>&1 | tail -16; reap
