@@ -65,6 +65,10 @@ CASES = {
     # SM of an H100 or H200): whether the unsplit launch is bound per SM (bytes in flight) or by HBM
     "pairs128": ((32, 1, 8192, 16, 4, 128), [(1, False)]),
     "pairs132": ((33, 1, 8192, 16, 4, 128), [(1, False)]),
+    # the sweep's one-KV-head points: the model's split through the combine against portable clusters
+    "D16": ((4, 1, 8192, 48, 1, 128), [(19, False), (16, False), (8, True), (4, True), (32, False)]),
+    "D24": ((8, 1, 16384, 16, 1, 128), [(14, False), (16, False), (8, True), (4, True), (32, False)]),
+    "D05": ((16, 1, 8192, 8, 1, 128), [(8, False), (8, True), (4, True), (16, False)]),
 }
 TYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
