@@ -61,6 +61,8 @@
 #                                               (HOPPER_TIMELINE_CASES, default W1, H1_S8k, H3) and
 #                                               decode_timeline.py (DECODE_TIMELINE_CASES, default D16 and D24 at
 #                                               the model's split counts and at 16, D1), each under 150 s
+#   benchmarks/dev/device_check.sh next         the two pending dispatch patches (cluster margin, modifiers on three
+#                                               warpgroups): timings against this tree, then the wg3 copy's modifier tests
 #   benchmarks/dev/device_check.sh canon        the canonical runs in one call: the table, the sweep, --modifiers
 #                                               (results.tgz), then the lazy rescale's patch against this tree (CANON_AB=0: not)
 #   benchmarks/dev/device_check.sh ab           one call of side-by-side timings, no tests (a change that lands
@@ -451,6 +453,31 @@ case "$stage" in
     t0=$SECONDS; timeout -s KILL 150 python3 -u benchmarks/dev/decode_timeline.py \
         --cases "${DECODE_TIMELINE_CASES:-D16:19,D16:16,D24:14,D24:16,D1:1}" >"$out/decode_timeline.txt" 2>&1
     echo "== decode_timeline: rc $? in $((SECONDS - t0)) s"; reap; tail -70 "$out/decode_timeline.txt" ;;
+  next)
+    # the two pending dispatch patches in one call (NOTES.md, "Next" 2), each part under a limit, the
+    # timings first: the decode sweep in this tree and with dev/pending/decode_cluster_margin.patch;
+    # --modifiers in this tree and with dev/pending/hopper_mods_wg3.patch, hopper_ab.py with ALiBi
+    # (H1, H4) between the two; then tests/test_gpu_modifiers.py in the wg3 copy
+    d=/tmp/pending_hopper_mods_wg3; rm -rf "$d"; mkdir -p "$d"
+    cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
+    (cd "$d" && patch -p1 -s <benchmarks/dev/pending/hopper_mods_wg3.patch) || echo "hopper_mods_wg3: does not apply"
+    echo "== decode sweep, this tree"
+    timeout -s KILL 90 python3 benchmarks/bench_attention.py --sweep --sweep-kind decode --no-plot --no-compile-probe \
+      --out "$out/next_decode_base" 2>&1 | grep -E "decode:|D(16|24) +(cupy|torch_cudnn)"; reap
+    echo "== decode sweep, with the cluster margin"
+    PENDING_ONLY=decode_cluster_margin PENDING_BENCH="--sweep --sweep-kind decode" bash "$0" pending 2>&1 \
+      | grep -E "decode:|D(16|24) +(cupy|torch_cudnn)"
+    for t in "$PWD" "$d"; do
+      echo "== --modifiers in $t"
+      (cd "$t" && PYTHONPATH="$t" timeout -s KILL 90 python3 benchmarks/bench_attention.py --modifiers --no-compile-probe \
+        --no-plot --out "$out/next_mods_$(basename "$t")") 2>&1 | grep -E "W[123] "; reap
+    done
+    echo "== hopper_ab.py with ALiBi, this tree against the wg3 copy"
+    timeout -s KILL 90 python3 benchmarks/dev/hopper_ab.py "$d" --cases H1,H4 --rounds 2 --alibi 2>&1 | tail -8; reap
+    echo "== tests/test_gpu_modifiers.py in the wg3 copy"
+    (cd "$d" && PYTHONPATH="$d" timeout -s KILL 240 python3 -m pytest -q -n 16 -p no:cacheprovider -rf \
+      tests/test_gpu_modifiers.py) >"$out/next_wg3_tests.txt" 2>&1
+    echo "rc $?"; reap; tail -3 "$out/next_wg3_tests.txt"; grep -E "^FAILED" "$out/next_wg3_tests.txt" | head ;;
   canon)
     # the canonical runs in one call (on an H200 for the issues' lines; about 400 s on an H100):
     # the table, the sweep and --modifiers into $out/results (packed in results.tgz), then the
