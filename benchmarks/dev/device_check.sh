@@ -455,12 +455,16 @@ case "$stage" in
     echo "== decode_timeline: rc $? in $((SECONDS - t0)) s"; reap; tail -70 "$out/decode_timeline.txt" ;;
   next)
     # the two pending dispatch patches in one call (NOTES.md, "Next" 2), each part under a limit, the
-    # timings first: the decode sweep in this tree and with dev/pending/decode_cluster_margin.patch;
+    # timings first: decode_cluster_ab.py at D24, D16, D05, then the decode sweep in this tree and with
+    # dev/pending/decode_cluster_margin.patch;
     # --modifiers in this tree and with dev/pending/hopper_mods_wg3.patch, hopper_ab.py with ALiBi
     # (H1, H4) between the two; then tests/test_gpu_modifiers.py in the wg3 copy
     d=/tmp/pending_hopper_mods_wg3; rm -rf "$d"; mkdir -p "$d"
     cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
     (cd "$d" && patch -p1 -s <benchmarks/dev/pending/hopper_mods_wg3.patch) || echo "hopper_mods_wg3: does not apply"
+    echo "== decode_cluster_ab.py: the one-KV-head points at the model's launch and at 8 in clusters, in one process"
+    timeout -s KILL 90 python3 -u benchmarks/dev/decode_cluster_ab.py --cases D24,D16,D05 --rounds 3 2>&1 \
+      | tee "$out/next_decode_ab.txt" | tail -20; reap
     echo "== decode sweep, this tree"
     timeout -s KILL 90 python3 benchmarks/bench_attention.py --sweep --sweep-kind decode --no-plot --no-compile-probe \
       --out "$out/next_decode_base" 2>&1 | grep -E "decode:|D(16|24) +(cupy|torch_cudnn)"; reap
