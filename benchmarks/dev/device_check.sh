@@ -96,6 +96,18 @@ errors_both() {
     grep -E "cupy_gqa|torch" "$out/$3_$(basename "$t").txt" | tail -15
   done
 }
+# patched_copy DIR NAME...: a fresh copy of this tree in DIR with benchmarks/dev/pending/NAME.patch
+# applied for each NAME in turn; says which one does not apply, and fails then
+patched_copy() {
+  local d=$1 part; shift
+  rm -rf "$d"; mkdir -p "$d"
+  cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
+  for part in "$@"; do
+    if ! (cd "$d" && patch -p1 -s <"$d/benchmarks/dev/pending/$part.patch"); then
+      echo "$(basename "$d"): $part does not apply"; return 1
+    fi
+  done
+}
 echo "$(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) $(git rev-parse --short HEAD 2>/dev/null)"
 case "$stage" in
   tests)
@@ -214,7 +226,6 @@ case "$stage" in
     grep -hE "^\| (G1|G2|G3) \| (cupy_gqa\[auto\]|torch_flash|torch_efficient_expanded) " "$out"/first_bench/*.md \
       | cut -d'|' -f2-9 ;;
   ab)
-    here=$PWD
     IFS=';' read -r -a runs <<<"${BWD_AB_ARGS:-}"  # invocations, separated by ';'
     for i in "${!runs[@]}"; do
       t0=$SECONDS
@@ -228,15 +239,8 @@ case "$stage" in
       # a+b: patch a, then b on top of it, in one copy (its files named a_plus_b: plain characters)
       IFS='+' read -r -a parts <<<"$name"
       name=${name//+/_plus_}
-      d=/tmp/pending_$name; rm -rf "$d"; mkdir -p "$d"
-      cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
-      applied=1
-      for part in "${parts[@]}"; do
-        if ! (cd "$d" && patch -p1 -s <"$here/benchmarks/dev/pending/$part.patch"); then
-          echo "$name: $part does not apply"; applied=0; break
-        fi
-      done
-      [ "$applied" = 1 ] || continue
+      d=/tmp/pending_$name
+      patched_copy "$d" "${parts[@]}" || continue
       t0=$SECONDS
       timeout -s KILL "${AB_S:-200}" python3 benchmarks/dev/hopper_ab.py "$d" --cases "${PENDING_CASES:-H1,H2,H3,H4,N1,H6}" \
         --rounds 3 >"$out/ab_${name}.txt" 2>&1
@@ -343,9 +347,7 @@ case "$stage" in
     [ ${#patches[@]} -eq 0 ] && echo "no patches in benchmarks/dev/pending"
     for patch in "${patches[@]}"; do
       name=$(basename "$patch" .patch); d=/tmp/pending_$name
-      rm -rf "$d"; mkdir -p "$d"
-      cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
-      if ! (cd "$d" && patch -p1 -s <"$here/$patch"); then echo "$name: does not apply"; continue; fi
+      patched_copy "$d" "$name" || continue
       t0=$SECONDS
       if grep -q "^diff --git a/tests/test_gpu_seq.py" "$patch"; then
         # a feature of the per-sequence calls: their GPU tests with the modifiers' and the graphs', and
@@ -459,9 +461,8 @@ case "$stage" in
     # dev/pending/decode_cluster_margin.patch;
     # --modifiers in this tree and with dev/pending/hopper_mods_wg3.patch, hopper_ab.py with ALiBi
     # (H1, H4) between the two; then tests/test_gpu_modifiers.py in the wg3 copy
-    d=/tmp/pending_hopper_mods_wg3; rm -rf "$d"; mkdir -p "$d"
-    cp -r cupy_gqa kernels tests benchmarks pyproject.toml setup.cfg README.md "$d"/
-    (cd "$d" && patch -p1 -s <benchmarks/dev/pending/hopper_mods_wg3.patch) || echo "hopper_mods_wg3: does not apply"
+    d=/tmp/pending_hopper_mods_wg3
+    patched_copy "$d" hopper_mods_wg3
     echo "== decode_cluster_ab.py: the one-KV-head points at the model's launch and at 8 in clusters, in one process"
     timeout -s KILL 90 python3 -u benchmarks/dev/decode_cluster_ab.py --cases D24,D16,D05 --rounds 3 2>&1 \
       | tee "$out/next_decode_ab.txt" | tail -20; reap
